@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +23,7 @@ DTYPE_BYTES: dict[str, int] = {
     "float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "bool": 1,
 }
 
-AttrValue = Union[int, float, str, bool, None, tuple]
+AttrValue = int | float | str | bool | None | tuple
 
 
 class GraphError(ValueError):
@@ -176,7 +176,7 @@ class Graph:
             object.__setattr__(self, f, tuple(getattr(self, f)))
         for f in ("types", "constants"):
             v = getattr(self, f)
-            object.__setattr__(self, f, tuple(sorted((v.items() if isinstance(v, Mapping) else v))))
+            object.__setattr__(self, f, tuple(sorted(v.items() if isinstance(v, Mapping) else v)))
 
     @property
     def type_map(self) -> dict[str, TensorType]:

@@ -1,0 +1,32 @@
+"""GPU runtime: device identity, the measurement protocol, the crash-isolated worker, replay.
+
+Importing this package never imports CuPy; only the functions that run on a GPU do, lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunedb.runtime.device import NoGPUError, clocks, device_info
+from tunedb.runtime.replay import ReplayDevice, ReplayError
+from tunedb.runtime.worker import Worker, WorkerError
+
+__all__ = ["NoGPUError", "ReplayDevice", "ReplayError", "Worker", "WorkerError", "clocks",
+           "device_info", "open_device"]
+
+
+def open_device(spec: str = "cuda", workers: int | None = None, timeout_s: float = 60.0,
+                protocol: Any = None) -> Any:
+    """``"cuda"`` -> ``CudaDevice`` (raises ``NoGPUError`` without one); ``"replay:PATH"`` ->
+    ``ReplayDevice`` (CPU only). Both offer ``info``, ``clocks()``, ``prefetch``, ``measure``,
+    ``close``."""
+    if spec.startswith("replay:"):
+        path = spec[len("replay:"):]
+        if not path:
+            raise ValueError("--device replay:PATH needs a path to a Parquet export dir or a database")
+        return ReplayDevice(path, protocol=protocol)
+    if spec not in ("cuda", "gpu"):
+        raise ValueError(f"unknown device {spec!r}; expected 'cuda' or 'replay:PATH'")
+    from tunedb.runtime.cuda import CudaDevice
+
+    return CudaDevice(workers=workers, timeout_s=timeout_s, protocol=protocol)

@@ -1,0 +1,15 @@
+"""DuckDB tuning database: schema, migrations, batched writes, queries, Parquet exchange, merge.
+
+    from tunedb.store import TuningStore
+    with TuningStore.open("tunedb.duckdb") as db:
+        db.add_devices([device]); db.add_runs([run]); db.add_workloads(ws)
+        db.add_candidates(cs); db.add_measurements(ms)
+        best = db.top_k(workload_hash, device.id, k=5)
+        frame = db.training_frame(kind="fusion")
+"""
+
+from tunedb.store.core import Progress, TuningStore
+from tunedb.store.errors import StoreError
+from tunedb.store.schema import SCHEMA_VERSION, TABLES
+
+__all__ = ["SCHEMA_VERSION", "TABLES", "Progress", "StoreError", "TuningStore"]

@@ -1,0 +1,97 @@
+"""``tunedb collect``: run a collector over a suite on a GPU (or a replay of stored data)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from tunedb.cli_common import (
+    DbOption,
+    JsonOption,
+    fail,
+    handle_errors,
+    open_store,
+    print_json,
+    register_error,
+)
+
+
+def _summary_line(s: Any) -> str:
+    by = ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items()) if k != "ok")
+    parts = [f"measured {s.measured} candidates of {s.workloads} workloads in {s.elapsed_s:.1f}s "
+             f"({s.rate:.1f}/s): ok {s.ok}, failed {s.failed}" + (f" ({by})" if by else ""),
+             f"already measured {s.already}", f"pruned {s.pruned}"]
+    if s.missing:
+        parts.append(f"not in replay data {s.missing}")
+    if s.stopped:
+        parts.append(f"stopped by {s.stopped} limit")
+    return "; ".join(parts)
+
+
+def register(app: typer.Typer) -> None:
+    from tunedb.runtime import NoGPUError, ReplayError, WorkerError
+
+    for cls in (NoGPUError, ReplayError, WorkerError):
+        register_error(cls)
+
+    @app.command("collect")
+    @handle_errors
+    def collect(
+        suite: Annotated[str, typer.Option("--suite", help="Workload suite name (e.g. quick).")],
+        collector: Annotated[str, typer.Option("--collector", help="Registered collector.")] = "fusion",
+        db: DbOption = None,
+        budget: Annotated[int | None, typer.Option("--budget", min=1,
+                                                   help="Measure at most N candidates.")] = None,
+        time_s: Annotated[float | None, typer.Option("--time", min=0.0, help="Stop after S seconds.")] = None,
+        device: Annotated[str, typer.Option("--device", help="cuda, or replay:PATH (Parquet export dir "
+                                                            "or database) to replay stored data.")] = "cuda",
+        workers: Annotated[int | None, typer.Option("--workers", min=0,
+                                                    help="Parallel compile processes "
+                                                         "[default: CPU cores - 2].")] = None,
+        timeout: Annotated[float, typer.Option("--timeout", min=1.0,
+                                               help="Seconds before a hung candidate is killed.")] = 60.0,
+        json_out: JsonOption = False,
+    ) -> None:
+        """Generate, verify and time candidates; store every measurement (resumable)."""
+        from collectors.base import load_collector
+        from tunedb.runtime import open_device
+
+        try:
+            coll = load_collector(collector)
+        except ValueError as e:
+            fail(str(e))
+        try:
+            dev = open_device(device, workers=workers, timeout_s=timeout)
+        except ValueError as e:
+            fail(str(e))
+        try:
+            with open_store(db) as store:
+                if json_out:
+                    summary = coll.run(store, dev, suite, budget=budget, time_s=time_s)
+                else:
+                    summary = _run_with_progress(coll, store, dev, suite, budget, time_s)
+        finally:
+            dev.close()
+        if json_out:
+            print_json(summary.to_json())
+        else:
+            typer.echo(_summary_line(summary))
+
+
+def _run_with_progress(coll: Any, store: Any, dev: Any, suite: str, budget: int | None,
+                       time_s: float | None) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[rate]:.1f}/s ok {task.fields[ok]} failed {task.fields[failed]}"),
+                  TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("collect", total=None, rate=0.0, ok=0, failed=0)
+
+        def progress(s: Any) -> None:
+            todo = max(0, s.total - s.already)
+            total = min(todo, budget) if budget is not None else todo
+            bar.update(task, completed=s.measured + s.missing, total=total or None, rate=s.rate,
+                       ok=s.ok, failed=s.failed)
+
+        return coll.run(store, dev, suite, budget=budget, time_s=time_s, progress=progress)

@@ -1,0 +1,149 @@
+"""Synthetic training frames: real fusion graphs and schedule configs, made-up latencies.
+
+Used by the tests and the training benchmark before (and besides) real GPU data. The latency is
+a hidden, deterministic function of the candidate (bandwidth efficiency that depends on
+occupancy, vector width, wasted lanes and wave quantisation, plus launches, arithmetic and spill
+penalties) with log-normal noise: learnable from the features, but not by the roofline alone.
+The frame has the columns of ``TuningStore.training_frame``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from tunedb.costmodel.features import FEATURE_NAMES, DeviceFacts, featurize
+from tunedb.graph.builder import GraphBuilder
+from tunedb.graph.hashing import graph_hash
+from tunedb.graph.ir import Graph
+from tunedb.records import sha256_hex
+
+FAMILIES: tuple[str, ...] = ("eltwise", "bias_act", "softmax", "layernorm", "rmsnorm", "col_center")
+_ACTS = ("gelu", "relu", "sigmoid", "tanh", "exp", "neg", "abs", "sqrt")
+
+
+def make_graph(family: str, rows: int, cols: int, dtype: str, rng: np.random.Generator) -> Graph:
+    """One workload graph of ``family`` over a [rows, cols] tensor."""
+    b = GraphBuilder(f"{family}_{rows}x{cols}_{dtype}")
+    x = b.input("x", (rows, cols), dtype)
+    if family == "eltwise":
+        y = x
+        for _ in range(int(rng.integers(1, 7))):
+            op = str(rng.choice(_ACTS + ("add", "mul")))
+            y = b.op(op, y, y) if op in ("add", "mul") else b.op("abs" if op == "sqrt" else op, y)
+    elif family == "bias_act":
+        bias = b.input("b", (cols,), dtype)
+        y = b.op(str(rng.choice(("gelu", "relu", "sigmoid"))), b.add(x, bias))
+    elif family == "softmax":
+        y = b.softmax(b.mul(x, 0.125) if rng.random() < 0.5 else x)
+    elif family == "layernorm":
+        r = b.input("r", (rows, cols), dtype)
+        g = b.input("g", (cols,), dtype)
+        y = b.layernorm(b.add(x, r), g, b.input("beta", (cols,), dtype))
+    elif family == "rmsnorm":
+        y = b.rmsnorm(x, b.input("g", (cols,), dtype))
+    elif family == "col_center":
+        y = b.sub(x, b.reduce_mean(x, axes=(0,), keepdims=True))
+    else:
+        raise ValueError(f"unknown synthetic family {family!r}; expected one of {', '.join(FAMILIES)}")
+    return b.build([y])
+
+
+def _config_grid(reduces: bool) -> list[dict]:
+    out: list[dict] = []
+    mappings = ("thread_row", "warp_row", "block_row", "split_row") if reduces else ("elementwise", "warp_row")
+    for mapping, block, vec, unroll, cache, stitch in itertools.product(
+            mappings, (32, 64, 128, 256, 512, 1024), (1, 2, 4, 8), (1, 2, 4), (False, True),
+            ("register", "shared", "global")):
+        for split in ((1, 2, 4, 8) if mapping == "split_row" else (1,)):
+            out.append({"mapping": mapping, "block": block, "vec": vec, "unroll": unroll,
+                        "row_cache": cache, "stitch": stitch, "split": split})
+    return out
+
+
+def hidden_latency_us(X: np.ndarray, dev: DeviceFacts, rng: np.random.Generator,
+                      noise: float = 0.03) -> np.ndarray:
+    """The synthetic ground truth, from the features of each candidate."""
+    f = {n: X[:, i].astype(np.float64) for i, n in enumerate(FEATURE_NAMES)}
+    access = np.minimum(f["vec"] * f["dtype_bytes"], 16.0)
+    eff = (np.minimum(1.0, 0.3 + 0.7 * np.sqrt(f["occupancy"]))
+           * (0.55 + 0.45 * access / 16.0)
+           * np.power(np.clip(f["lane_utilization"], 0.05, 1.0), 0.7)
+           * (0.6 + 0.4 * f["wave_efficiency"] ** 0.5))
+    t_mem = f["est_bytes"] / (dev.bandwidth_bytes_per_s * eff) * 1e6
+    t_alu = (f["flops"] / 4e13 + f["transcendental_ops"] / 4e12) * 1e6 / np.maximum(f["occupancy"], 0.1)
+    spill = np.where(f["regs_est"] > 128, 1.0 + (f["regs_est"] - 128) / 128.0, 1.0)
+    launches = f["kernels"] * dev.launch_us
+    small_grid = np.where(f["grid"] < dev.sm_count, 1.0 + 0.5 * (1 - f["grid"] / dev.sm_count), 1.0)
+    t = (launches + np.maximum(t_mem, t_alu) + 0.2 * np.minimum(t_mem, t_alu)) * spill * small_grid
+    return t * np.exp(rng.normal(0.0, noise, len(t)))
+
+
+def synthetic_frame(n_workloads: int = 60, candidates_per_workload: int = 40, seed: int = 0,
+                    families: tuple[str, ...] = FAMILIES, device: DeviceFacts | None = None,
+                    fail_fraction: float = 0.02, noise: float = 0.03) -> pa.Table:
+    """A training frame of ``n_workloads`` workloads (round-robin over ``families``) with up to
+    ``candidates_per_workload`` configs each. graph_json is dictionary-encoded (it repeats)."""
+    dev = device or DeviceFacts()
+    rng = np.random.default_rng(seed)
+    grids = {True: _config_grid(True), False: _config_grid(False)}
+    graphs: list[str] = []
+    hashes: list[str] = []
+    meta: list[tuple[str, str]] = []
+    wl_rows: list[np.ndarray] = []
+    cfg_rows: list[str] = []
+    seen: set[str] = set()
+    for w in range(n_workloads):
+        family = families[w % len(families)]
+        for _ in range(50):  # draw until the shape is new (hashes must be unique)
+            rows = int(2 ** rng.integers(4, 16))
+            cols = int(2 ** rng.integers(5, 15)) * int(rng.choice((1, 3)))
+            dtype = str(rng.choice(("float32", "float16", "bfloat16")))
+            if rows * cols > 2 ** 25:
+                continue
+            g = make_graph(family, rows, cols, dtype, rng)
+            h = graph_hash(g)
+            if h not in seen:
+                break
+        seen.add(h)
+        grid = grids[family != "eltwise" and family != "bias_act"]
+        pick = rng.choice(len(grid), size=min(candidates_per_workload, len(grid)), replace=False)
+        graphs.append(json.dumps(g.to_json(), sort_keys=True))
+        hashes.append(h)
+        meta.append((family, g.name))
+        wl_rows.append(np.full(len(pick), len(graphs) - 1))
+        cfg_rows.extend(json.dumps(grid[i], sort_keys=True) for i in pick)
+    widx = np.concatenate(wl_rows)
+    n = len(widx)
+    X = featurize({h: gj for h, gj in zip(hashes, graphs)}, [hashes[i] for i in widx], cfg_rows, dev)
+    lat = hidden_latency_us(X, dev, rng, noise)
+    regs = np.minimum(255, np.round(X[:, FEATURE_NAMES.index("regs_est")] + rng.integers(-4, 5, n))).astype(np.int32)
+    smem = X[:, FEATURE_NAMES.index("smem_est")].astype(np.int64)
+    local = np.where(regs >= 200, 64, 0).astype(np.int64)
+    failed = rng.random(n) < fail_fraction
+    status = np.where(failed, "compile_error", "ok")
+    lat_or_null = pa.array(np.where(failed, np.nan, lat), mask=failed)
+    cand = [sha256_hex(hashes[w] + c) for w, c in zip(widx, cfg_rows)]
+    dev_id = sha256_hex(dev.name)[:16]
+    idx = pa.array(widx.astype(np.int32))
+    return pa.table({
+        "workload_hash": pa.array([hashes[i] for i in widx]),
+        "family": pa.array([meta[i][0] for i in widx]),
+        "workload_name": pa.array([meta[i][1] for i in widx]),
+        "graph_json": pa.DictionaryArray.from_arrays(idx, pa.array(graphs)),
+        "candidate_hash": pa.array(cand),
+        "kind": pa.array(["fusion"] * n),
+        "config_json": pa.array(cfg_rows),
+        "device_id": pa.array([dev_id] * n),
+        "device_name": pa.array([dev.name] * n),
+        "status": pa.array(status.tolist()),
+        "median_us": lat_or_null,
+        "p20_us": pa.array(np.where(failed, np.nan, lat * 0.98), mask=failed),
+        "p80_us": pa.array(np.where(failed, np.nan, lat * 1.02), mask=failed),
+        "registers": pa.array(regs, mask=failed),
+        "shared_bytes": pa.array(smem, mask=failed),
+        "local_bytes": pa.array(local, mask=failed),
+    })

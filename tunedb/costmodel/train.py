@@ -1,0 +1,225 @@
+"""XGBoost training: regression on log latency and ranking within workloads; keep the better.
+
+Rows are split by workload (GroupShuffleSplit) into train and validation, never at random:
+the model is always judged on workloads it has not seen. Each objective early-stops on the
+validation set; the winner is the one with the higher validation pairwise accuracy (ties go to
+regression, whose output is a latency the planner can compare across workloads).
+
+A ranking model's score is only meaningful within a workload; to still answer in microseconds
+it carries an affine calibration ``log(us) = a * cost + b`` fitted on its training rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import xgboost as xgb
+from sklearn.model_selection import GroupShuffleSplit
+
+from tunedb.costmodel.features import MEASURED_FEATURES, feature_index
+from tunedb.costmodel.metrics import pairwise_accuracy
+
+REGRESSION = "reg:squarederror"
+RANKING = ("rank:pairwise", "rank:ndcg")
+OBJECTIVES: tuple[str, ...] = (REGRESSION, *RANKING)
+
+
+class TrainError(ValueError):
+    """Training cannot proceed (too little data, bad labels, bad parameters)."""
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """Everything that decides a trained model; recorded on the model card."""
+
+    objective: str = "auto"  # "auto" tries regression and the objectives in ``rank_objectives``
+    rank_objectives: tuple[str, ...] = ("rank:pairwise",)
+    device: str = "cpu"  # "cuda" passes through to xgboost
+    max_depth: int = 8
+    eta: float = 0.15
+    num_boost_round: int = 400
+    early_stopping_rounds: int = 20
+    min_child_weight: float = 2.0
+    subsample: float = 0.8
+    colsample_bytree: float = 0.8
+    reg_lambda: float = 1.0
+    max_bin: int = 128
+    nthread: int = 0  # 0: all cores
+    seed: int = 0
+    valid_fraction: float = 0.2
+    # Fraction of rows whose compile-time facts (registers, shared memory, spills) are hidden
+    # in training, so that the model also predicts well before a candidate is compiled.
+    mask_measured: float = 0.5
+    rank_pairs_per_sample: int = 8
+
+    def __post_init__(self) -> None:
+        if self.objective != "auto" and self.objective not in OBJECTIVES:
+            raise TrainError(f"unknown objective {self.objective!r}; expected auto or one of {OBJECTIVES}")
+        bad = [o for o in self.rank_objectives if o not in RANKING]
+        if bad:
+            raise TrainError(f"unknown ranking objective {bad[0]!r}; expected one of {RANKING}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise TrainError(f"device must be cpu or cuda, got {self.device!r}")
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise TrainError(f"valid_fraction must be in (0, 1), got {self.valid_fraction}")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rank_objectives"] = list(self.rank_objectives)
+        return d
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> TrainParams:
+        known = set(TrainParams.__dataclass_fields__)
+        kw = {k: v for k, v in d.items() if k in known}
+        if "rank_objectives" in kw:
+            kw["rank_objectives"] = tuple(kw["rank_objectives"])
+        return TrainParams(**kw)
+
+    def xgb_params(self, objective: str) -> dict[str, Any]:
+        p: dict[str, Any] = {
+            "objective": objective, "tree_method": "hist", "device": self.device,
+            "max_depth": self.max_depth, "eta": self.eta, "min_child_weight": self.min_child_weight,
+            "subsample": self.subsample, "colsample_bytree": self.colsample_bytree,
+            "lambda": self.reg_lambda, "max_bin": self.max_bin, "seed": self.seed,
+        }
+        if self.nthread > 0:
+            p["nthread"] = self.nthread
+        if objective == REGRESSION:
+            p["eval_metric"] = "rmse"
+        else:
+            # Labels are continuous relevances (log-latency gaps); exponential gain needs ints.
+            p.update(eval_metric="ndcg", ndcg_exp_gain=False,
+                     lambdarank_num_pair_per_sample=self.rank_pairs_per_sample)
+            if objective == "rank:pairwise":
+                p["lambdarank_pair_method"] = "mean"
+        return p
+
+
+@dataclass
+class TrainResult:
+    booster: xgb.Booster
+    objective: str
+    best_iteration: int
+    # log(us) = a * cost + b, where cost is the booster's margin (negated for ranking models).
+    calibration: tuple[float, float]
+    valid_metrics: dict[str, float]
+    tried: dict[str, dict[str, float]] = field(default_factory=dict)
+    n_train: int = 0
+    n_valid: int = 0
+
+
+def group_codes(groups: Any) -> np.ndarray:
+    """Integer codes 0..G-1 for any per-row group labels (workload hashes, names, ints)."""
+    _, codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)
+    return codes.reshape(-1).astype(np.int64)
+
+
+def split_by_group(groups: np.ndarray, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, validation rows), whole workloads on each side."""
+    n_groups = len(np.unique(groups))
+    if n_groups < 2:
+        raise TrainError(f"need at least 2 workloads to hold some out, got {n_groups}")
+    split = GroupShuffleSplit(n_splits=1, test_size=valid_fraction, random_state=seed)
+    tr, va = next(split.split(np.zeros(len(groups)), groups=groups))
+    return tr, va
+
+
+def mask_measured(X: np.ndarray, fraction: float, seed: int) -> None:
+    """Hide the compile-time facts of a random ``fraction`` of rows, in place."""
+    if fraction <= 0:
+        return
+    rows = np.random.default_rng(seed).random(len(X)) < fraction
+    for name in MEASURED_FEATURES:
+        X[rows, feature_index(name)] = np.nan
+
+
+def _relevance(log_us: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Ranking label: how much faster than the workload's slowest candidate, in log units."""
+    worst = np.full(groups.max() + 1, -np.inf)
+    np.maximum.at(worst, groups, log_us)
+    return (worst[groups] - log_us).astype(np.float32)
+
+
+def to_cost(margin: np.ndarray, objective: str) -> np.ndarray:
+    """Booster margin -> a cost where lower is faster (ranking scores rise with speed)."""
+    return margin if objective == REGRESSION else -margin
+
+
+def _calibrate(cost: np.ndarray, log_us: np.ndarray) -> tuple[float, float]:
+    a, b = np.polyfit(cost.astype(np.float64), log_us, 1)
+    # The calibration must keep the model's order; a flat or inverted fit keeps it barely.
+    return (float(a), float(b)) if a > 1e-6 else (1e-6, float(np.mean(log_us)))
+
+
+def _fit_one(objective: str, params: TrainParams, Xtr: np.ndarray, ytr: np.ndarray, gtr: np.ndarray,
+             Xva: np.ndarray, yva: np.ndarray, gva: np.ndarray) -> tuple[xgb.Booster, int]:
+    rank = objective != REGRESSION
+    dtr = xgb.QuantileDMatrix(Xtr, label=_relevance(ytr, gtr) if rank else ytr,
+                              qid=gtr if rank else None, max_bin=params.max_bin)
+    dva = xgb.QuantileDMatrix(Xva, label=_relevance(yva, gva) if rank else yva,
+                              qid=gva if rank else None, ref=dtr, max_bin=params.max_bin)
+    booster = xgb.train(params.xgb_params(objective), dtr, num_boost_round=params.num_boost_round,
+                        evals=[(dva, "valid")], early_stopping_rounds=params.early_stopping_rounds,
+                        verbose_eval=False)
+    best = int(getattr(booster, "best_iteration", booster.num_boosted_rounds() - 1))
+    # Keep only the trees up to the best round, so that the saved model needs no range.
+    return booster[: best + 1], best
+
+
+def predict_margin(booster: xgb.Booster, X: np.ndarray) -> np.ndarray:
+    return np.asarray(booster.inplace_predict(np.asarray(X, dtype=np.float32), predict_type="margin"),
+                      dtype=np.float64).reshape(-1)
+
+
+def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
+                  params: TrainParams | None = None) -> TrainResult:
+    """Train on features ``X`` (float32), measured latencies (µs) and per-row workload labels."""
+    params = params or TrainParams()
+    X = np.asarray(X, dtype=np.float32)
+    y = np.asarray(latency_us, dtype=np.float64).reshape(-1)
+    if X.ndim != 2 or len(X) != len(y):
+        raise TrainError(f"features {X.shape} do not match {len(y)} latencies")
+    if not np.all(np.isfinite(y) & (y > 0)):
+        raise TrainError("latencies must be finite and positive (filter failed measurements first)")
+    g_all = group_codes(groups)
+    if len(g_all) != len(y):
+        raise TrainError(f"{len(g_all)} group labels for {len(y)} rows")
+    tr, va = split_by_group(g_all, params.valid_fraction, params.seed)
+    # Ranking needs rows grouped by query; sorting both sides once serves every objective.
+    tr = tr[np.argsort(g_all[tr], kind="stable")]
+    va = va[np.argsort(g_all[va], kind="stable")]
+    log_y = np.log(y)
+    Xtr, Xva = X[tr], X[va]
+    mask_measured(Xtr, params.mask_measured, params.seed)
+    mask_measured(Xva, params.mask_measured, params.seed + 1)
+    # Dense 0..G-1 codes per side, in the same (sorted) order as the rows.
+    gtr = np.unique(g_all[tr], return_inverse=True)[1].reshape(-1)
+    gva = np.unique(g_all[va], return_inverse=True)[1].reshape(-1)
+
+    objectives = [REGRESSION, *params.rank_objectives] if params.objective == "auto" else [params.objective]
+    tried: dict[str, dict[str, float]] = {}
+    best: tuple[float, str, xgb.Booster, int] | None = None
+    for obj in objectives:
+        booster, it = _fit_one(obj, params, Xtr, log_y[tr], gtr, Xva, log_y[va], gva)
+        acc = pairwise_accuracy(y[va], to_cost(predict_margin(booster, Xva), obj), gva)
+        tried[obj] = {"pairwise_accuracy": acc, "best_iteration": float(it)}
+        # Regression is tried first and wins ties: it answers in comparable microseconds.
+        if best is None or acc > best[0] + 1e-3:
+            best = (acc, obj, booster, it)
+    assert best is not None
+    acc, obj, booster, it = best
+    if obj == REGRESSION:
+        calib = (1.0, 0.0)
+    else:
+        calib = _calibrate(to_cost(predict_margin(booster, Xtr), obj), log_y[tr])
+    return TrainResult(booster=booster, objective=obj, best_iteration=it, calibration=calib,
+                       valid_metrics={"pairwise_accuracy": acc}, tried=tried,
+                       n_train=len(tr), n_valid=len(va))
+
+
+def fixed_objective(params: TrainParams, objective: str) -> TrainParams:
+    """The same parameters with the objective pinned (cross-validation reuses the winner)."""
+    return replace(params, objective=objective)

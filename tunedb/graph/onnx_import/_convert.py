@@ -1,0 +1,262 @@
+"""The importer proper: walks an ONNX graph once, folding constants and emitting tunedb nodes.
+
+Every ONNX value is either *computed* (``env``: its tunedb value in the builder) or *constant*
+(``consts``: a NumPy array). A node whose inputs are all constants is evaluated right away with
+ONNX's reference evaluator, so the shape arithmetic exporters emit (Shape -> Gather -> Concat ->
+Reshape, ConstantOfShape, Range, Equal/Where on constants) never becomes a tunedb node. Shape and
+Size of computed values fold too: tunedb types are static. A constant feeding a computed node
+becomes a tunedb constant on first use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from tunedb.graph.builder import GraphBuilder
+from tunedb.graph.ir import Graph, GraphError, Node, TensorType
+from tunedb.graph.onnx_import._model import (
+    BF16,
+    OnnxImportError,
+    dtype_of_array,
+    dtype_of_onnx,
+    one_line,
+)
+from tunedb.graph.onnx_import._ops import BINARY, FOLD_ONLY, UNARY, OpHandlers
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def supported_ops() -> tuple[str, ...]:
+    """ONNX op types ``import_onnx`` maps (default domain)."""
+    handled = {m[4:] for m in dir(OpHandlers) if m.startswith("_op_")}
+    return tuple(sorted(set(UNARY) | set(BINARY) | handled))
+
+
+class Importer(OpHandlers):
+    def __init__(self, model: onnx.ModelProto, bindings: dict[str, int]) -> None:
+        self.model = model
+        self.bindings = bindings
+        self.opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS),
+                          onnx.defs.onnx_opset_version())
+        self.b = GraphBuilder(model.graph.name or "onnx")
+        self.env: dict[str, str] = {}  # computed ONNX value -> builder value
+        self.consts: dict[str, np.ndarray] = {}  # constant ONNX value -> its array
+        self.materialised: set[str] = set()  # builder constants made from ``consts``
+        self.node: onnx.NodeProto | None = None
+        self._used = {i for n in model.graph.node for i in n.input} | \
+            {o.name for o in model.graph.output}
+
+    # -- driver -------------------------------------------------------------------------------
+    def run(self) -> Graph:
+        g = self.model.graph
+        for init in g.initializer:
+            self.consts[init.name] = numpy_helper.to_array(init)
+        for vi in g.input:
+            if vi.name not in self.consts:  # an input with an initializer is a constant
+                shape, dtype = self._input_type(vi)
+                self.env[vi.name] = self.b.input(vi.name, shape, dtype)
+        for node in g.node:
+            self.node = node
+            try:
+                self._convert(node)
+            except OnnxImportError:
+                raise
+            except GraphError as e:  # shape/dtype errors from inference: name the ONNX node
+                raise self.err(one_line(e)) from None
+            except (KeyError, ValueError, TypeError, IndexError) as e:  # malformed attributes
+                raise self.err(f"{type(e).__name__}: {one_line(e)}") from None
+        self.node = None
+        outs = [self.val(o.name) for o in g.output]
+        # A graph output that is an input, a constant or another output needs a node of its own.
+        taken = set(self.b_inputs()) | self.materialised
+        for i, v in enumerate(outs):
+            if v in taken:
+                outs[i] = self.b.identity(v)
+            taken.add(outs[i])
+        try:
+            graph = self.b.build(outs)
+        except GraphError as e:
+            raise OnnxImportError(f"graph {g.name!r}: {one_line(e)}") from None
+        return _rename(graph, dict(zip(outs, (o.name for o in g.output))))
+
+    def b_inputs(self) -> list[str]:
+        return [self.env[vi.name] for vi in self.model.graph.input if vi.name in self.env]
+
+    def _input_type(self, vi: onnx.ValueInfoProto) -> tuple[tuple[int, ...], str]:
+        t = vi.type
+        if t.WhichOneof("value") != "tensor_type":
+            raise OnnxImportError(f"input {vi.name!r} is not a tensor")
+        dtype = dtype_of_onnx(t.tensor_type.elem_type, f"input {vi.name!r}")
+        if not t.tensor_type.HasField("shape"):
+            raise OnnxImportError(f"input {vi.name!r} has no shape; tunedb needs static shapes")
+        dims = []
+        for axis, d in enumerate(t.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(d.dim_value)
+            elif d.HasField("dim_param"):
+                if d.dim_param not in self.bindings:
+                    raise OnnxImportError(f"input {vi.name!r} has symbolic dim {d.dim_param!r}; "
+                                          f"pass bindings={{{d.dim_param!r}: N}}")
+                dims.append(int(self.bindings[d.dim_param]))
+            else:
+                raise OnnxImportError(f"input {vi.name!r} has an unknown dim at axis {axis}; "
+                                      f"tunedb needs static shapes")
+        return tuple(dims), dtype
+
+    def _convert(self, node: onnx.NodeProto) -> None:
+        op = node.op_type
+        ms_rms = op == "SimplifiedLayerNormalization" and node.domain == "com.microsoft"
+        if node.domain not in _DEFAULT_DOMAINS and not ms_rms:
+            raise self._unsupported()
+        if not hasattr(self, "_op_" + op) and op not in UNARY and op not in BINARY:
+            raise self._unsupported()
+        ins = [i for i in node.input if i]
+        if not ms_rms and all(i in self.consts for i in ins) and (ins or op in FOLD_ONLY):
+            self._fold(node)
+        elif op in FOLD_ONLY:
+            raise self.err("needs constant inputs (tunedb graphs have static shapes)")
+        elif op in UNARY:
+            self.set(0, self.b.op(UNARY[op], self.val(node.input[0])))
+        elif op in BINARY:
+            x, y = node.input[0], node.input[1]
+            if op == "Pow" and self.dtype(y) != self.dtype(x):  # ONNX lets exponents differ
+                self.set(0, self.b.pow(self.val(x), self.cast(y, self.dtype(x))))
+            else:
+                self.set(0, self.b.op(BINARY[op], self.val(x), self.val(y)))
+        else:
+            getattr(self, "_op_" + op)(node, _attrs(node))
+
+    def _unsupported(self) -> OnnxImportError:
+        n = self.node
+        dom = f" in domain {n.domain!r}" if n.domain not in _DEFAULT_DOMAINS else ""
+        ops = supported_ops()
+        return OnnxImportError(
+            f"unsupported ONNX op {n.op_type!r}{dom} (node {n.name or n.output[0]!r}); tunedb "
+            f"supports {len(ops)} ops: {', '.join(ops[:6])}, ... (see supported_ops())")
+
+    def _where(self) -> str:
+        n = self.node
+        return f"ONNX node {n.name or n.output[0]!r} ({n.op_type})" if n is not None else "graph"
+
+    def err(self, msg: str) -> OnnxImportError:
+        return OnnxImportError(f"{self._where()}: {msg}")
+
+    def _fold(self, node: onnx.NodeProto) -> None:
+        from onnx.reference import ReferenceEvaluator  # heavy import, needed only here
+
+        feeds = {i: self.consts[i] for i in node.input if i}
+        try:
+            outs = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
+        except Exception as e:  # any evaluator failure is this node's problem
+            raise self.err(f"constant folding failed: {one_line(e)}") from None
+        for name, v in zip(node.output, outs):
+            if name:
+                self.consts[name] = np.asarray(v)
+
+    # -- values -------------------------------------------------------------------------------
+    def val(self, name: str) -> str:
+        """Builder value of an ONNX value; a folded constant becomes a builder constant."""
+        if name in self.env:
+            return self.env[name]
+        if name in self.consts:
+            a = self.consts[name]
+            dtype = dtype_of_array(a, f"constant {name!r}")
+            v = self.b.constant(a.astype(np.float32) if dtype == "bfloat16" else a, dtype=dtype)
+            self.env[name] = v
+            self.materialised.add(v)
+            return v
+        raise self.err(f"input {name!r} is not produced by any earlier node")
+
+    def set(self, i: int, value: str) -> None:
+        self.env[self.node.output[i]] = value
+
+    def ty(self, name: str) -> TensorType:
+        if name in self.consts and name not in self.env:
+            a = self.consts[name]
+            return TensorType(a.shape, dtype_of_array(a, f"constant {name!r}"))
+        return self.b.type_of(self.val(name))
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.consts[name].shape) if name in self.consts else self.ty(name).shape
+
+    def dtype(self, name: str) -> str:
+        return self.ty(name).dtype
+
+    def dtype_of_onnx(self, elem_type: int) -> str:
+        try:
+            return dtype_of_onnx(elem_type, "target")
+        except OnnxImportError as e:
+            raise self.err(str(e)) from None
+
+    def const(self, i: int, what: str) -> np.ndarray | None:
+        """Constant value of input ``i`` (None when the optional input is absent)."""
+        n = self.node
+        if i >= len(n.input) or not n.input[i]:
+            return None
+        if n.input[i] not in self.consts:
+            raise self.err(f"input {what!r} must be a constant (it is computed: {n.input[i]!r})")
+        return self.consts[n.input[i]]
+
+    def ints(self, i: int, what: str) -> list[int] | None:
+        c = self.const(i, what)
+        return None if c is None else [int(v) for v in np.asarray(c).reshape(-1)]
+
+    def opt(self, i: int) -> str | None:
+        n = self.node
+        return self.val(n.input[i]) if i < len(n.input) and n.input[i] else None
+
+    def cast(self, name: str, dtype: str) -> str:
+        """``name`` as ``dtype``: a constant is converted here, a computed value gets a cast."""
+        if self.dtype(name) == dtype:
+            return self.val(name)
+        if name in self.consts and name not in self.env:
+            a = self.consts[name]
+            a = a.astype(np.float32).astype(BF16) if dtype == "bfloat16" else a.astype(dtype)
+            key = f"{name}\0{dtype}"  # NUL cannot occur in an ONNX name
+            self.consts[key] = a
+            return self.val(key)
+        return self.b.cast(self.val(name), to=dtype)
+
+    def unused(self, first: int, what: str) -> None:
+        """Error when optional outputs ``first..`` (not supported) feed anything."""
+        for o in self.node.output[first:]:
+            if o and o in self._used:
+                raise self.err(f"output {o!r} ({what}) is not supported")
+
+    @staticmethod
+    def axis(axis: int, rank: int) -> int:
+        return axis + rank if axis < 0 else axis
+
+    def _axes(self, a: dict, attr_before: int) -> list[int] | None:
+        """Axes from the attribute (opset < attr_before) or else from input 1."""
+        if self.opset < attr_before or "axes" in a:
+            return None if a.get("axes") is None else [int(x) for x in a["axes"]]
+        return self.ints(1, "axes")
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+def _rename(graph: Graph, names: dict[str, str]) -> Graph:
+    """Give graph outputs their ONNX names where no other value has that name already."""
+    values = {k for k, _ in graph.types}
+    m: dict[str, str] = {}
+    for old, new in names.items():
+        if old != new and new not in values and old not in graph.inputs:
+            m[old] = new
+            values.add(new)
+    if not m:
+        return graph
+    r = lambda v: m.get(v, v)  # noqa: E731
+    return Graph(
+        inputs=graph.inputs, outputs=tuple(r(v) for v in graph.outputs),
+        nodes=tuple(Node(n.op, tuple(r(v) for v in n.inputs), tuple(r(v) for v in n.outputs), n.attrs)
+                    for n in graph.nodes),
+        types={r(k): t for k, t in graph.types}, constants=graph.constants, name=graph.name)

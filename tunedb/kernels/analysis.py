@@ -1,0 +1,490 @@
+"""Canonicalise a fusion subgraph onto a 2-D domain [R, C] and classify every value.
+
+The domain is the largest tensor of the subgraph viewed as R rows of C contiguous elements
+(leading dims collapsed into R; C is the innermost axis, or the axes a row reduction runs over).
+Every value is then evaluated "at element (r, c)" of that domain, and its class says which
+coordinates it depends on:
+
+* ``full``   [R, C]  one value per element (row-major, so reshapes of contiguous dims are free)
+* ``row``    [R, 1]  one value per row (row-reduction results, per-row inputs, gathered picks)
+* ``col``    [1, C]  one value per column (bias/gamma vectors, column-reduction results)
+* ``scalar`` [1, 1]
+* ``trans``  a graph input read transposed: element (r, c) lives at offset ``c * R + r``
+
+Layout ops (reshape, squeeze, unsqueeze, expand, identity, transpose of an input) produce no
+code: their outputs are aliases of their inputs under this evaluation rule. Reductions are
+``row`` (over C) or ``col`` (over R); each has a *level*: the number of reductions that must
+finish before it can start (softmax: max is level 0, sum of exp(x - max) level 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tunedb.graph.ir import Graph, GraphError, Node
+from tunedb.graph.ops import canonical_attrs
+
+FULL, ROW, COL, SCALAR, TRANS = "full", "row", "col", "scalar", "trans"
+PATTERNS = ("elementwise", "row_reduce", "col_reduce", "transpose", "multi")
+
+ALIAS_OPS = frozenset(("reshape", "squeeze", "unsqueeze", "expand", "identity"))
+REDUCE_OPS = frozenset(("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"))
+COMPUTE_UNARY = frozenset((
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
+    "relu", "erf", "floor", "ceil", "sign", "not", "gelu", "clip", "cast", "leaky_relu"))
+COMPUTE_BINARY = frozenset((
+    "add", "sub", "mul", "div", "pow", "max", "min", "mod",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or"))
+TRANSCENDENTAL = frozenset(("exp", "log", "sin", "cos", "tanh", "sigmoid", "erf", "gelu", "pow"))
+
+
+class UnsupportedFusion(ValueError):
+    """The subgraph is outside what the fused-kernel generator handles; the message says why."""
+
+
+@dataclass(frozen=True)
+class Reduction:
+    value: str      # the reduction's output value
+    op: str         # reduce_sum | reduce_mean | reduce_max | reduce_min | reduce_prod
+    input: str      # the (alias-resolved) value reduced
+    axis: str       # "row" (over C) or "col" (over R)
+    level: int
+
+
+@dataclass(frozen=True)
+class Analysis:
+    graph: Graph
+    R: int
+    C: int
+    pattern: str
+    classes: tuple[tuple[str, str], ...]    # value -> class, for every non-alias value
+    deps: tuple[tuple[str, int], ...]       # value -> number of reduction levels it waits on
+    aliases: tuple[tuple[str, str], ...]    # alias value -> the value it stands for
+    nodes: tuple[Node, ...]                 # compute nodes (layout ops removed), topological
+    reductions: tuple[Reduction, ...]
+
+    @property
+    def cls(self) -> dict[str, str]:
+        return dict(self.classes)
+
+    @property
+    def dep(self) -> dict[str, int]:
+        return dict(self.deps)
+
+    def resolve(self, v: str) -> str:
+        a = dict(self.aliases)
+        while v in a:
+            v = a[v]
+        return v
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.graph.inputs
+
+    @property
+    def transposed_inputs(self) -> tuple[str, ...]:
+        c = self.cls
+        return tuple(v for v in self.graph.inputs if c.get(v) == TRANS)
+
+    @property
+    def row_levels(self) -> int:
+        return 1 + max((r.level for r in self.reductions if r.axis == "row"), default=-1)
+
+    @property
+    def col_levels(self) -> int:
+        return 1 + max((r.level for r in self.reductions if r.axis == "col"), default=-1)
+
+    def summary(self) -> dict:
+        """Compact JSON description (pattern, domain, counts) for features and reports."""
+        c = self.cls
+        return {"pattern": self.pattern, "R": self.R, "C": self.C,
+                "row_reductions": sum(r.axis == "row" for r in self.reductions),
+                "col_reductions": sum(r.axis == "col" for r in self.reductions),
+                "row_levels": self.row_levels, "col_levels": self.col_levels,
+                "transposed_inputs": len(self.transposed_inputs),
+                "classes": {k: sum(1 for v in c.values() if v == k) for k in (FULL, ROW, COL, SCALAR, TRANS)},
+                "transcendentals": sum(n.op in TRANSCENDENTAL for n in self.nodes)}
+
+
+def _split_at(shape: tuple[int, ...], R: int) -> int | None:
+    """The first q with prod(shape[:q]) == R (rows | columns split of a full-size shape)."""
+    p = 1
+    for q in range(len(shape) + 1):
+        if p == R:
+            return q
+        if q < len(shape):
+            p *= shape[q]
+    return None
+
+
+def _broadcast_class(si: tuple[int, ...], so: tuple[int, ...], R: int, what: str) -> str:
+    """Class of an operand of shape ``si`` broadcast to the full-size output shape ``so``."""
+    q = _split_at(so, R)
+    if q is None:
+        raise UnsupportedFusion(f"{what}: broadcast to {so} does not split into rows of {R}")
+    si = (1,) * (len(so) - len(si)) + tuple(si)
+    rows_full = all(si[i] == so[i] for i in range(q))
+    rows_one = all(si[i] == 1 for i in range(q))
+    cols_full = all(si[i] == so[i] for i in range(q, len(so)))
+    cols_one = all(si[i] == 1 for i in range(q, len(so)))
+    if rows_full and cols_full:
+        return FULL
+    if rows_one and cols_full:
+        return COL
+    if rows_full and cols_one:
+        return ROW
+    if rows_one and cols_one:
+        return SCALAR
+    raise UnsupportedFusion(f"{what}: operand of shape {si} broadcast to {so} is neither per-row, "
+                            f"per-column nor scalar in the [{R}, {math.prod(so) // R}] domain")
+
+
+def _transpose_split(perm: tuple[int, ...], shape: tuple[int, ...]) -> int | None:
+    """k if ``perm`` (size-1 dims ignored) is the block swap (k..n-1, 0..k-1), else None."""
+    keep = [p for p in perm if shape[p] != 1]
+    if not keep:
+        return None
+    order = sorted(keep)
+    for i in range(1, len(order)):
+        k = order[i]
+        if keep == order[i:] + order[:i]:
+            return k
+    return None
+
+
+class _Classifier:
+    def __init__(self, graph: Graph, R: int, C: int) -> None:
+        self.g, self.R, self.C, self.N = graph, R, C, R * C
+        self.types = graph.type_map
+        self.cls: dict[str, str] = {}
+        self.alias: dict[str, str] = {}
+        self.dep: dict[str, int] = {}
+        self.nodes: list[Node] = []
+        self.reds: list[Reduction] = []
+        self.leaves = set(graph.inputs) | set(graph.constant_map)
+
+    def resolve(self, v: str) -> str:
+        while v in self.alias:
+            v = self.alias[v]
+        return v
+
+    def numel(self, v: str) -> int:
+        return self.types[v].numel
+
+    def assign(self, v: str, k: str, what: str) -> None:
+        v = self.resolve(v)
+        old = self.cls.get(v)
+        if old is None:
+            self.cls[v] = k
+            self.dep.setdefault(v, 0)
+        elif old != k and not (k == FULL and old == TRANS):
+            raise UnsupportedFusion(f"{what}: value {v!r} is used both as {old} and as {k}")
+
+    def guess(self, v: str) -> str:
+        """Class of a small leaf seen without a full-size context (e.g. rstd_in * 2)."""
+        n, t = self.numel(v), self.types[v]
+        if n == 1:
+            return SCALAR
+        if n == self.N:
+            return FULL
+        if n == self.R and n != self.C:
+            return ROW
+        if n == self.C and n != self.R:
+            return COL
+        if n == self.R:
+            return ROW if t.rank >= 2 and t.shape[-1] == 1 else COL
+        raise UnsupportedFusion(f"value {v!r} {t} does not fit the [{self.R}, {self.C}] domain")
+
+    def operand(self, v: str, out_shape: tuple[int, ...], out_cls: str, what: str) -> None:
+        rv = self.resolve(v)
+        si = self.types[v].shape
+        if out_cls == FULL:
+            if self.numel(v) == self.N:
+                k = FULL
+            else:
+                k = _broadcast_class(si, out_shape, self.R, what)
+        elif self.numel(v) == 1:
+            k = SCALAR
+        elif self.numel(v) == math.prod(out_shape):
+            k = self.cls.get(rv) or out_cls
+        else:
+            raise UnsupportedFusion(f"{what}: cannot broadcast {si} inside a {out_cls} value")
+        known = self.cls.get(rv)
+        if known is None:
+            self.assign(rv, k, what)
+        elif known != k and SCALAR not in (known, k) and not (known == TRANS and k == FULL):
+            raise UnsupportedFusion(f"{what}: value {rv!r} is {known} but used as {k}")
+
+    def elementwise(self, node: Node) -> None:
+        out = node.outputs[0]
+        so = self.types[out].shape
+        what = f"{node.op} {out!r}"
+        if math.prod(so) == self.N and self.N > 1:
+            oc = FULL
+        else:
+            kinds = set()
+            for v in node.inputs:
+                rv = self.resolve(v)
+                k = self.cls.get(rv) or (self.guess(v) if self.numel(v) != 1 else SCALAR)
+                if k != SCALAR:
+                    kinds.add(k)
+            if len(kinds) > 1:
+                raise UnsupportedFusion(f"{what}: mixes {' and '.join(sorted(kinds))} operands")
+            oc = kinds.pop() if kinds else SCALAR
+        for v in node.inputs:
+            self.operand(v, so, oc, what)
+        self.cls[out] = oc
+        self.dep[out] = max(self.dep.get(self.resolve(v), 0) for v in node.inputs)
+        self.nodes.append(node)
+
+    def run(self) -> None:
+        for node in self.g.nodes:
+            op, out = node.op, node.outputs[0]
+            what = f"{op} {out!r}"
+            ins = [self.types[v] for v in node.inputs]
+            attrs = canonical_attrs(node, ins)
+            if op in COMPUTE_UNARY or op in COMPUTE_BINARY or op == "where":
+                self.elementwise(node)
+            elif op in ALIAS_OPS:
+                src = node.inputs[0]
+                if op == "expand" and self.numel(out) != self.numel(src):
+                    oc = FULL if self.numel(out) == self.N else None
+                    if oc is None:
+                        raise UnsupportedFusion(f"{what}: expand to a partial domain")
+                    self.operand(src, self.types[out].shape, oc, what)
+                self.alias[out] = src
+            elif op == "transpose":
+                self.transpose(node, attrs, what)
+            elif op in REDUCE_OPS:
+                self.reduce(node, attrs, what)
+            elif op == "gather_elements":
+                self.gather(node, attrs, what)
+            else:
+                raise UnsupportedFusion(f"{what}: op {op!r} is not supported by the fused-kernel generator")
+
+    def transpose(self, node: Node, attrs: dict, what: str) -> None:
+        src, out = node.inputs[0], node.outputs[0]
+        shape = self.types[src].shape
+        perm = tuple(attrs["perm"])
+        if [p for p in perm if shape[p] != 1] == sorted(p for p in perm if shape[p] != 1):
+            self.alias[out] = src  # moves only size-1 dims: a reshape
+            return
+        if self.resolve(src) not in self.leaves or self.numel(src) != self.N:
+            raise UnsupportedFusion(f"{what}: only full-size graph inputs can be read transposed")
+        k = _transpose_split(perm, shape)
+        if k is None or math.prod(shape[k:]) != self.R:
+            raise UnsupportedFusion(f"{what}: perm {perm} of {shape} is not a 2-D transpose "
+                                    f"onto the [{self.R}, {self.C}] domain")
+        self.assign(src, TRANS, what)
+        self.alias[out] = self.resolve(src)
+
+    def reduce(self, node: Node, attrs: dict, what: str) -> None:
+        src, out = node.inputs[0], node.outputs[0]
+        rs = self.resolve(src)
+        shape = self.types[src].shape
+        axes = tuple(attrs["axes"])
+        if self.numel(src) != self.N:
+            raise UnsupportedFusion(f"{what}: reduces a {self.types[src]} value, not the full domain")
+        n = len(shape)
+        kind = None
+        if axes and axes == tuple(range(axes[0], n)) and math.prod(shape[:axes[0]]) == self.R:
+            kind = ROW
+        elif axes and axes == tuple(range(0, axes[-1] + 1)) and math.prod(shape[:axes[-1] + 1]) == self.R:
+            kind = COL
+        if kind is None:
+            raise UnsupportedFusion(f"{what}: axes {axes} of {shape} are neither the trailing (row) "
+                                    f"nor the leading (column) axes of the [{self.R}, {self.C}] domain")
+        self.assign(rs, FULL, what)
+        if self.cls[rs] == TRANS:
+            raise UnsupportedFusion(f"{what}: reduction of a transposed input")
+        level = self.dep.get(rs, 0)
+        self.reds.append(Reduction(out, node.op, rs, "row" if kind == ROW else "col", level))
+        self.cls[out] = kind
+        self.dep[out] = level + 1
+        self.nodes.append(node)
+
+    def gather(self, node: Node, attrs: dict, what: str) -> None:
+        data, idx, out = node.inputs[0], node.inputs[1], node.outputs[0]
+        shape = self.types[data].shape
+        if (self.numel(data) != self.N or attrs["axis"] != len(shape) - 1 or shape[-1] != self.C
+                or self.numel(idx) != self.R or self.types[idx].dtype not in ("int32", "int64")):
+            raise UnsupportedFusion(f"{what}: only a per-row pick x[r, idx[r]] along the last axis "
+                                    f"of the [{self.R}, {self.C}] domain is supported")
+        self.assign(data, FULL, what)
+        self.assign(idx, ROW, what)
+        self.cls[out] = ROW
+        self.dep[out] = max(self.dep.get(self.resolve(data), 0), self.dep.get(self.resolve(idx), 0))
+        self.nodes.append(node)
+
+
+def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
+    k = _Classifier(graph, R, C)
+    k.run()
+    for v in graph.outputs:
+        rv = k.resolve(v)
+        if rv in k.leaves:
+            raise UnsupportedFusion(f"output {v!r} is a graph input or constant, not computed")
+        if k.numel(v) != k.numel(rv):
+            raise UnsupportedFusion(f"output {v!r} is an expanded value; materialise it with a compute op")
+    for v in graph.inputs:
+        if k.resolve(v) not in k.cls:
+            k.cls[v] = k.guess(v)  # unused input: still an argument of the kernel
+            k.dep[v] = 0
+    for v in graph.constant_map:
+        if v not in k.cls:
+            k.cls[v] = k.guess(v)
+            k.dep[v] = 0
+    rows = any(r.axis == "row" for r in k.reds)
+    cols = any(r.axis == "col" for r in k.reds)
+    trans = any(c == TRANS for c in k.cls.values())
+    if trans and (rows or cols):
+        raise UnsupportedFusion("transposed inputs together with reductions")
+    pattern = ("transpose" if trans else "multi" if rows and cols else "row_reduce" if rows
+               else "col_reduce" if cols else "elementwise")
+    outs = {k.resolve(v): k.cls[k.resolve(v)] for v in graph.outputs}
+    if pattern in ("elementwise", "transpose") and any(c != FULL for c in outs.values()):
+        raise UnsupportedFusion("an elementwise subgraph with a non-full-size output")
+    colred = {r.value for r in k.reds if r.axis == "col"}
+
+    def waits_on_col(v: str, seen: dict[str, bool]) -> bool:
+        if v in seen:
+            return seen[v]
+        prod = {o: n for n in k.nodes for o in n.outputs}
+        n = prod.get(v)
+        r = v in colred or (n is not None and any(waits_on_col(k.resolve(i), seen) for i in n.inputs))
+        seen[v] = r
+        return r
+
+    seen: dict[str, bool] = {}
+    if pattern == "multi":
+        for r in k.reds:
+            if r.axis == "row" and waits_on_col(r.input, seen):
+                raise UnsupportedFusion(f"row reduction {r.value!r} depends on a column reduction")
+        for v, c in outs.items():
+            if c in (FULL, ROW) and waits_on_col(v, seen):
+                raise UnsupportedFusion(f"output {v!r} needs a column reduction inside a row-mapped kernel")
+    if pattern == "col_reduce":
+        for v, c in outs.items():
+            if c == ROW:
+                raise UnsupportedFusion(f"output {v!r} is per-row in a column-reduction subgraph")
+    if pattern == "row_reduce":
+        for v, c in outs.items():
+            if c == COL:
+                raise UnsupportedFusion(f"output {v!r} is per-column in a row-reduction subgraph")
+    for v, c in outs.items():
+        if c == SCALAR:
+            raise UnsupportedFusion(f"output {v!r} is a scalar")
+    return Analysis(graph, R, C, pattern, tuple(sorted(k.cls.items())), tuple(sorted(k.dep.items())),
+                    tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds))
+
+
+def _domains(graph: Graph) -> list[tuple[int, int]]:
+    """Candidate (R, C) splits, most natural first: reductions and transposes fix the split;
+    otherwise C is the innermost dim of the largest value, then wider column blocks."""
+    types = graph.type_map
+    big = max((t.numel for t in types.values()), default=0)
+    out: list[tuple[int, int]] = []
+
+    def add(R: int, C: int) -> None:
+        if R * C == big and (R, C) not in out and C >= 1 and R >= 1:
+            out.append((R, C))
+
+    for n in graph.nodes:
+        t = types[n.inputs[0]] if n.inputs else None
+        if t is None or t.numel != big:
+            continue
+        try:
+            attrs = canonical_attrs(n, [types[v] for v in n.inputs])
+        except GraphError:
+            continue
+        if n.op in REDUCE_OPS and attrs["axes"]:
+            ax = attrs["axes"]
+            if ax[-1] == t.rank - 1:
+                add(math.prod(t.shape[:ax[0]]), math.prod(t.shape[ax[0]:]))
+            if ax[0] == 0:
+                add(math.prod(t.shape[:ax[-1] + 1]), math.prod(t.shape[ax[-1] + 1:]))
+        if n.op == "transpose":
+            k = _transpose_split(tuple(attrs["perm"]), t.shape)
+            if k is not None:
+                add(math.prod(t.shape[k:]), math.prod(t.shape[:k]))
+    for t in sorted({t.shape for t in types.values() if t.numel == big}, key=lambda s: (-len(s), s)):
+        for q in range(len(t) - 1, 0, -1):
+            add(math.prod(t[:q]), math.prod(t[q:]))
+        add(1, big)
+    return out
+
+
+def analyze(graph: Graph) -> Analysis:
+    """Classify ``graph`` on the first domain split under which it is supported."""
+    if not graph.nodes:
+        raise UnsupportedFusion("empty subgraph")
+    for v, t in graph.types:
+        if t.numel == 0:
+            raise UnsupportedFusion(f"value {v!r} is empty ({t})")
+        if t.numel >= 2 ** 31:
+            raise UnsupportedFusion(f"value {v!r} has {t.numel} elements; the limit is 2^31 - 1")
+    first: UnsupportedFusion | None = None
+    for R, C in _domains(graph):
+        try:
+            return _analyze_with(graph, R, C)
+        except UnsupportedFusion as e:
+            first = first or e
+    raise first or UnsupportedFusion("no [R, C] domain fits the subgraph")
+
+
+def pass_of(a: Analysis) -> dict[str, int]:
+    """Row-mapped kernels evaluate node outputs in passes over the row: a level-l row reduction
+    in pass l, other full-size values as soon as their inputs are ready (pass = dep), column
+    reductions of a multi pattern in the last pass."""
+    dep = a.dep
+    last = a.row_levels
+    out: dict[str, int] = {}
+    for n in a.nodes:
+        v = n.outputs[0]
+        r = next((r for r in a.reductions if r.value == v), None)
+        if r is not None:
+            out[v] = r.level if r.axis == "row" else last
+        else:
+            out[v] = dep.get(v, 0)
+    return out
+
+
+def cache_values(a: Analysis, mode: str) -> tuple[str, ...]:
+    """The full-size values a row-mapped kernel keeps per element between passes.
+
+    ``boundary``: the pre-reduction values that a later pass consumes (x + r in add_layernorm);
+    ``inputs``: the full-size graph inputs those depend on, later passes recompute the rest."""
+    cls, dep = a.cls, a.dep
+    passes = pass_of(a)
+    red = {r.value: r for r in a.reductions}
+    boundary: list[str] = []
+    for n in a.nodes:
+        v = n.outputs[0]
+        if n.op == "gather_elements":
+            continue
+        p = passes[v] if v in red else (dep.get(v, 0) if cls.get(v) == FULL else 0)
+        if p == 0:
+            continue
+        for i in n.inputs:
+            ri = a.resolve(i)
+            if cls.get(ri) == FULL and dep.get(ri, 0) == 0 and ri not in boundary:
+                boundary.append(ri)
+    if mode == "boundary":
+        return tuple(boundary)
+    if mode != "inputs":
+        raise ValueError(f"unknown cache mode {mode!r}; expected 'boundary' or 'inputs'")
+    prod = {n.outputs[0]: n for n in a.nodes}
+    leaves: list[str] = []
+
+    def walk(v: str) -> None:
+        v = a.resolve(v)
+        if v in prod:
+            for i in prod[v].inputs:
+                walk(i)
+        elif cls.get(v) == FULL and v not in leaves:
+            leaves.append(v)
+
+    for v in boundary:
+        walk(v)
+    return tuple(leaves)

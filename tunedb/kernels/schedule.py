@@ -1,0 +1,297 @@
+"""Schedules for fused memory-bound kernels and the space of legal ones per workload.
+
+A ``Schedule`` is the tunable half of a candidate (``Candidate.config``): how the [R, C] domain
+of the analysis (``tunedb.kernels.analysis``) maps onto threads, how wide the vector accesses
+are, where a row lives between the passes over it, and how each intermediate is handed from
+producer to consumer (the *stitch* scheme, after FusionStitching/AStitch):
+
+* ``recompute``: evaluated again from values at hand (cheap elementwise chains)
+* ``register``: kept per thread in registers (the row cache of a row-mapped kernel)
+* ``shuffle``: a reduction result combined and broadcast with warp shuffles
+* ``smem``: kept in shared memory (long rows, block-wide reductions, column partials)
+* ``global``: through global memory (a re-read of the inputs, or partials between two kernels)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+
+from tunedb.graph.ir import DTYPE_BYTES, Graph
+from tunedb.kernels.analysis import COL, FULL, ROW, TRANS, Analysis, analyze, cache_values
+
+MAPPINGS = ("elementwise", "warp_per_row", "block_per_row", "rows_per_block", "split_row",
+            "col_tiled", "transpose_tiled")
+ROW_MAPPINGS = ("warp_per_row", "block_per_row", "rows_per_block")
+ROW_CACHES = ("registers", "smem", "reread")
+CACHE_MODES = ("boundary", "inputs")
+STITCH = ("recompute", "register", "shuffle", "smem", "global")
+
+MAX_CACHE_REGS = 64          # registers/thread a row cache may take (of 255; spills kill bandwidth)
+MAX_SMEM = 227 * 1024        # dynamic shared memory per block on sm_90
+MAX_UNROLLED = 64            # vector iterations per thread a row kernel unrolls fully
+
+
+@dataclass(frozen=True)
+class Schedule:
+    mapping: str
+    block: int = 256            # threads per block
+    vec: int = 1                # elements per vector access (16 bytes at most)
+    unroll: int = 1             # independent vector accesses per thread per loop trip
+    group: int = 0              # row mappings: threads per row; col_tiled: threads across columns
+    split: int = 1              # col_tiled: row splits (>1: partials through global, two kernels)
+    tile: int = 32              # transpose_tiled: square tile edge
+    row_cache: str = "registers"
+    cache: str = "boundary"     # what a row cache holds: boundary values or the full-size inputs
+    fast_math: bool = False
+    stitch: str = ""            # "value:scheme;..." (derived by ``schedule_space``, descriptive)
+
+    def __post_init__(self) -> None:
+        if self.mapping not in MAPPINGS:
+            raise ValueError(f"unknown mapping {self.mapping!r}; expected one of {', '.join(MAPPINGS)}")
+        if self.row_cache not in ROW_CACHES:
+            raise ValueError(f"unknown row_cache {self.row_cache!r}; expected one of {', '.join(ROW_CACHES)}")
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"unknown cache {self.cache!r}; expected one of {', '.join(CACHE_MODES)}")
+        for f in ("block", "vec", "unroll", "split", "tile"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"schedule {f}={v!r} must be a positive int")
+        if self.vec not in (1, 2, 4, 8):
+            raise ValueError(f"vector width {self.vec} must be 1, 2, 4 or 8")
+        if self.block > 1024 or self.block % 32:
+            raise ValueError(f"block {self.block} must be a multiple of 32 and at most 1024")
+
+    @property
+    def threads_per_row(self) -> int:
+        return {"warp_per_row": 32, "block_per_row": self.block}.get(self.mapping, self.group)
+
+    def to_config(self) -> dict:
+        """JSON scalars only (``Candidate.config``)."""
+        return asdict(self)
+
+    @staticmethod
+    def from_config(config: dict | tuple) -> Schedule:
+        d = dict(config)
+        known = {f.name for f in fields(Schedule)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown schedule key(s) {', '.join(unknown)}")
+        if "mapping" not in d:
+            raise ValueError("schedule config has no 'mapping'")
+        return Schedule(**d)
+
+    @property
+    def stitch_map(self) -> dict[str, str]:
+        return dict(p.rsplit(":", 1) for p in self.stitch.split(";") if p)
+
+    def label(self) -> str:
+        parts = [self.mapping, f"b{self.block}", f"v{self.vec}"]
+        if self.mapping in ROW_MAPPINGS:
+            parts += [f"t{self.threads_per_row}", self.row_cache, self.cache]
+        if self.mapping == "col_tiled":
+            parts += [f"tx{self.group}", f"s{self.split}", f"u{self.unroll}"]
+        if self.mapping == "transpose_tiled":
+            parts += [f"tile{self.tile}"]
+        if self.mapping == "elementwise":
+            parts += [f"u{self.unroll}"]
+        return "_".join(parts)
+
+
+# --- facts the space and the generator share -------------------------------------------------
+
+def full_bytes(a: Analysis) -> int:
+    """Widest element among the arrays accessed with vectors (full-size and per-column)."""
+    types = a.graph.type_map
+    cls = a.cls
+    vals = [v for v in list(a.graph.inputs) + list(a.graph.outputs)
+            if cls.get(a.resolve(v)) in (FULL, COL, TRANS)]
+    return max((DTYPE_BYTES[types[v].dtype] for v in vals), default=4)
+
+
+def row_iters(C: int, threads: int, vec: int) -> int:
+    return math.ceil(C / (threads * vec))
+
+
+def cache_regs(a: Analysis, s: Schedule) -> int:
+    return row_iters(a.C, s.threads_per_row, s.vec) * s.vec * len(cache_values(a, s.cache))
+
+
+def row_smem_bytes(a: Analysis, s: Schedule) -> int:
+    """Dynamic shared memory of a row-mapped kernel: reduction slots, row cache, column partials."""
+    t = s.threads_per_row
+    groups = s.block // t
+    n_row = sum(r.axis == "row" for r in a.reductions)
+    n_col = sum(r.axis == "col" for r in a.reductions)
+    b = 4 * 32 * max(1, n_row) if t > 32 else 0
+    if s.row_cache == "smem":
+        b += 4 * groups * len(cache_values(a, s.cache)) * row_iters(a.C, t, s.vec) * s.vec * t
+    b += 4 * n_col * a.C
+    return b
+
+
+def legal_vecs(a: Analysis, need_c: bool = True, need_r: bool = False) -> tuple[list[int], list[str]]:
+    eb = full_bytes(a)
+    ok, why = [], []
+    for v in (8, 4, 2, 1):
+        if v * eb > 16:
+            why.append(f"vector width {v} of {eb}-byte elements exceeds 16 bytes")
+        elif need_c and a.C % v:
+            why.append(f"vector width {v} does not divide C={a.C}")
+        elif need_r and a.R % v:
+            why.append(f"vector width {v} does not divide R={a.R} (transposed rows)")
+        else:
+            ok.append(v)
+    return ok, why
+
+
+def stitch_of(a: Analysis, s: Schedule) -> str:
+    """The stitch scheme of every reduction result and cached intermediate under ``s``."""
+    out: dict[str, str] = {}
+    if s.mapping in ROW_MAPPINGS:
+        t = s.threads_per_row
+        for r in a.reductions:
+            out[r.value] = ("shuffle" if t <= 32 else "smem") if r.axis == "row" else "global"
+        cached = cache_values(a, s.cache)
+        scheme = {"registers": "register", "smem": "smem", "reread": "global"}[s.row_cache]
+        for v in cache_values(a, "boundary"):
+            out.setdefault(v, scheme if v in cached else "recompute")
+        for v in cached:
+            out.setdefault(v, scheme)
+    elif s.mapping == "col_tiled":
+        for r in a.reductions:
+            out[r.value] = "smem" if s.split == 1 else "global"
+    elif s.mapping == "transpose_tiled":
+        for v in a.transposed_inputs:
+            out[v] = "smem"
+    return ";".join(f"{k}:{v}" for k, v in sorted(out.items()))
+
+
+# --- the space --------------------------------------------------------------------------------
+
+def _with_stitch(a: Analysis, s: Schedule) -> Schedule:
+    return replace(s, stitch=stitch_of(a, s))
+
+
+def check(a: Analysis, s: Schedule) -> str:
+    """Why ``s`` cannot run ``a`` ("" when it can)."""
+    m = s.mapping
+    pat = a.pattern
+    allowed = {"elementwise": ("elementwise",), "transpose": ("transpose_tiled", "elementwise"),
+               "row_reduce": ROW_MAPPINGS, "multi": ROW_MAPPINGS, "col_reduce": ("col_tiled",)}[pat]
+    if m not in allowed:
+        return f"mapping {m} does not fit a {pat} subgraph (use {', '.join(allowed)})"
+    eb = full_bytes(a)
+    if s.vec * eb > 16:
+        return f"vector width {s.vec} of {eb}-byte elements exceeds 16 bytes"
+    cls = a.cls
+    needs_c = m != "elementwise" or any(c in (ROW, COL, TRANS) for c in cls.values())
+    if needs_c and a.C % s.vec:
+        return f"vector width {s.vec} does not divide C={a.C}"
+    if m == "transpose_tiled":
+        if a.R % s.vec:
+            return f"vector width {s.vec} does not divide R={a.R} (transposed rows)"
+        if s.tile % s.vec or s.tile // s.vec > s.block or s.block % (s.tile // s.vec):
+            return f"tile {s.tile} with vec {s.vec} does not fit block {s.block}"
+        if math.ceil(a.R / s.tile) > 65535:
+            return f"R={a.R} needs more than 65535 tile rows"
+    if m in ROW_MAPPINGS:
+        t = s.threads_per_row
+        if t < 1 or t > s.block or s.block % t or (t < 32 and 32 % t) or (t > 32 and t % 32):
+            return f"{t} threads per row does not tile block {s.block}"
+        if t * s.vec > 2 * a.C and t > 4:
+            return f"{t} threads x vec {s.vec} cover {t * s.vec} columns, more than twice C={a.C}"
+        it = row_iters(a.C, t, s.vec)
+        if s.row_cache != "smem" and it > MAX_UNROLLED:
+            return f"row of {a.C} needs {it} vector iterations per thread > {MAX_UNROLLED}"
+        if s.row_cache == "registers":
+            regs = cache_regs(a, s)
+            limit = min(MAX_CACHE_REGS, 65536 // s.block - 32)
+            if regs > limit:
+                dt = a.graph.type_of(a.graph.outputs[0]).dtype
+                return (f"row of {a.C} {dt} needs {regs} registers/thread at block {s.block}, "
+                        f"vec {s.vec} > limit {limit}")
+        smem = row_smem_bytes(a, s)
+        if smem > MAX_SMEM:
+            return f"needs {smem} bytes of shared memory > {MAX_SMEM}"
+    if m == "col_tiled":
+        tx = s.group
+        if tx < 1 or s.block % tx or s.block // tx < 1:
+            return f"{tx} threads across columns does not tile block {s.block}"
+        if s.split > 1 and a.col_levels > 1:
+            return "row split of chained column reductions needs more than two kernels"
+        if s.split > math.ceil(a.R / (s.block // tx)):
+            return f"split {s.split} leaves row ranges shorter than a block's {s.block // tx} rows"
+    return ""
+
+
+def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
+    pat = a.pattern
+    out: list[Schedule] = []
+    vecs_c, _ = legal_vecs(a, need_c=True)
+    if pat in ("elementwise", "transpose"):
+        ew_vecs = (8, 4, 2, 1) if pat == "elementwise" else (1,)
+        for b in (128, 256, 512):
+            for v in ew_vecs:
+                for u in (1, 2, 4):
+                    out.append(Schedule("elementwise", block=b, vec=v, unroll=u))
+    if pat == "transpose":
+        for tile in (32, 64):
+            for ty in (4, 8):
+                for v in (1, 2, 4, 8):
+                    out.append(Schedule("transpose_tiled", block=(tile // v) * ty if tile >= v else 32,
+                                        vec=v, tile=tile))
+    if pat in ("row_reduce", "multi"):
+        top = [v for v in (8, 4, 2, 1)][:4]
+        legal = [v for v in top if v in vecs_c][:2] or [1]
+        modes = ["boundary"] + (["inputs"] if set(cache_values(a, "inputs")) != set(cache_values(a, "boundary"))
+                                else [])
+        shapes = ([("rows_per_block", b, t) for t in (4, 8, 16) for b in (128, 256)]
+                  + [("warp_per_row", b, 32) for b in (128, 256, 512)]
+                  + [("block_per_row", b, b) for b in (128, 256, 512, 1024)])
+        for m, b, t in shapes:
+            for v in (8, 4, 2, 1):
+                for mode in modes:
+                    for rc in ROW_CACHES:
+                        s = Schedule(m, block=b, vec=v, group=t if m == "rows_per_block" else 0,
+                                     row_cache=rc, cache=mode)
+                        if rc != "registers" and mode != "boundary":
+                            continue
+                        if v not in legal:
+                            if rc == "registers" and mode == "boundary":
+                                out.append(s)  # kept so the pruned list says why
+                            continue
+                        if rc == "smem" and not check(a, replace(s, row_cache="registers")):
+                            continue  # registers fit: shared memory only adds traffic
+                        if rc == "reread" and (m == "rows_per_block" or v != legal[0]):
+                            continue
+                        out.append(s)
+    if pat == "col_reduce":
+        for tx, ty in ((8, 32), (16, 16), (32, 8), (16, 32), (32, 16), (8, 16)):
+            for v in (8, 4, 2, 1):
+                strips = math.ceil(a.C / (tx * v))
+                auto = max(1, min(math.ceil(2 * sm_count / strips), math.ceil(a.R / (8 * ty))))
+                for sp in sorted({1, auto}):
+                    for u in (1, 4):
+                        out.append(Schedule("col_tiled", block=tx * ty, vec=v, unroll=u, group=tx, split=sp))
+    return out
+
+
+def schedule_space(graph: Graph | Analysis, sm_count: int = 132
+                   ) -> tuple[list[Schedule], list[tuple[Schedule, str]]]:
+    """Legal schedules of ``graph`` and the pruned ones with the reason. Raises
+    ``UnsupportedFusion`` when the subgraph itself is outside the generator."""
+    a = graph if isinstance(graph, Analysis) else analyze(graph)
+    legal: list[Schedule] = []
+    pruned: list[tuple[Schedule, str]] = []
+    seen: set[Schedule] = set()
+    for s in _candidates(a, sm_count):
+        if s in seen:
+            continue
+        seen.add(s)
+        why = check(a, s)
+        if why:
+            pruned.append((s, why))
+        else:
+            legal.append(_with_stitch(a, s))
+    return legal, pruned

@@ -1,0 +1,348 @@
+"""The measurement protocol on the GPU (DESIGN.md, "Measurement protocol").
+
+Per workload (once): fresh random inputs, the float64 reference (uploaded as float32), output
+buffers. Per candidate: compile (NVRTC through ``cupy.RawModule``; CuPy's on-disk kernel cache makes
+a module compiled by the parallel pre-compile pool load instantly here), record registers / shared /
+local bytes, poison outputs, launch once, compare on the GPU (wrong -> ``incorrect``, never timed),
+then time with CUDA events: warm-up, L2 flush (memset of 2x L2) before every sample, >= 10 samples;
+plans shorter than ``SHORT_US`` are timed as a CUDA graph of ``batch`` back-to-back launches
+(sample >= ``TARGET_US``) divided by ``batch``. All kernels of a plan (and its scratch zeroing) are
+inside the events. Every CUDA error becomes a status; a sticky one (illegal address) also asks the
+worker to restart, so the next candidate gets a clean context.
+
+CuPy is imported lazily (``gpu_init``): this module imports on machines without it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from tunedb.records import Protocol
+from tunedb.runtime.inputs import (
+    BOOL_POISON,
+    make_inputs,
+    poison_value,
+    reference_outputs,
+    storage_dtype,
+    tolerance,
+    workload_seed,
+)
+
+NVRTC_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+SHORT_US = 10.0     # plans faster than this are timed in batches
+TARGET_US = 50.0    # ... so that one sample lasts at least this long
+MAX_BATCH = 256
+MODULE_CACHE = 512  # compiled modules kept per worker (LRU)
+
+
+def _one_line(exc: BaseException, limit: int = 1500) -> str:
+    text = " ".join(str(exc).split())
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
+
+
+# -- worker entry points ------------------------------------------------------------------------
+def gpu_init(state: dict) -> dict:
+    """Worker start-up: import CuPy, pick a non-default stream, allocate the L2 flush buffer."""
+    from tunedb.runtime.device import clocks, device_info, device_uuid, import_cupy
+
+    cp = import_cupy()
+    info = device_info()
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.use()  # every CuPy op in this process goes to it (CUDA graphs cannot capture stream 0)
+    state.update(cp=cp, stream=stream, modules=OrderedDict(), workload=None, info=info,
+                 flush=cp.empty(max(2 * info.l2_bytes, 1 << 20), dtype=cp.uint8))
+    uuid = device_uuid()
+    return {"device": asdict(info), "clocks": clocks(uuid), "uuid": uuid}
+
+
+def gpu_task(state: dict, context: dict, items: list) -> Iterator[dict]:
+    """Worker task: ``context`` = {workload_hash, graph (JSON), protocol}; items = wire plans."""
+    from tunedb.graph.ir import Graph
+
+    cp = state["cp"]
+    wl = state.get("workload")
+    if wl is None or wl.hash != context.get("workload_hash"):
+        if wl is not None:
+            wl.free()
+            state["workload"] = None
+        try:
+            wl = WorkloadBuffers(cp, Graph.from_json(context["graph"]), context.get("workload_hash", ""))
+            state["workload"] = wl
+        except Exception as e:  # noqa: BLE001 - one failure text for every item of this workload
+            restart = not context_ok(cp)
+            yield {"_heartbeat": True}
+            for _ in items:
+                yield {"status": "runtime_error", "error": f"workload setup failed: {_one_line(e)}",
+                       "_restart": restart}
+                if restart:
+                    return
+            return
+    yield {"_heartbeat": True}
+    proto = Protocol(**context.get("protocol", {}))
+    for item in items:
+        res = measure_item(state, wl, item, proto)
+        yield res
+        if res.get("_restart"):
+            return
+
+
+# -- per-workload buffers -----------------------------------------------------------------------
+class WorkloadBuffers:
+    """Inputs, float32 references and output buffers of one workload on the GPU."""
+
+    def __init__(self, cp: Any, graph: Any, workload_hash: str) -> None:
+        self.cp, self.graph, self.hash = cp, graph, workload_hash
+        dev, ref_in = make_inputs(graph, workload_seed(workload_hash))
+        refs = reference_outputs(graph, ref_in)  # once per workload, float64 oracle
+        self.inputs = {k: cp.asarray(v) for k, v in dev.items()}
+        self.refs = {k: cp.asarray(v) for k, v in refs.items()}
+        self.outputs = {}
+        self.checks = {}
+        for name in graph.outputs:
+            t = graph.type_of(name)
+            self.outputs[name] = cp.empty(t.shape, dtype=storage_dtype(t.dtype))
+            self.checks[name] = (t.dtype, *tolerance(graph, t.dtype))
+
+    def free(self) -> None:
+        # Keeps device memory flat across thousands of workloads.
+        self.inputs = self.refs = self.outputs = {}
+        self.cp.get_default_memory_pool().free_all_blocks()
+
+    def poison(self) -> None:
+        for name, buf in self.outputs.items():
+            dtype = self.checks[name][0]
+            if dtype == "bool":
+                buf.view(self.cp.uint8).fill(BOOL_POISON)
+            else:
+                buf.fill(poison_value(dtype))
+
+    def verify(self) -> tuple[bool, float, str]:
+        """Compare every output with its reference on the GPU: (ok, max abs error, output name)."""
+        cp = self.cp
+        worst_err, worst_name, ok = 0.0, "", True
+        for name, buf in self.outputs.items():
+            dtype, atol, rtol = self.checks[name]
+            ref = self.refs[name].reshape(buf.shape)
+            if dtype == "bfloat16":
+                o = (buf.astype(cp.uint32) << 16).view(cp.float32)
+            elif dtype == "bool":
+                o = buf.view(cp.uint8).astype(cp.float32)
+            else:
+                o = buf.astype(cp.float32)
+            diff = cp.abs(o - ref)
+            same = (o == ref) | (cp.isnan(o) & cp.isnan(ref))
+            err = cp.where(same, 0.0, cp.where(cp.isnan(diff), cp.inf, diff))
+            tol = atol + rtol * cp.abs(cp.where(cp.isfinite(ref), ref, 0.0))
+            nbad = int((err > tol).sum())
+            e = float(err.max()) if err.size else 0.0
+            if nbad:
+                ok = False
+            if nbad or e > worst_err:
+                worst_err, worst_name = max(worst_err, e), name
+        return ok, worst_err, worst_name
+
+
+# -- per-candidate ------------------------------------------------------------------------------
+def context_ok(cp: Any) -> bool:
+    """False after a sticky CUDA error (illegal address...): the context must be recreated."""
+    try:
+        cp.cuda.runtime.deviceSynchronize()
+        cp.zeros(1, dtype=cp.float32).sum().item()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _is_compile_error(exc: BaseException) -> bool:
+    return type(exc).__name__ in ("CompileException", "NVRTCError")
+
+
+def _clear_cupy_memo() -> None:
+    try:
+        import cupy._util
+
+        cupy._util.clear_memo()
+    except Exception:  # noqa: BLE001 - only a memory optimisation
+        pass
+
+
+def get_function(state: dict, kernel: dict) -> Any:
+    """Compile (or fetch from the LRU / CuPy disk cache) and return the kernel's function."""
+    cp = state["cp"]
+    options = tuple(kernel.get("options") or NVRTC_OPTIONS)
+    key = (kernel["source"], options)
+    mods: OrderedDict = state["modules"]
+    mod = mods.get(key)
+    if mod is None:
+        if len(mods) >= MODULE_CACHE:
+            # CuPy memoizes every module it loads; drop them all now and then so that device and
+            # host memory stay flat over tens of thousands of candidates.
+            mods.clear()
+            _clear_cupy_memo()
+        mod = cp.RawModule(code=kernel["source"], options=options)
+        mods[key] = mod
+    else:
+        mods.move_to_end(key)
+    fn = mod.get_function(kernel["name"])
+    dyn = int(kernel.get("shared_bytes", 0) or 0)
+    if dyn > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = dyn  # opt-in above the 48 KiB default
+    return fn
+
+
+_SCALAR_TYPES = {"int32": np.int32, "int64": np.int64, "uint32": np.uint32, "uint64": np.uint64,
+                 "float32": np.float32, "float64": np.float64, "float": np.float32, "int": np.int32}
+
+
+def _scalar(arg: dict) -> Any:
+    return _SCALAR_TYPES.get(arg.get("type", "int32"), np.int32)(arg["value"])
+
+
+def build_launch(cp: Any, stream: Any, funcs: list, item: dict, buffers: dict) -> Any:
+    """A closure that enqueues the whole plan once: scratch zeroing then every kernel."""
+    calls = []
+    for fn, k in zip(funcs, item["kernels"]):
+        args = []
+        for a in k["args"]:
+            if isinstance(a, str):
+                if a not in buffers:
+                    raise KeyError(f"kernel {k['name']} argument {a!r} names no buffer")
+                args.append(buffers[a])
+            else:
+                args.append(_scalar(a))
+        calls.append((fn, tuple(k["grid"]), tuple(k["block"]), tuple(args), int(k.get("shared_bytes", 0))))
+    zero = [buffers[s["name"]] for s in item.get("scratch", []) if s.get("zero")]
+
+    def launch() -> None:
+        for z in zero:
+            z.data.memset_async(0, z.nbytes, stream)
+        for fn, grid, block, args, shared in calls:
+            fn(grid, block, args, shared_mem=shared)  # RawKernel: the current stream (set in gpu_init)
+
+    return launch
+
+
+def _graph_runner(cp: Any, stream: Any, launch: Any, batch: int) -> Any:
+    """``batch`` launches captured into one CUDA graph (no Python gaps between small kernels);
+    ``None`` if capture is unsupported here (the caller then loops in Python)."""
+    try:
+        stream.begin_capture()
+    except Exception:  # noqa: BLE001
+        return None
+    graph = None
+    try:
+        for _ in range(batch):
+            launch()
+    finally:
+        try:
+            graph = stream.end_capture()
+        except Exception:  # noqa: BLE001
+            graph = None
+    if graph is None:
+        return None
+    return lambda: graph.launch(stream)
+
+
+def time_plan(state: dict, launch: Any, proto: Protocol) -> tuple[list[float], Protocol]:
+    cp, stream = state["cp"], state["stream"]
+    flush = state["flush"] if proto.flush_l2 else None
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    def sample(run: Any, batch: int) -> float:
+        if flush is not None:
+            # Also hides the host's enqueue latency: the GPU is busy flushing meanwhile.
+            flush.data.memset_async(0, flush.nbytes, stream)
+        start.record(stream)
+        run()
+        end.record(stream)
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) * 1000.0 / batch
+
+    for _ in range(max(1, proto.warmup)):
+        launch()
+    run, batch = launch, max(1, proto.batch)
+    probe = min(sample(launch, 1) for _ in range(3))
+    if probe < SHORT_US and proto.batch <= 1:
+        batch = min(MAX_BATCH, max(2, math.ceil(TARGET_US / max(probe, 0.2))))
+    if batch > 1:
+        graph_run = _graph_runner(cp, stream, launch, batch)
+        if graph_run is not None:
+            run = graph_run
+        else:
+            def run() -> None:
+                for _ in range(batch):
+                    launch()
+        for _ in range(max(1, proto.warmup)):
+            run()
+    samples = [sample(run, batch) for _ in range(max(1, proto.samples))]
+    return samples, Protocol(proto.warmup, len(samples), proto.flush_l2, batch)
+
+
+def measure_item(state: dict, wl: WorkloadBuffers, item: dict, proto: Protocol) -> dict:
+    """One candidate through the protocol; never raises."""
+    cp = state["cp"]
+    res: dict = {"status": "ok", "samples_us": [], "error": "", "registers": -1, "shared_bytes": -1,
+                 "local_bytes": -1, "protocol": asdict(proto)}
+    if item.get("error"):
+        res.update(status="compile_error", error=str(item["error"])[:1500])
+        return res
+    try:
+        funcs = [get_function(state, k) for k in item["kernels"]]
+        res["registers"] = max(int(f.num_regs) for f in funcs)
+        res["shared_bytes"] = max(int(f.shared_size_bytes) + int(k.get("shared_bytes", 0) or 0)
+                                  for f, k in zip(funcs, item["kernels"]))
+        res["local_bytes"] = max(int(f.local_size_bytes) for f in funcs)
+    except Exception as e:  # noqa: BLE001
+        status = "compile_error" if _is_compile_error(e) else "runtime_error"
+        res.update(status=status, error=_one_line(e))
+        if status == "runtime_error" and not context_ok(cp):
+            res["_restart"] = True
+        return res
+    try:
+        scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8)
+                   for s in item.get("scratch", [])}
+        buffers = {**wl.inputs, **wl.outputs, **scratch}
+        launch = build_launch(cp, state["stream"], funcs, item, buffers)
+        wl.poison()
+        launch()
+        state["stream"].synchronize()
+        ok, err, name = wl.verify()
+        if not ok:
+            res.update(status="incorrect", error=f"max abs error {err:.6g} in output {name!r}")
+            return res
+        samples, used = time_plan(state, launch, proto)
+        bad = [s for s in samples if not math.isfinite(s) or s <= 0]
+        if bad:
+            res.update(status="runtime_error", error=f"invalid timing samples {bad[:3]}")
+            return res
+        res.update(samples_us=samples, protocol=asdict(used))
+        return res
+    except Exception as e:  # noqa: BLE001 - CUDA errors become statuses
+        res.update(status="runtime_error", error=_one_line(e), samples_us=[])
+        if not context_ok(cp):
+            res["_restart"] = True
+        return res
+
+
+# -- parallel pre-compile (process pool) ---------------------------------------------------------
+def precompile(kernels: list[dict]) -> dict:
+    """Pool task: compile each kernel source with the same options the worker will use, which
+    fills CuPy's on-disk kernel cache; returns ``{"ok": True}`` or ``{"ok": False, "error": log}``."""
+    try:
+        from tunedb.runtime.device import import_cupy
+
+        cp = import_cupy()
+        for k in kernels:
+            cp.RawModule(code=k["source"], options=tuple(k.get("options") or NVRTC_OPTIONS)).compile()
+        _clear_cupy_memo()  # the pool process only fills the disk cache; unload what it loaded
+        return {"ok": True}
+    except Exception as e:  # noqa: BLE001
+        if _is_compile_error(e):
+            return {"ok": False, "error": _one_line(e)}
+        return {"ok": True, "note": _one_line(e)}  # not a compile error: let the worker decide
