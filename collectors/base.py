@@ -24,6 +24,11 @@ from typing import Any
 
 from tunedb.records import Candidate, Measurement, Protocol, Run, Workload, canonical_json
 
+
+class CollectError(ValueError):
+    """A collection cannot start (unknown suite, ...); the message is one line."""
+
+
 BUILTIN_COLLECTORS = {"fusion": "collectors.fusion:FusionCollector"}
 
 
@@ -160,6 +165,11 @@ class Collector:
             config: dict | None = None) -> Summary:
         t0 = time.monotonic()
         info = device.info
+        self.device_info = info  # collectors may size their search to the device (SM count)
+        try:
+            jobs = list(self.jobs(suite))  # before the Run row: a bad suite leaves no trace
+        except (ValueError, KeyError, LookupError) as e:
+            raise CollectError(f"suite {suite!r}: {' '.join(str(e).split())}") from None
         run = Run(id=uuid.uuid4().hex, collector=self.name, tunedb_version=_version(), git_sha=git_sha(),
                   host=socket.gethostname(),
                   config_json=canonical_json({"suite": suite, "budget": budget, "time_s": time_s,
@@ -170,7 +180,6 @@ class Collector:
         store.add_runs([run])
         summary = Summary(run_id=run.id, device_id=info.id)
         measured = store.measured_candidates(info.id)
-        jobs = list(self.jobs(suite))
         summary.workloads = len(jobs)
         summary.total = sum(len(j.specs) for j in jobs)
         summary.pruned = sum(j.pruned for j in jobs)

@@ -45,6 +45,10 @@ class FusionCollector(Collector):
     name = "fusion"
     kind = "fusion"
 
+    def __init__(self) -> None:
+        self.device_info = None
+        self.unsupported: list[str] = []  # suite cases the generator does not handle, with why
+
     def jobs(self, suite: str) -> Iterator[Job]:
         from tunedb.kernels import schedule_space
         from tunedb.kernels import suite as load_suite
@@ -56,7 +60,13 @@ class FusionCollector(Collector):
             if workload.hash in seen:  # two cases of the same canonical graph: measure once
                 continue
             seen.add(workload.hash)
-            legal, pruned = schedule_space(graph)
+            info = getattr(self, "device_info", None)
+            try:
+                kw = {"sm_count": info.sm_count} if info is not None else {}
+                legal, pruned = schedule_space(graph, **kw)
+            except ValueError as e:  # UnsupportedFusion: outside the generator; nothing to measure
+                self.unsupported.append(f"{case.name}: {e}")
+                continue
             specs = []
             configs: set[str] = set()
             for s in legal:

@@ -157,3 +157,33 @@ def test_gelu_stays_primitive() -> None:
     x = b.input("x", (4,), "float32")
     g = b.build([b.gelu(x, approximate="tanh")])
     assert [n.op for n in g.nodes] == ["gelu"] and g.nodes[0].attr("approximate") == "tanh"
+
+
+def test_round_trip_of_a_graph_using_many_ops() -> None:
+    b = GraphBuilder("cnn")
+    x = b.input("x", (1, 4, 9, 9), "float16")
+    w = b.constant(np.linspace(-1, 1, 4 * 2 * 9, dtype=np.float32).reshape(4, 2, 3, 3), dtype="float16")
+    y = b.conv2d(x, w, strides=(2, 1), pads=(1, 0, 1, 2), groups=2)
+    y = b.max_pool2d(b.clip(y, min=0.0, max=6.0), kernel=(2, 2), strides=(2, 2), ceil_mode=True)
+    a, c = b.split(y, axis=1, sizes=(1, 3))
+    s = b.slice(c, starts=(-1,), ends=(-100,), axes=(1,), steps=(-1,))
+    p = b.pad(a, pads=(0, 0, 1, 0, 0, 0, 0, 1))
+    idx = b.constant(np.array([2, 0], np.int64))
+    out = b.gather(b.cast(b.global_avg_pool(s), to="float32"), idx, axis=1)
+    g = b.build([out, p])
+    again = Graph.from_json(json.loads(canonical_json(g.to_json())))
+    assert again == g
+    xv = np.random.default_rng(0).normal(size=(1, 4, 9, 9)).astype(np.float16)
+    r1, r2 = run_reference(g, {"x": xv}), run_reference(again, {"x": xv})
+    for k in g.outputs:
+        np.testing.assert_array_equal(r1[k], r2[k])
+    assert r1[out].shape == (1, 2, 1, 1)
+
+
+def test_none_attributes_take_defaults_and_duplicate_names_fail() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (4, 6), "float32")
+    s = b.slice(x, starts=(1,), ends=(3,), axes=None, steps=None)
+    assert b.type_of(s).shape == (2, 6)
+    with pytest.raises(GraphError, match="distinct output names"):
+        b.split(x, axis=1, num_outputs=2, name=("a", "a"))

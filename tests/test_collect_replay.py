@@ -57,7 +57,8 @@ def _seed_store(path: Path) -> dict[str, Measurement]:
         db.add_runs([run])
         for job in coll.jobs("toy"):
             db.add_workloads([job.workload])
-            cands = [Candidate(job.workload.hash, "fusion", cfg, f"src-{cfg['block']}") for cfg, _ in job.specs]
+            cands = [Candidate(job.workload.hash, "fusion", cfg, f"src-{cfg['block']}")
+                     for cfg, _ in job.specs]
             db.add_candidates(cands)
             ms = []
             for c in cands:
@@ -177,9 +178,10 @@ def test_collect_without_gpu_is_a_one_line_error(tmp_path: Path) -> None:
     assert r.exit_code == 1
     out = r.output.strip()
     assert out.startswith("error: no CUDA device: CuPy is not installed") and "\n" not in out
-    r = CliRunner().invoke(_cli(), ["collect", "--suite", "quick", "--device", "replay:" + str(tmp_path / "no"),
+    r = CliRunner().invoke(_cli(), ["collect", "--suite", "quick", "--device", f"replay:{tmp_path / 'no'}",
                                     "--db", str(tmp_path / "x.duckdb")])
-    assert r.exit_code == 1 and r.output.strip().startswith("error: replay data") and "does not exist" in r.output
+    assert r.exit_code == 1 and r.output.strip().startswith("error: replay data")
+    assert "does not exist" in r.output
 
 
 def _fusion_ready() -> bool:

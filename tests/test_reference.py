@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tunedb.graph import GraphBuilder, GraphError, run_reference
 from tunedb.graph.ir import Graph
@@ -294,3 +296,32 @@ def test_constants_and_bfloat16() -> None:
     g: Graph = b.build([b.mul(x, c)])
     (y,) = run_reference(g, {"x": np.ones(3, np.float32)}).values()
     assert y[1] == 0.333984375  # 1/3 rounded to bfloat16, then computed in float64
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4).flatmap(
+    lambda shape: st.tuples(st.just(shape), st.none() | st.sets(st.integers(0, len(shape) - 1)),
+                            st.booleans(), st.sampled_from(sorted(REDUCE_FNS)))))
+@settings(max_examples=60, deadline=None)
+def test_reduction_values_match_numpy(case: tuple) -> None:
+    shape, axes, keepdims, op = case
+    x = np.random.default_rng(len(shape)).normal(size=shape)
+    ax = None if axes is None else tuple(sorted(axes))
+    got = run1(op, x, axes=ax, keepdims=keepdims)
+    np.testing.assert_allclose(got, REDUCE_FNS[op](x, axis=ax, keepdims=keepdims), rtol=1e-13)
+
+
+@given(st.lists(st.integers(1, 3), max_size=3), st.lists(st.integers(1, 3), max_size=3),
+       st.sampled_from(["add", "mul", "max", "gt"]))
+@settings(max_examples=60, deadline=None)
+def test_broadcast_values_match_numpy(a: list[int], b: list[int], op: str) -> None:
+    try:
+        np.broadcast_shapes(tuple(a), tuple(b))
+    except ValueError:
+        return
+    x, y = RNG.normal(size=a), RNG.normal(size=b)
+    fn = {"add": np.add, "mul": np.multiply, "max": np.maximum, "gt": np.greater}[op]
+    np.testing.assert_array_equal(run1(op, np.asarray(x), np.asarray(y)), fn(x, y))
+
+
+REDUCE_FNS = {"reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max,
+              "reduce_min": np.min, "reduce_prod": np.prod}

@@ -132,6 +132,16 @@ def test_parse_clocks() -> None:
     assert parse_clocks("") == {}
 
 
+def test_plan_to_wire_takes_scalar_widths_from_the_kernel_signature() -> None:
+    src = ('extern "C" __global__ void __launch_bounds__(256) k(\n const float* __restrict__ x,\n'
+           '    float* __restrict__ y, long long R, long long C, float s, int n) {}')
+    plan = {"kernels": [{"name": "k", "source": src, "grid": (2, 1, 1), "block": (256, 1, 1),
+                         "args": ["x", "y", 8, 16, 2, 3]}]}
+    args = plan_to_wire(plan)["kernels"][0]["args"]
+    assert args[2:] == [{"type": "int64", "value": 8}, {"type": "int64", "value": 16},
+                        {"type": "float32", "value": 2}, {"type": "int32", "value": 3}]
+
+
 def test_plan_to_wire_normalises_args_and_scratch() -> None:
     plan = {"kernels": [{"name": "k", "source": "src", "grid": 4, "block": (128, 1, 1), "shared_bytes": 0,
                          "args": ["x", "y", 128, 0.5, ("int64", 3)]}],

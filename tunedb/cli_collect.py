@@ -30,9 +30,10 @@ def _summary_line(s: Any) -> str:
 
 
 def register(app: typer.Typer) -> None:
+    from collectors.base import CollectError
     from tunedb.runtime import NoGPUError, ReplayError, WorkerError
 
-    for cls in (NoGPUError, ReplayError, WorkerError):
+    for cls in (NoGPUError, ReplayError, WorkerError, CollectError):
         register_error(cls)
 
     @app.command("collect")

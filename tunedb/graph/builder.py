@@ -86,7 +86,8 @@ class GraphBuilder:
     # -- ops ---------------------------------------------------------------------------------
     def op(self, op: str, *inputs: str, name: str | Sequence[str] | None = None,
            num_outputs: int | None = None, **attrs: Any) -> Any:
-        """Add one node; returns its output name (a tuple of names for split)."""
+        """Add one node; returns its output name (a tuple of names for split). Attributes
+        given as None take their defaults."""
         if op not in OP_SPECS:
             raise GraphError(f"unknown op {op!r}")
         inputs = self._lift_scalars(op, inputs)
@@ -102,8 +103,10 @@ class GraphBuilder:
             names = [name] if n_out == 1 else [None] * n_out
             if name is not None and n_out != 1:
                 raise GraphError(f"{op}: give a sequence of {n_out} names")
-        if len(names) != n_out:
-            raise GraphError(f"{op}: {len(names)} names for {n_out} outputs")
+        if len(names) != n_out or len({n for n in names if n}) != len([n for n in names if n]):
+            raise GraphError(f"{op}: need {n_out} distinct output names, got {tuple(names)}")
+        # An attribute given as None takes the op's default.
+        attrs = {k: v for k, v in attrs.items() if v is not None}
         # Check with placeholder names first so a failing call defines nothing.
         placeholder = Node(op, inputs, tuple(n or f"<out{i}>" for i, n in enumerate(names)), attrs)
         out_types, canon = check_node(placeholder, types)

@@ -18,11 +18,6 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tunedb.graph.ir import FLOAT_DTYPES, Graph, GraphError, Node, TensorType
 from tunedb.graph.ops import check_node, conv_out_dim, infer_graph, slice_bounds
 
-try:  # SciPy comes with scikit-learn; the series below is the fallback (and is tested)
-    from scipy.special import erf as _scipy_erf
-except ImportError:  # pragma: no cover
-    _scipy_erf = None
-
 
 def erf_series(x: np.ndarray) -> np.ndarray:
     """erf to ~1e-15 without SciPy: for |x| < 3 the all-positive series
@@ -51,7 +46,13 @@ def erf_series(x: np.ndarray) -> np.ndarray:
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    return _scipy_erf(x) if _scipy_erf is not None else erf_series(x)
+    # SciPy comes with scikit-learn; imported here so that importing the graph package stays
+    # light. The series above is the fallback (and is tested on its own).
+    try:
+        from scipy.special import erf as scipy_erf
+    except ImportError:  # pragma: no cover
+        return erf_series(x)
+    return scipy_erf(x)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

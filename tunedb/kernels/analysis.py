@@ -295,6 +295,8 @@ class _Classifier:
         if kind is None:
             raise UnsupportedFusion(f"{what}: axes {axes} of {shape} are neither the trailing (row) "
                                     f"nor the leading (column) axes of the [{self.R}, {self.C}] domain")
+        if self.types[src].dtype not in ("float32", "float16", "bfloat16"):
+            raise UnsupportedFusion(f"{what}: only floating-point reductions are generated")
         self.assign(rs, FULL, what)
         if self.cls[rs] == TRANS:
             raise UnsupportedFusion(f"{what}: reduction of a transposed input")

@@ -9,6 +9,7 @@ process never imports CuPy. Candidates go to the worker in per-workload chunks.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict
@@ -27,7 +28,7 @@ def _scalar_arg(a: Any) -> dict:
     if isinstance(a, dict):
         return {"type": str(a.get("type", "int32")), "value": a["value"]}
     if isinstance(a, (tuple, list)) and len(a) == 2 and isinstance(a[0], str):
-        ctype = a[0].replace("_t", "").replace("int", "int").strip()
+        ctype = a[0].replace("_t", "").strip()  # int32_t -> int32
         ctype = {"int": "int32", "float": "float32", "double": "float64", "long long": "int64",
                  "unsigned": "uint32", "size": "uint64"}.get(ctype, ctype)
         return {"type": ctype, "value": a[1]}
@@ -44,6 +45,38 @@ def _scalar_arg(a: Any) -> dict:
     raise TypeError(f"unsupported kernel argument {a!r}")
 
 
+_C_SCALARS = {"int": "int32", "int32_t": "int32", "unsigned": "uint32", "unsigned int": "uint32",
+              "uint32_t": "uint32", "long long": "int64", "long long int": "int64", "int64_t": "int64",
+              "long": "int64", "unsigned long long": "uint64", "uint64_t": "uint64", "size_t": "uint64",
+              "float": "float32", "double": "float64", "bool": "bool"}
+
+
+def param_types(source: str, name: str) -> list[str] | None:
+    """C types of the parameters of kernel ``name`` in ``source`` ('*' for pointers), or None.
+    Scalars are passed with exactly these widths: an int where the kernel takes a long long
+    would hand it garbage upper bits."""
+    m = re.search(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?" + re.escape(name)
+                  + r"\s*\(([^)]*)\)", source)
+    if m is None:
+        return None
+    out = []
+    for p in m.group(1).split(","):
+        p = " ".join(p.replace("__restrict__", " ").replace("const ", " ").split())
+        if not p:
+            continue
+        if "*" in p:
+            out.append("*")
+            continue
+        out.append(_C_SCALARS.get(" ".join(p.split()[:-1]), "?"))
+    return out
+
+
+def _typed(arg: dict, ctype: str) -> dict:
+    if ctype in ("*", "?", "bool"):
+        return arg
+    return {"type": ctype, "value": arg["value"]}
+
+
 def _get(obj: Any, name: str, default: Any = None) -> Any:
     return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
 
@@ -54,6 +87,9 @@ def plan_to_wire(plan: Any) -> dict:
     kernels = []
     for k in _get(plan, "kernels", ()):
         args = [a if isinstance(a, str) else _scalar_arg(a) for a in _get(k, "args", ())]
+        types = param_types(str(_get(k, "source")), str(_get(k, "name")))
+        if types is not None and len(types) == len(args):
+            args = [a if isinstance(a, str) else _typed(a, t) for a, t in zip(args, types)]
         grid, block = _get(k, "grid"), _get(k, "block")
         kernels.append({
             "name": str(_get(k, "name")), "source": str(_get(k, "source")),
@@ -146,8 +182,8 @@ class CudaDevice:
         if fut is None:
             return ""
         try:
-            res = fut.result()
-        except Exception:  # noqa: BLE001 - pool crashed on this one; the worker will tell
+            res = fut.result(timeout=600)
+        except Exception:  # noqa: BLE001 - pool crashed or hung on this one; the worker will tell
             return ""
         return "" if res.get("ok") else str(res.get("error", "compile error"))
 

@@ -101,6 +101,9 @@ class WorkloadBuffers:
         dev, ref_in = make_inputs(graph, workload_seed(workload_hash))
         refs = reference_outputs(graph, ref_in)  # once per workload, float64 oracle
         self.inputs = {k: cp.asarray(v) for k, v in dev.items()}
+        # A wrong kernel may scribble over its inputs; restore them before every verify launch so
+        # one bad candidate cannot fail (or pass) the next ones.
+        self.pristine = {k: v.copy() for k, v in self.inputs.items()}
         self.refs = {k: cp.asarray(v) for k, v in refs.items()}
         self.outputs = {}
         self.checks = {}
@@ -111,10 +114,12 @@ class WorkloadBuffers:
 
     def free(self) -> None:
         # Keeps device memory flat across thousands of workloads.
-        self.inputs = self.refs = self.outputs = {}
+        self.inputs = self.pristine = self.refs = self.outputs = {}
         self.cp.get_default_memory_pool().free_all_blocks()
 
     def poison(self) -> None:
+        for name, buf in self.inputs.items():
+            self.cp.copyto(buf, self.pristine[name])
         for name, buf in self.outputs.items():
             dtype = self.checks[name][0]
             if dtype == "bool":

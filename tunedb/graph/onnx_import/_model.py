@@ -107,8 +107,9 @@ def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def one_line(e: BaseException) -> str:
-    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
-    return lines[0][:300] if lines else ""
+    """An exception's text on one line (the checker's messages span several)."""
+    text = " ".join(s.strip() for s in str(e).splitlines() if s.strip())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def stripped_names(model: onnx.ModelProto) -> list[str]:

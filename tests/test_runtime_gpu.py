@@ -1,0 +1,99 @@
+"""The measurement protocol on a real GPU (skipped without CuPy + a CUDA device)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunedb.graph.builder import GraphBuilder
+from tunedb.records import Protocol, Workload
+
+pytestmark = pytest.mark.gpu
+
+R, C = 256, 1024
+
+GOOD = r"""
+extern "C" __global__ void bias_relu(const float* x, const float* b, float* y, int n, int c) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { float v = x[i] + b[i % c]; y[i] = v > 0.f ? v : 0.f; }
+}
+"""
+WRONG = GOOD.replace("v > 0.f ? v : 0.f", "v")                      # forgets the relu
+PARTIAL = GOOD.replace("if (i < n)", "if (i < n - 7)")               # leaves poisoned elements
+BROKEN = GOOD.replace("float v", "flot v")                           # does not compile
+ILLEGAL = GOOD.replace("y[i] = v > 0.f ? v : 0.f;", "((float*)0x10)[i] = v;")  # illegal address
+HANG = GOOD.replace("if (i < n)", "volatile int spin = 1; while (spin) {} if (i < n)")
+
+
+def _workload() -> Workload:
+    b = GraphBuilder("bias_relu")
+    x = b.input("x", (R, C))
+    bias = b.input("b", (C,))
+    g = b.build([b.relu(b.add(x, bias))])
+    return Workload.from_graph(g, "eltwise", "bias_relu")
+
+
+def _wire(w: Workload, source: str, block: int = 256) -> dict:
+    out = w.graph.outputs[0]
+    return {"kernels": [{"name": "bias_relu", "source": source, "grid": [(R * C + block - 1) // block],
+                         "block": [block], "shared_bytes": 0,
+                         "args": ["x", "b", out, {"type": "int32", "value": R * C},
+                                  {"type": "int32", "value": C}]}], "scratch": []}
+
+
+@pytest.fixture(scope="module")
+def device():
+    pytest.importorskip("cupy")
+    from tunedb.runtime.cuda import CudaDevice
+
+    dev = CudaDevice(workers=2, timeout_s=20, protocol=Protocol(warmup=2, samples=10))
+    yield dev
+    dev.close()
+
+
+def test_device_info(device) -> None:
+    info = device.info
+    assert info.sm_count > 0 and info.l2_bytes > 0 and info.memory_bytes > 0
+    assert "." in info.compute_capability and info.cupy_version
+
+
+def test_ok_incorrect_and_compile_error(device) -> None:
+    w = _workload()
+    wires = [_wire(w, GOOD), _wire(w, GOOD, 128), _wire(w, WRONG), _wire(w, PARTIAL), _wire(w, BROKEN)]
+    device.prefetch(wires)
+    res = [r for _, r in device.measure(w, wires)]
+    assert [r["status"] for r in res] == ["ok", "ok", "incorrect", "incorrect", "compile_error"]
+    for r in res[:2]:
+        assert len(r["samples_us"]) == 10 and all(s > 0 for s in r["samples_us"])
+        assert r["registers"] > 0 and r["local_bytes"] == 0
+        assert r["protocol"]["batch"] >= 1
+    assert "max abs error" in res[2]["error"] and "inf" in res[3]["error"]
+
+
+def test_illegal_address_and_hang_do_not_stop_the_collection(device) -> None:
+    w = _workload()
+    device.worker.timeout_s = 10
+    wires = [_wire(w, ILLEGAL), _wire(w, GOOD), _wire(w, HANG), _wire(w, GOOD)]
+    res = [r for _, r in device.measure(w, wires)]
+    assert [r["status"] for r in res] == ["runtime_error", "ok", "timeout", "ok"]
+
+
+def _fusion_ready() -> bool:
+    try:
+        from tunedb.kernels import generate, schedule_space, suite  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _fusion_ready(), reason="tunedb.kernels not present")
+def test_quick_suite_candidates_verify(device, tmp_path) -> None:
+    from collectors.fusion import FusionCollector
+    from tunedb.store import TuningStore
+
+    coll = FusionCollector()
+    with TuningStore.open(tmp_path / "gpu.duckdb") as db:
+        s = coll.run(db, device, "quick", budget=40)
+        rows = db.measurements(device_id=device.info.id)
+    assert s.measured == 40 == len(rows)
+    bad = [(m.status, m.error) for m in rows if m.status != "ok"]
+    assert s.ok >= 36, bad[:5]

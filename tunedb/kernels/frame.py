@@ -1,0 +1,146 @@
+"""What every generated kernel shares: parameter names, signature, constants, scalar prologue."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tunedb.kernels.analysis import COL, FULL, ROW, SCALAR, TRANS, Analysis, UnsupportedFusion
+from tunedb.kernels.expr import (
+    COMPUTE,
+    STORAGE,
+    Names,
+    cone,
+    emit_nodes,
+    literal,
+    load_conv,
+    scalar_leaf,
+    store_conv,
+)
+from tunedb.kernels.schedule import Schedule
+
+PH = "@P@"                 # replaced by the plan's unique prefix once the sources are hashed
+MAX_CONST_ELEMS = 65536    # larger constants would bloat the source: pass them as inputs
+
+
+class Frame:
+    def __init__(self, a: Analysis, s: Schedule, sm_count: int) -> None:
+        self.a, self.s, self.sm = a, s, sm_count
+        self.g = a.graph
+        self.cls = a.cls
+        self.names = Names(a)
+        self.R, self.C = a.R, a.C
+        self.param: dict[str, str] = {}
+        for i, v in enumerate(self.g.inputs):
+            self.param[v] = f"in{i}"
+        self.out_params: dict[str, list[tuple[str, str]]] = {}   # resolved value -> [(param, dtype)]
+        for j, v in enumerate(self.g.outputs):
+            self.out_params.setdefault(a.resolve(v), []).append((f"out{j}", self.g.type_of(v).dtype))
+        self.const_decls: list[str] = []
+        for k, (v, c) in enumerate(self.g.constants):
+            if c.type.numel == 1 and self.cls.get(v) in (SCALAR, None):
+                continue
+            if c.type.numel > MAX_CONST_ELEMS:
+                raise UnsupportedFusion(f"constant {v!r} has {c.type.numel} elements > {MAX_CONST_ELEMS}")
+            raw = np.frombuffer(c.data, dtype={"float32": "<f4", "float16": "<u2", "bfloat16": "<u2",
+                                               "int32": "<i4", "int64": "<i8", "bool": "u1"}[c.type.dtype])
+            if c.type.dtype == "float32":
+                items = [literal(float(x), "float32") for x in raw]
+            else:
+                items = [str(int(x)) + ("LL" if c.type.dtype == "int64" else "") for x in raw]
+            name = f"{PH}_c{k}"
+            self.param[v] = name
+            body = ", ".join(items)
+            self.const_decls.append(
+                f"__device__ __align__(16) const {STORAGE[c.type.dtype]} {name}[{len(items)}] = {{{body}}};")
+
+    # -- values ------------------------------------------------------------------------------
+    def dtype(self, v: str) -> str:
+        return self.g.type_of(v).dtype
+
+    def st(self, v: str) -> str:
+        return STORAGE[self.dtype(v)]
+
+    def ct(self, v: str) -> str:
+        return COMPUTE[self.dtype(v)]
+
+    def n(self, v: str, prefix: str = "n") -> str:
+        return self.names(v, prefix)
+
+    def leaves_of(self, targets: list[str], have: set[str]) -> tuple[list, list[str]]:
+        return cone(self.a, targets, have)
+
+    def full_outputs(self) -> list[str]:
+        return [v for v in self.out_params if self.cls[v] == FULL]
+
+    def outputs_of(self, k: str) -> list[str]:
+        return [v for v in self.out_params if self.cls[v] == k]
+
+    def store_lines(self, v: str, index: str, value: str) -> list[str]:
+        return [f"{p}[{index}] = {store_conv(dt, value)};" for p, dt in self.out_params[v]]
+
+    # -- source pieces -----------------------------------------------------------------------
+    def signature(self, kname: str, scratch: list[str], block: int) -> str:
+        ps = [f"const {self.st(v)}* __restrict__ {self.param[v]}" for v in self.g.inputs]
+        for v in self.g.outputs:
+            rv = self.a.resolve(v)
+            for p, dt in self.out_params[rv]:
+                decl = f"{STORAGE[dt]}* __restrict__ {p}"
+                if decl not in ps:
+                    ps.append(decl)
+        ps += [f"float* __restrict__ {w}" for w in scratch]
+        ps += ["long long R", "long long C"]
+        return (f'extern "C" __global__ void __launch_bounds__({block}) {kname}(\n    '
+                + ",\n    ".join(ps) + ")")
+
+    def prologue(self, lines: list[str]) -> dict[str, str]:
+        """Kernel-scope scalars: scalar constants/inputs and the nodes computed from them only."""
+        env: dict[str, str] = {}
+        scal = [v for v, k in self.cls.items() if k == SCALAR]
+        nodes, leaves = cone(self.a, scal, set())
+        for v in leaves:
+            if self.cls.get(v) == SCALAR:
+                x = scalar_leaf(self.a, v, lambda u: self.param[u])
+                name = self.n(v, "s")
+                lines.append(f"const {self.ct(v)} {name} = {x};")
+                env[v] = name
+        emit_nodes(self.a, self.names, [n for n in nodes if self.cls[n.outputs[0]] == SCALAR], env, lines,
+                   self.s.fast_math, prefix="s")
+        return env
+
+    def leaf_classes(self, leaves: list[str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {FULL: [], ROW: [], COL: [], TRANS: [], SCALAR: []}
+        for v in leaves:
+            k = self.cls.get(v)
+            if k not in out:
+                raise UnsupportedFusion(f"internal: leaf {v!r} has no class")
+            out[k].append(v)
+        return out
+
+    def vec_load(self, v: str, index: str, V: int) -> str:
+        return f"tdb_ld<{self.st(v)}, {V}>({self.param[v]} + ({index}))"
+
+    def vec_store_lines(self, v: str, index: str, V: int, vals: str) -> list[str]:
+        """Store the V computed values ``vals[v]`` of value ``v`` to every output buffer of it."""
+        out = []
+        for p, dt in self.out_params[v]:
+            t = f"sv_{p}"
+            out.append(f"tdb_vec<{STORAGE[dt]}, {V}> {t};")
+            out.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {t}.v[k] = {store_conv(dt, f'{vals}[k]')};")
+            out.append(f"tdb_st<{STORAGE[dt]}, {V}>({p} + ({index}), {t});")
+        return out
+
+    def conv(self, v: str, raw: str) -> str:
+        return load_conv(self.dtype(v), raw)
+
+
+class KText:
+    """One kernel before naming: body text with ``@K@`` for its name, and its launch shape."""
+
+    def __init__(self, body: str, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 smem: int = 0, scratch: tuple[str, ...] = ()) -> None:
+        self.body, self.grid, self.block, self.smem, self.scratch = body, grid, block, smem, scratch
+
+
+def indent(lines: list[str], n: int = 1) -> list[str]:
+    pad = "  " * n
+    return [pad + ln if ln else ln for s in lines for ln in s.split("\n")]

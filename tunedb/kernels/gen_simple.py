@@ -1,0 +1,139 @@
+"""Elementwise and tiled-transpose kernels: every output element depends on one input element
+(plus per-row/per-column/scalar operands)."""
+
+from __future__ import annotations
+
+import math
+
+from tunedb.kernels.analysis import COL, FULL, ROW, TRANS
+from tunedb.kernels.expr import emit_nodes
+from tunedb.kernels.frame import Frame, KText, indent
+
+
+def _element(f: Frame, env: dict[str, str], full: dict[str, str], col: dict[str, str],
+             trans: dict[str, str], V: int, store_index: str, lines: list[str]) -> None:
+    """The V elements of one vector: ``full``/``col``/``trans`` map leaves to expressions of k."""
+    targets = f.full_outputs()
+    nodes, _ = f.leaves_of(targets, set(env))
+    body: list[str] = []
+    e = dict(env)
+    e.update(full)
+    e.update(col)
+    e.update(trans)
+    emit_nodes(f.a, f.names, nodes, e, body, f.s.fast_math)
+    decl = [f"{f.ct(v)} res_{f.n(v)}[{V}];" for v in targets]
+    sets = [f"res_{f.n(v)}[k] = {e[v]};" for v in targets]
+    lines += decl
+    lines.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {{")
+    lines += indent(body + sets)
+    lines.append("}")
+    for v in targets:
+        lines += f.vec_store_lines(v, store_index, V, f"res_{f.n(v)}")
+
+
+def gen_elementwise(f: Frame) -> list[KText]:
+    s, R, C = f.s, f.R, f.C
+    B, V, U = s.block, s.vec, s.unroll
+    N = R * C
+    NV, tail = divmod(N, V)
+    lines: list[str] = []
+    env = f.prologue(lines)
+    nodes, leaves = f.leaves_of(f.full_outputs(), set(env))
+    lc = f.leaf_classes(leaves)
+    need_rc = bool(lc[ROW] or lc[COL] or lc[TRANS])
+    lines.append(f"constexpr long long NV = {NV}LL;")
+    lines.append(f"for (long long base = (long long)blockIdx.x * {B * U} + threadIdx.x; base < NV; "
+                 f"base += (long long)gridDim.x * {B * U}) {{")
+    inner: list[str] = []
+    for v in lc[FULL]:
+        inner.append(f"tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)}[{U}];")
+    inner.append(f"#pragma unroll\nfor (int u = 0; u < {U}; ++u) {{")
+    inner.append(f"  const long long ch = base + u * {B};")
+    inner.append("  if (ch < NV) {")
+    inner += [f"    ld_{f.n(v)}[u] = {f.vec_load(v, f'ch * {V}', V)};" for v in lc[FULL]]
+    inner.append("  }\n}")
+    inner.append(f"#pragma unroll\nfor (int u = 0; u < {U}; ++u) {{")
+    inner.append(f"  const long long ch = base + u * {B};")
+    inner.append("  if (ch < NV) {")
+    el: list[str] = [f"const long long idx = ch * {V};"]
+    if need_rc:
+        el.append(f"const long long row = idx / {C}LL;")
+        el.append(f"const long long col = idx - row * {C}LL;")
+    e = dict(env)
+    for v in lc[ROW]:
+        el.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[row]')};")
+        e[v] = f.n(v, "r")
+    for v in lc[COL]:
+        el.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
+    full = {v: f.conv(v, f"ld_{f.n(v)}[u].v[k]") for v in lc[FULL]}
+    col = {v: f.conv(v, f"cl_{f.n(v)}.v[k]") for v in lc[COL]}
+    trans = {v: f.conv(v, f"{f.param[v]}[(col + k) * {R}LL + row]") for v in lc[TRANS]}
+    _element(f, e, full, col, trans, V, "idx", el)
+    inner += indent(el, 2)
+    inner.append("  }\n}")
+    lines += indent(inner)
+    lines.append("}")
+    if tail:
+        # Only all-full-size graphs may leave a tail (otherwise vec divides C): scalar epilogue.
+        lines.append(f"if (blockIdx.x == 0 && threadIdx.x < {tail}) {{")
+        t: list[str] = [f"const long long idx = NV * {V} + threadIdx.x;"]
+        full = {v: f.conv(v, f"{f.param[v]}[idx]") for v in lc[FULL]}
+        _element(f, env, full, {}, {}, 1, "idx", t)
+        lines += indent(t)
+        lines.append("}")
+    grid = max(1, min(math.ceil(NV / (B * U)), f.sm * max(1, 2048 // B)))
+    body = f.signature("@K@", [], B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
+    return [KText(body, (grid, 1, 1), (B, 1, 1))]
+
+
+def gen_transpose(f: Frame) -> list[KText]:
+    """32x32 or 64x64 tiles: transposed inputs are read along their contiguous axis into padded
+    shared memory, then every access to global memory is coalesced along C."""
+    s, R, C = f.s, f.R, f.C
+    T, V, B = s.tile, s.vec, s.block
+    TX = T // V
+    TY = B // TX
+    lines: list[str] = []
+    env = f.prologue(lines)
+    nodes, leaves = f.leaves_of(f.full_outputs(), set(env))
+    lc = f.leaf_classes(leaves)
+    smem = 4 * T * (T + 1) * len(lc[TRANS])
+    lines.append("extern __shared__ __align__(16) unsigned char tdb_smem[];")
+    lines.append(f"const int tx = threadIdx.x % {TX}, ty = threadIdx.x / {TX};")
+    lines.append(f"const long long c0 = (long long)blockIdx.x * {T}, r0 = (long long)blockIdx.y * {T};")
+    for k, v in enumerate(lc[TRANS]):
+        tile = f"tile_{f.n(v)}"
+        lines.append(f"float (*{tile})[{T + 1}] = reinterpret_cast<float (*)[{T + 1}]>"
+                     f"(tdb_smem + {4 * T * (T + 1) * k});")
+        lines.append(f"for (int j = ty; j < {T}; j += {TY}) {{")
+        lines.append(f"  const long long c = c0 + j, r = r0 + tx * {V};")
+        lines.append(f"  if (c < {C}LL && r < {R}LL) {{")
+        lines.append(f"    const tdb_vec<{f.st(v)}, {V}> t = {f.vec_load(v, f'c * {R}LL + r', V)};")
+        lines.append(f"#pragma unroll\n    for (int k = 0; k < {V}; ++k) {tile}[j][tx * {V} + k] = "
+                     f"{f.conv(v, 't.v[k]')};")
+        lines.append("  }\n}")
+    if lc[TRANS]:
+        lines.append("__syncthreads();")
+    lines.append(f"for (int j = ty; j < {T}; j += {TY}) {{")
+    el = [f"const long long row = r0 + j, col = c0 + tx * {V};",
+          f"if (row < {R}LL && col < {C}LL) {{"]
+    inner = [f"const long long idx = row * {C}LL + col;"]
+    e = dict(env)
+    for v in lc[FULL]:
+        inner.append(f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {f.vec_load(v, 'idx', V)};")
+    for v in lc[ROW]:
+        inner.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[row]')};")
+        e[v] = f.n(v, "r")
+    for v in lc[COL]:
+        inner.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
+    full = {v: f.conv(v, f"ld_{f.n(v)}.v[k]") for v in lc[FULL]}
+    col = {v: f.conv(v, f"cl_{f.n(v)}.v[k]") for v in lc[COL]}
+    trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}
+    _element(f, e, full, col, trans, V, "idx", inner)
+    el += indent(inner)
+    el.append("}")
+    lines += indent(el)
+    lines.append("}")
+    grid = (math.ceil(C / T), math.ceil(R / T), 1)
+    body = f.signature("@K@", [], B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
+    return [KText(body, grid, (B, 1, 1), smem)]

@@ -1,0 +1,61 @@
+"""The device-side prelude every generated kernel starts with.
+
+Self-contained for NVRTC (no #include, not even cuda_fp16.h): float16/bfloat16 live in
+``unsigned short`` and convert through inline PTX. Guarded so that many generated sources can
+be concatenated into one translation unit (the compile tests do that).
+"""
+
+PRELUDE = r"""#ifndef TDB_PRELUDE
+#define TDB_PRELUDE
+// tunedb fused-kernel prelude: vector access, fp16/bf16 conversion, warp reductions.
+template <typename T, int V> struct alignas(sizeof(T) * V) tdb_vec { T v[V]; };
+template <typename T, int V>
+__device__ __forceinline__ tdb_vec<T, V> tdb_ld(const T* p) {
+  return *reinterpret_cast<const tdb_vec<T, V>*>(p);
+}
+template <typename T, int V>
+__device__ __forceinline__ void tdb_st(T* p, const tdb_vec<T, V>& x) {
+  *reinterpret_cast<tdb_vec<T, V>*>(p) = x;
+}
+__device__ __forceinline__ float tdb_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ unsigned short tdb_f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float tdb_bf2f(unsigned short h) {
+  return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ unsigned short tdb_f2bf(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float tdb_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float tdb_sigmoid_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+__device__ __forceinline__ float tdb_tanh_fast(float x) {
+  // tanh(x) = 1 - 2 / (exp(2x) + 1): saturates correctly at +-inf of __expf
+  return 1.0f - __fdividef(2.0f, __expf(2.0f * x) + 1.0f);
+}
+__device__ __forceinline__ float tdb_fmod_floor(float a, float b) {
+  float r = fmodf(a, b);
+  return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
+__device__ __forceinline__ long long tdb_imod(long long a, long long b) {
+  if (b == 0) return 0;
+  long long r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ __forceinline__ long long tdb_idiv(long long a, long long b) { return b == 0 ? 0 : a / b; }
+#define TDB_INF __int_as_float(0x7f800000)
+#define TDB_WRED(NAME, EXPR)                                                   \
+  template <int W> __device__ __forceinline__ float NAME(float a) {            \
+    _Pragma("unroll") for (int o = W / 2; o > 0; o >>= 1) {                    \
+      float b = __shfl_xor_sync(0xffffffffu, a, o); a = (EXPR);                \
+    }                                                                          \
+    return a;                                                                  \
+  }
+TDB_WRED(tdb_wsum, a + b)
+TDB_WRED(tdb_wprod, a * b)
+TDB_WRED(tdb_wmax, fmaxf(a, b))
+TDB_WRED(tdb_wmin, fminf(a, b))
+#endif  // TDB_PRELUDE
+"""
