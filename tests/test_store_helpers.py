@@ -51,18 +51,19 @@ def make_data(n_workloads: int = 10, configs: int = 20, runs: range = range(2), 
                                           source_hash=sha256_hex(f"{w.hash}{c}")))
     hashes = [c.hash for c in d.candidates]  # a property that hashes JSON: compute once
     for dev in devices:
-        dev_salt = int(dev.id, 16) % 997
+        dev_id = dev.id  # also a hashing property
+        dev_salt = int(dev_id, 16) % 997
         for r, run in zip(runs, d.runs):
             for ci, chash in enumerate(hashes):
                 # Cheap deterministic "noise" from (seed, candidate, device, run): fast for 100k rows.
                 key = (seed * 7919 + ci * 104729 + dev_salt * 131 + r * 31) % 1009
                 if ci % fail_every == fail_every - 1:
-                    d.measurements.append(Measurement(chash, dev.id, run.id, "compile_error",
+                    d.measurements.append(Measurement(chash, dev_id, run.id, "compile_error",
                                                       error="ptxas: too many resources"))
                     continue
                 base = 10.0 + (ci % configs) * 1.5
                 d.measurements.append(Measurement(
-                    chash, dev.id, run.id, "ok",
+                    chash, dev_id, run.id, "ok",
                     tuple(base + ((key * (j + 3)) % 101) / 100.0 for j in range(samples)),
                     registers=32 + ci % 64, shared_bytes=(ci % 3) * 1024,
                     local_bytes=-1 if ci % 2 else 0))
