@@ -208,3 +208,16 @@ def test_pending_migrations_apply_in_one_transaction(tmp_path, monkeypatch):
         assert db.counts()["workloads"] == 1
         versions = db.con.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
     assert [v for (v,) in versions] == list(range(1, SCHEMA_VERSION + 3))
+
+
+def test_same_file_twice_in_one_process(tmp_path):
+    path = tmp_path / "t.duckdb"
+    with TuningStore.open(path) as writer:
+        with TuningStore.open(path) as second:  # shares the writer's DuckDB instance
+            second.add_workloads([Workload("b" * 64, "f", "n", "{}")])
+        assert writer.counts()["workloads"] == 1
+        with pytest.raises(StoreError, match="is already open read-write in this process"):
+            TuningStore.open(path, read_only=True)
+    with TuningStore.open(path, read_only=True):
+        with pytest.raises(StoreError, match="is already open read-only in this process"):
+            TuningStore.open(path)

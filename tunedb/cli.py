@@ -201,7 +201,7 @@ _COMMAND_MODULES = [
 ]
 
 
-def _register_command_modules() -> None:
+def _register_command_modules(target: typer.Typer = app) -> None:
     for name in _COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
@@ -209,7 +209,7 @@ def _register_command_modules() -> None:
             if e.name == name:
                 continue
             raise  # the module exists but one of its imports is missing: that is a real bug
-        module.register(app)
+        module.register(target)
 
 
 _register_command_modules()

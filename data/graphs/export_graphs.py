@@ -1,11 +1,17 @@
 """Export the benchmark ONNX graphs shipped in this folder (not run in CI; needs PyTorch).
 
-    pip install torch            # any recent CPU build
-    python data/graphs/export_graphs.py [OUT_DIR]   # default: this folder
+    pip install torch onnxscript            # any recent CPU build of torch
+    PYTHONPATH=. python data/graphs/export_graphs.py [OUT_DIR]   # default: this folder
 
 The models are written in plain PyTorch (no transformers / torchvision) with the shapes of the
-real architectures, put in eval mode, and exported with the TorchScript exporter
-(``dynamo=False``, opset 17, constant folding on, static shapes):
+real architectures, put in eval mode, and exported twice, with static shapes:
+
+- ``NAME.onnx``: the TorchScript exporter (``dynamo=False``, opset 17, constant folding on);
+- ``NAME_dynamo.onnx``: the ``torch.export``-based exporter that is PyTorch's default since 2.9
+  (``dynamo=True``, opset 18, its optimizer on; needs ``onnxscript``, skipped without it).
+
+Both exporters' graphs must import: they spell the same layers differently (e.g. the dynamo one
+emits ReduceMean for global pooling and Pow for GELU tanh). The models:
 
 - ``bert_layer.onnx``: one BERT-base encoder layer (hidden 768, 12 heads, intermediate 3072,
   GELU erf, post-LN, additive attention mask built from an int64 ``attention_mask``), batch 1,
@@ -178,21 +184,51 @@ def models() -> dict[str, tuple[nn.Module, tuple, list[str], list[str]]]:
     }
 
 
+def _scrub(m: onnx.ModelProto) -> None:
+    """Drop what exporters record about the exporting machine (stack traces with local paths,
+    module hierarchies) and intermediate shapes (tunedb infers its own)."""
+    m.graph.doc_string = ""
+    for n in m.graph.node:
+        n.doc_string = ""
+        del n.metadata_props[:]
+    del m.graph.value_info[:]
+
+
+def _has_onnxscript() -> bool:
+    try:
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def export(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, (model, args, ins, outs) in models().items():
-        path = out_dir / f"{name}.onnx"
-        model.eval()
-        with torch.no_grad():
-            torch.onnx.export(model, args, str(path), dynamo=False, opset_version=17,
-                              input_names=ins, output_names=outs, do_constant_folding=True)
-        m = onnx.load(str(path))
-        m.graph.name = name
-        m.doc_string = f"tunedb benchmark graph {name}: exported by data/graphs/export_graphs.py"
-        m = strip_model(m)
-        onnx.checker.check_model(m)
-        onnx.save(m, str(path))
-        print(f"{path}: {path.stat().st_size} bytes, {len(m.graph.node)} nodes")
+    flavours = [("", False, 17)] + ([("_dynamo", True, 18)] if _has_onnxscript() else [])
+    if len(flavours) == 1:
+        print("onnxscript is not installed: skipping the dynamo exports")
+    for suffix, dynamo, opset in flavours:
+        for name, (model, args, ins, outs) in models().items():
+            path = out_dir / f"{name}{suffix}.onnx"
+            model.eval()
+            with torch.no_grad():
+                if dynamo:
+                    prog = torch.onnx.export(model, args, dynamo=True, opset_version=opset,
+                                             input_names=ins, output_names=outs)
+                    prog.save(str(path))
+                else:
+                    torch.onnx.export(model, args, str(path), dynamo=False, opset_version=opset,
+                                      input_names=ins, output_names=outs, do_constant_folding=True)
+            m = onnx.load(str(path))
+            if m.functions:
+                raise SystemExit(f"{path}: the exporter left local functions; inline them first")
+            _scrub(m)
+            m.graph.name = name
+            m.doc_string = f"tunedb benchmark graph {name}: exported by data/graphs/export_graphs.py"
+            m = strip_model(m)
+            onnx.checker.check_model(m)
+            onnx.save(m, str(path))
+            print(f"{path}: {path.stat().st_size} bytes, {len(m.graph.node)} nodes")
 
 
 if __name__ == "__main__":

@@ -70,8 +70,8 @@ def _torch_op(torch: Any, node: Node, args: list[Any], graph: Graph) -> Any:  # 
         return x.reshape(shape) if op == "reshape" else x.expand(*shape)
     if op in ("squeeze", "unsqueeze"):
         return x.reshape(graph.type_of(node.outputs[0]).shape)
-    if op == "gather_elements":
-        return torch.gather(x, a("axis") % x.dim(), args[1])
+    if op == "gather_elements":  # torch.gather takes int64 indices only
+        return torch.gather(x, a("axis") % x.dim(), args[1].long())
     if op == "gather":
         return torch.index_select(x, a("axis") % x.dim(), args[1].reshape(-1)).reshape(
             graph.type_of(node.outputs[0]).shape)
@@ -139,7 +139,9 @@ def _jax_op(jnp: Any, jax: Any, node: Node, args: list[Any], graph: Graph) -> An
 
 def _interpret(graph: Graph, make_const: Callable[[Any], Any],
                apply: Callable[[Node, list[Any]], Any]) -> Callable[..., tuple]:
-    consts = {name: c for name, c in graph.constants}
+    # Constants are made once, here: converting (uploading) them inside ``fn`` would put a
+    # host-to-device copy into every timed call and into torch.compile's trace.
+    consts = {name: make_const(c) for name, c in graph.constants}
 
     def fn(*inputs: Any) -> tuple:
         env: dict[str, Any] = dict(zip(graph.inputs, inputs))
@@ -147,7 +149,7 @@ def _interpret(graph: Graph, make_const: Callable[[Any], Any],
             args = []
             for name in node.inputs:
                 if name not in env and name in consts:
-                    env[name] = make_const(consts[name])
+                    env[name] = consts[name]
                 args.append(env[name])
             out = apply(node, args)
             outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -201,3 +203,110 @@ def throughput_us(run: Callable[[], Any], sync: Callable[[], None], target_s: fl
         samples.append((time.perf_counter() - t0) / iters)
     return sorted(samples)[2] * 1e6
 
+
+
+# -- running a peer on given host arrays (used by ``tunedb.bench.fusion``) ---------------------
+PEER_KINDS = ("torch_eager", "torch_compile", "jax")
+
+
+class Frameworks:
+    """torch and jax, imported once; an import failure is kept as the error of their peers."""
+
+    def __init__(self) -> None:
+        import os
+
+        # JAX must not grab 75 % of GPU memory: CuPy and torch share the device with it.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        self.torch: Any = None
+        self.jax: Any = None
+        self.errors: dict[str, str] = {}
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RuntimeError("torch sees no CUDA device")
+            self.torch = torch
+        except Exception as e:  # noqa: BLE001 - recorded, the other peers still run
+            self.errors["torch"] = f"torch unavailable: {type(e).__name__}: {' '.join(str(e).split())}"[:300]
+        try:
+            import jax
+
+            jax.devices("gpu")
+            self.jax = jax
+        except Exception as e:  # noqa: BLE001
+            self.errors["jax"] = f"jax unavailable: {type(e).__name__}: {' '.join(str(e).split())}"[:300]
+
+
+def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any]
+              ) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """``(run, sync)`` for one peer (``PEER_KINDS``) on the graph inputs ``arrays`` (host NumPy,
+    bfloat16 given as its uint16 bits): ``run()`` enqueues one call and returns its outputs."""
+    import numpy as np
+
+    types = [graph.type_of(n) for n in graph.inputs]
+    if kind in ("torch_eager", "torch_compile"):
+        torch = fw.torch
+        if torch is None:
+            raise RuntimeError(fw.errors.get("torch", "torch unavailable"))
+        ins = [torch.from_numpy(np.ascontiguousarray(arrays[n]).view(np.int16)).cuda().view(torch.bfloat16)
+               if t.dtype == "bfloat16" else torch.from_numpy(np.ascontiguousarray(arrays[n])).cuda()
+               for n, t in zip(graph.inputs, types)]
+        fn = torch_function(graph)
+        if kind == "torch_compile":
+            # The interpreted functions of all graphs share one code object: without a reset,
+            # dynamo's recompile limit would silently turn later graphs into eager runs.
+            torch._dynamo.reset()
+            fn = torch.compile(fn, dynamic=False)
+        return (lambda: fn(*ins)), torch.cuda.synchronize
+    if kind != "jax":
+        raise ValueError(f"unknown peer {kind!r}; expected one of {', '.join(PEER_KINDS)}")
+    jax = fw.jax
+    if jax is None:
+        raise RuntimeError(fw.errors.get("jax", "jax unavailable"))
+    jins = []
+    for n, t in zip(graph.inputs, types):
+        a = np.ascontiguousarray(arrays[n])
+        if t.dtype == "bfloat16":
+            import ml_dtypes  # ships with jax
+
+            a = a.view(ml_dtypes.bfloat16)
+        jins.append(jax.device_put(a))
+    jfn = jax.jit(jax_function(graph))
+    last: dict[str, Any] = {}
+
+    def run() -> Any:
+        last["y"] = jfn(*jins)
+        return last["y"]
+
+    def sync() -> None:
+        if "y" in last:
+            jax.block_until_ready(last["y"])
+
+    return run, sync
+
+
+def outputs_float64(outs: Any) -> list:
+    """A peer's outputs (torch tensors or JAX arrays) as float64 NumPy arrays."""
+    import numpy as np
+
+    res = []
+    for o in outs if isinstance(outs, (tuple, list)) else (outs,):
+        if hasattr(o, "detach"):  # torch; NumPy has no bfloat16
+            o = o.detach()
+            o = (o.float() if o.is_floating_point() else o).cpu().numpy()
+        res.append(np.asarray(o).astype(np.float64))
+    return res
+
+
+def _copy_us(cp: Any, sync: Callable[[], None], nbytes: int) -> float:
+    a = cp.empty(nbytes // 4, dtype=cp.float32)
+    a[...] = 1.0
+    b = cp.empty_like(a)
+    return throughput_us(lambda: b.__setitem__(Ellipsis, a), sync)
+
+
+def copy_tbps(cp: Any, sync: Callable[[], None], nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in TB/s, read + write counted (the anchors' floor)."""
+    t = _copy_us(cp, sync, nbytes)
+    cp.get_default_memory_pool().free_all_blocks()  # the two buffers died with _copy_us
+    return 2 * nbytes / (t * 1e-6) / 1e12

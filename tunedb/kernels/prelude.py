@@ -7,6 +7,7 @@ be concatenated into one translation unit (the compile tests do that).
 
 PRELUDE = r"""#ifndef TDB_PRELUDE
 #define TDB_PRELUDE
+#pragma nv_diag_suppress 177
 // tunedb fused-kernel prelude: vector access, fp16/bf16 conversion, warp reductions.
 template <typename T, int V> struct alignas(sizeof(T) * V) tdb_vec { T v[V]; };
 template <typename T, int V>

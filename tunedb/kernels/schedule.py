@@ -237,10 +237,10 @@ def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
                     out.append(Schedule("elementwise", block=b, vec=v, unroll=u))
     if pat == "transpose":
         for tile in (32, 64):
-            for ty in (4, 8):
+            for b in (128, 256):
                 for v in (1, 2, 4, 8):
-                    out.append(Schedule("transpose_tiled", block=(tile // v) * ty if tile >= v else 32,
-                                        vec=v, tile=tile))
+                    if b % (tile // v) == 0 and b // (tile // v) <= tile:
+                        out.append(Schedule("transpose_tiled", block=b, vec=v, tile=tile))
     if pat in ("row_reduce", "multi"):
         top = [v for v in (8, 4, 2, 1)][:4]
         legal = [v for v in top if v in vecs_c][:2] or [1]

@@ -45,7 +45,11 @@ def arrow_reader(rel: duckdb.DuckDBPyRelation, batch_size: int = 65536) -> pa.Re
     return fn(batch_size) if fn is not None else rel.fetch_arrow_reader(batch_size)
 
 
-def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
+class _OpenInThisProcess(StoreError):
+    """DuckDB keeps one instance per file per process, with one read_only setting."""
+
+
+def _open_error(path: Path, exc: duckdb.Error, read_only: bool) -> StoreError:
     text = str(exc)
     if "Could not set lock" in text or "Conflicting lock" in text:
         m = _LOCK_PID.search(text)
@@ -54,7 +58,9 @@ def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
             f"database {path} is locked by another process ({who}); tunedb allows one writer per file"
         )
     if "different configuration" in text:
-        return StoreError(f"database {path} is already open in this process in another mode; close it first")
+        other = "read-write" if read_only else "read-only"
+        return _OpenInThisProcess(f"database {path} is already open {other} in this process; "
+                                  "use that store or close it first")
     if any(h in text.lower() for h in _CORRUPT_HINTS):
         return StoreError(f"{path} is not a tunedb database (not a DuckDB file or corrupt)")
     return StoreError(f"cannot open database {path}: {first_line(exc)}")
@@ -64,7 +70,7 @@ def _connect(path: Path | str, read_only: bool) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as e:
-        raise _open_error(Path(path), e) from None
+        raise _open_error(Path(path), e, read_only) from None
 
 
 def _checked_inspect(con: duckdb.DuckDBPyConnection, path: Path | str) -> tuple[str, int]:
@@ -124,8 +130,16 @@ class TuningStore:
         p = Path(path).expanduser()
         if p.is_dir():
             raise StoreError(f"{p} is a directory, not a database file")
+        con: duckdb.DuckDBPyConnection | None = None
         if p.exists():
-            con = _connect(p, read_only=True)
+            try:
+                con = _connect(p, read_only=True)
+            except _OpenInThisProcess:
+                # This process already has the file open read-write (so it is a checked tunedb
+                # file): a second read-write store shares that DuckDB instance.
+                if read_only:
+                    raise
+        if con is not None:
             try:
                 kind, version = _checked_inspect(con, p)
                 if read_only and kind == "empty":
@@ -141,8 +155,11 @@ class TuningStore:
             con.close()
         elif read_only:
             raise StoreError(f"database {p} does not exist")
-        else:
-            p.parent.mkdir(parents=True, exist_ok=True)
+        elif not p.exists():
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"cannot create directory {p.parent}: {e.strerror or e}") from None
         con = _connect(p, read_only=False)
         try:
             # Inspect again: another process may have changed the file between the two opens.

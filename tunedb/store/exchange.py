@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -68,8 +69,10 @@ def export_parquet(store: TuningStore, out_dir: str | Path) -> dict[str, Any]:
             counts[name], files[name] = n, final.name
     except OSError as e:
         raise StoreError(f"cannot export to {out}: {e.strerror or e}") from None
+    except duckdb.Error as e:
+        raise StoreError(f"cannot export to {out}: {first_line(e)}") from None
     finally:
-        con.execute("COMMIT")
+        con.execute("ROLLBACK")  # a read-only snapshot: nothing to commit
     manifest = {"format": FORMAT, "schema_version": latest_version(), "tunedb_version": __version__,
                 "counts": counts, "files": files}
     _write_atomic(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -26,6 +26,8 @@ from tunedb.graph.onnx_import._model import (
 from tunedb.graph.onnx_import._ops import BINARY, FOLD_ONLY, UNARY, OpHandlers
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+# Never evaluated at import: random ops, and control flow whose bodies may read computed values.
+_NO_FOLD = frozenset(("Bernoulli", "Multinomial", "If", "Loop", "Scan"))
 
 
 def supported_ops() -> tuple[str, ...]:
@@ -99,7 +101,10 @@ class Importer(OpHandlers):
                 if d.dim_param not in self.bindings:
                     raise OnnxImportError(f"input {vi.name!r} has symbolic dim {d.dim_param!r}; "
                                           f"pass bindings={{{d.dim_param!r}: N}}")
-                dims.append(int(self.bindings[d.dim_param]))
+                n = self.bindings[d.dim_param]
+                if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                    raise OnnxImportError(f"binding {d.dim_param!r}={n!r} must be a positive int")
+                dims.append(int(n))
             else:
                 raise OnnxImportError(f"input {vi.name!r} has an unknown dim at axis {axis}; "
                                       f"tunedb needs static shapes")
@@ -110,12 +115,16 @@ class Importer(OpHandlers):
         ms_rms = op == "SimplifiedLayerNormalization" and node.domain == "com.microsoft"
         if node.domain not in _DEFAULT_DOMAINS and not ms_rms:
             raise self._unsupported()
+        ins = [i for i in node.input if i]
+        # Any deterministic default-domain op on constants folds, supported or not: exporters'
+        # shape arithmetic uses ops (NonZero, Einsum, ...) tunedb has no use for at run time.
+        if not ms_rms and all(i in self.consts for i in ins) and (
+                op in FOLD_ONLY or ins and op not in _NO_FOLD and not op.startswith("Random")):
+            self._fold(node)
+            return
         if not hasattr(self, "_op_" + op) and op not in UNARY and op not in BINARY:
             raise self._unsupported()
-        ins = [i for i in node.input if i]
-        if not ms_rms and all(i in self.consts for i in ins) and (ins or op in FOLD_ONLY):
-            self._fold(node)
-        elif op in FOLD_ONLY:
+        if op in FOLD_ONLY:
             raise self.err("needs constant inputs (tunedb graphs have static shapes)")
         elif op in UNARY:
             self.set(0, self.b.op(UNARY[op], self.val(node.input[0])))
@@ -162,7 +171,10 @@ class Importer(OpHandlers):
             return self.env[name]
         if name in self.consts:
             a = self.consts[name]
-            dtype = dtype_of_array(a, f"constant {name!r}")
+            try:
+                dtype = dtype_of_array(a, f"constant {name!r}")
+            except OnnxImportError as e:
+                raise self.err(str(e)) from None
             v = self.b.constant(a.astype(np.float32) if dtype == "bfloat16" else a, dtype=dtype)
             self.env[name] = v
             self.materialised.add(v)

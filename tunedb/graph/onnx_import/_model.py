@@ -70,22 +70,23 @@ def load_model(path_or_model: str | os.PathLike | onnx.ModelProto) -> onnx.Model
     """Read and check an ONNX model; every failure is an ``OnnxImportError`` with one line."""
     if isinstance(path_or_model, onnx.ModelProto):
         model = path_or_model
-        where = model.graph.name or "<model>"
+        where = f"model {model.graph.name or '<unnamed>'!r}"
     else:
-        where = os.fspath(path_or_model)
-        if not os.path.isfile(where):
-            raise OnnxImportError(f"ONNX file {where!r} not found")
+        path = os.fspath(path_or_model)
+        where = repr(path)
+        if not os.path.isfile(path):
+            raise OnnxImportError(f"ONNX file {where} not found")
         try:
-            model = onnx.load(where)
+            model = onnx.load(path)
         except Exception as e:  # DecodeError, truncated files, missing external data
-            raise OnnxImportError(f"{where!r} is not a readable ONNX model: "
+            raise OnnxImportError(f"{where} is not a readable ONNX model: "
                                   f"{one_line(e) or type(e).__name__}") from None
     if not model.HasField("graph") or not model.graph.node and not model.graph.output:
-        raise OnnxImportError(f"{where!r} holds no ONNX graph")
+        raise OnnxImportError(f"{where} holds no ONNX graph")
     try:
         onnx.checker.check_model(_checkable(model))
     except Exception as e:  # onnx.checker.ValidationError and friends
-        raise OnnxImportError(f"{where!r} fails the ONNX checker: {one_line(e)}") from None
+        raise OnnxImportError(f"{where} fails the ONNX checker: {one_line(e)}") from None
     return model
 
 
@@ -113,6 +114,7 @@ def one_line(e: BaseException) -> str:
 
 
 def stripped_names(model: onnx.ModelProto) -> list[str]:
+    """Names of the initializers ``strip_model`` turned into graph inputs (in order)."""
     for p in model.metadata_props:
         if p.key == STRIPPED_KEY:
             try:

@@ -362,6 +362,9 @@ class OpHandlers:
             return
         # Before opset 13 the input is coerced to 2-D at ``axis`` (default 1).
         axis = self.axis(int(a.get("axis", 1)), len(src))
+        if axis == len(src) - 1:
+            self.set(0, fn(x, axis=axis))
+            return
         flat = (_prod(src[:axis]), _prod(src[axis:]))
         self.set(0, self.reshape(fn(self.reshape(x, flat), axis=1), src))
 

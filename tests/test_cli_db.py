@@ -1,0 +1,158 @@
+"""`tunedb db ...` through typer's CliRunner and a real subprocess: output, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import typer
+from test_store_helpers import A100, H200, fill, make_data
+from typer.testing import CliRunner
+
+from tunedb import cli
+from tunedb.cli import app
+from tunedb.cli_common import default_db_path, resolve_db
+from tunedb.store import SCHEMA_VERSION, TABLES, TuningStore
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def invoke(*args: str, env: dict[str, str | None] | None = None):
+    # Never let the developer's own database leak into a test.
+    base = {"TUNEDB_DB": None, "XDG_DATA_HOME": None}
+    return runner.invoke(app, list(args), env={**base, **(env or {})})
+
+
+@pytest.fixture()
+def filled(tmp_path) -> Path:
+    path = tmp_path / "a.duckdb"
+    with TuningStore.open(path) as db:
+        fill(db, make_data(n_workloads=3, configs=4, runs=range(2), devices=(H200, A100)))
+    return path
+
+
+def _expected_info(path: Path) -> dict:
+    return {
+        "path": str(path.resolve()),
+        "schema_version": SCHEMA_VERSION,
+        "counts": {"devices": 2, "runs": 2, "workloads": 3, "candidates": 12, "measurements": 48,
+                   "models": 0},
+        "devices": [{"id": d.id, **asdict(d)} for d in sorted((H200, A100), key=lambda d: d.id)],
+    }
+
+
+def test_info_json_is_exact(filled):
+    r = invoke("db", "info", "--json", "--db", str(filled))
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == json.dumps(_expected_info(filled)) + "\n"
+    assert r.stderr == ""
+    env = invoke("db", "info", "--json", env={"TUNEDB_DB": str(filled)})
+    assert env.exit_code == 0 and json.loads(env.stdout) == _expected_info(filled)
+    human = invoke("db", "info", "--db", str(filled))
+    assert human.exit_code == 0
+    assert "measurements" in human.stdout and "NVIDIA A100" in human.stdout
+
+
+def test_default_path_follows_xdg_data_home(tmp_path, filled, monkeypatch):
+    data_home = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_DATA_HOME", str(data_home))
+    monkeypatch.delenv("TUNEDB_DB", raising=False)
+    assert default_db_path() == data_home / "tunedb" / "tunedb.duckdb"
+    assert resolve_db(None) == data_home / "tunedb" / "tunedb.duckdb"
+    assert (data_home / "tunedb").is_dir()  # parent created
+    monkeypatch.setenv("TUNEDB_DB", str(tmp_path / "env.duckdb"))
+    assert resolve_db(None) == tmp_path / "env.duckdb"
+    assert resolve_db(tmp_path / "flag.duckdb") == tmp_path / "flag.duckdb"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_db_path() == tmp_path / "home" / ".local" / "share" / "tunedb" / "tunedb.duckdb"
+
+    r = invoke("db", "merge", str(filled), "--json", env={"XDG_DATA_HOME": str(data_home)})
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["measurements"] == 48
+    with TuningStore.open(data_home / "tunedb" / "tunedb.duckdb", read_only=True) as db:
+        assert db.counts()["measurements"] == 48
+
+
+def test_export_import_merge_commands(tmp_path, filled):
+    out = tmp_path / "exp"
+    r = invoke("db", "export", str(out), "--db", str(filled), "--json")
+    assert r.exit_code == 0, r.stderr
+    counts = json.loads(r.stdout)
+    assert counts == _expected_info(filled)["counts"]
+    expected_files = sorted([f"{t}.parquet" for t in TABLES] + ["manifest.json"])
+    assert sorted(p.name for p in out.iterdir()) == expected_files  # no temp files left behind
+
+    dst = tmp_path / "sub" / "b.duckdb"
+    r = invoke("db", "import", str(out), "--db", str(dst), "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout) == counts
+    again = invoke("db", "import", str(out), "--db", str(dst), "--json")
+    assert json.loads(again.stdout) == dict.fromkeys(TABLES, 0)
+    merged = invoke("db", "merge", str(filled), "--db", str(dst))
+    assert merged.exit_code == 0 and "new rows" in merged.stdout
+    info = invoke("db", "info", "--json", "--db", str(dst))
+    assert json.loads(info.stdout)["counts"] == counts
+
+
+def test_errors_are_one_line_with_exit_1(tmp_path, filled):
+    missing = tmp_path / "missing.duckdb"
+    r = invoke("db", "info", "--db", str(missing))
+    assert (r.exit_code, r.stdout, r.stderr) == (1, "", f"error: database {missing} does not exist\n")
+    assert not missing.exists()
+
+    junk = tmp_path / "junk.duckdb"
+    junk.write_bytes(os.urandom(4096))
+    r = invoke("db", "info", "--json", "--db", str(junk))
+    assert r.exit_code == 1
+    assert r.stderr == f"error: {junk} is not a tunedb database (not a DuckDB file or corrupt)\n"
+
+    r = invoke("db", "import", str(tmp_path / "nowhere"), "--db", str(tmp_path / "c.duckdb"))
+    assert r.exit_code == 1 and r.stderr == f"error: {tmp_path / 'nowhere'} does not exist\n"
+    r = invoke("db", "merge", str(junk), "--db", str(filled))
+    assert r.exit_code == 1 and "Traceback" not in r.output and r.stderr.count("\n") == 1
+
+
+def test_every_command_has_help_with_an_example():
+    for cmd in ("info", "export", "import", "merge"):
+        r = invoke("db", cmd, "--help")
+        assert r.exit_code == 0
+        assert "Example: tunedb db " + cmd in r.stdout
+        assert "--db" in r.stdout and "TUNEDB_DB" in r.stdout
+    assert invoke("--version").stdout == "tunedb 0.1.0\n"
+
+
+def test_command_modules_are_optional_but_not_broken(tmp_path, monkeypatch):
+    (tmp_path / "tdb_test_broken_cli.py").write_text("import tdb_test_no_such_dependency\n")
+    (tmp_path / "tdb_test_ok_cli.py").write_text(
+        "def register(app):\n"
+        "    @app.command('hello-test')\n"
+        "    def hello():\n"
+        "        print('hi')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "_COMMAND_MODULES", ["tdb_test_absent_cli", "tdb_test_ok_cli"])
+    fresh = typer.Typer()
+    cli._register_command_modules(fresh)  # the absent one is skipped
+    fresh.command("other")(lambda: None)  # two commands, so typer keeps the subcommand names
+    assert runner.invoke(fresh, ["hello-test"]).stdout == "hi\n"
+    monkeypatch.setattr(cli, "_COMMAND_MODULES", ["tdb_test_broken_cli"])
+    with pytest.raises(ModuleNotFoundError, match="tdb_test_no_such_dependency"):
+        cli._register_command_modules(typer.Typer())
+
+
+def test_python_dash_m_tunedb(filled):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("TUNEDB_DB", None)
+    r = subprocess.run([sys.executable, "-m", "tunedb", "db", "info", "--json", "--db", str(filled)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == json.dumps(_expected_info(filled)) + "\n"
+    bad = subprocess.run([sys.executable, "-m", "tunedb", "db", "info", "--db", str(filled) + ".nope"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert bad.returncode == 1 and bad.stderr == f"error: database {filled}.nope does not exist\n"

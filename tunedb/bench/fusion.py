@@ -1,0 +1,572 @@
+"""``tunedb bench fusion``: tunedb's fused kernels next to torch eager, torch.compile and JAX/XLA.
+
+Per suite case (the 12 ANCHORS.md cases by default), in one process on one GPU:
+
+1. tunedb's candidates: the top-K measured ones of that workload on this device from the tuning
+   database, else every legal schedule of ``schedule_space`` (generated and compiled ahead in a
+   process pool, verified, ranked by a quick CUDA-event timing, the best K kept);
+2. each finalist verified on fresh random inputs against the float64 reference (the collector's
+   check), then timed in throughput mode (``peers.throughput_us``: back-to-back launches, wall
+   clock around them with a sync, median of 5 batches after 3 warm-ups); the best one reported;
+3. the peers on the same input values: torch eager, torch.compile (dynamic=False), jax.jit, each
+   checked against the reference (relative L2 error) and timed the same way;
+4. the floor: fewest bytes (each input read once, each output written once) / the copy bandwidth
+   (1 GiB device-to-device copy, read + write counted), measured once at the start.
+
+A peer that fails is recorded as null with its error. The result is written as JSON after every
+case, so a run cut short still leaves every finished case on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tunedb.graph.ir import Graph
+from tunedb.runtime.inputs import bf16_to_f32, storage_dtype, tolerance
+from tunedb.runtime.measure import WorkloadBuffers
+
+PEERS = ("torch_eager", "torch_compile", "jax")
+SYSTEMS = ("tunedb",) + PEERS
+COPY_BYTES = 1 << 30
+PROTOCOL = ("throughput: back-to-back iterations, synchronize, wall time / iterations, "
+            "median of 5 batches after 3 warm-ups")
+
+
+class BenchError(ValueError):
+    """A benchmark cannot start (unknown suite, missing database...); one-line message."""
+
+
+def _one_line(exc: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(exc).split())
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
+
+
+def _finite(x: Any) -> float | None:
+    """JSON has no NaN/inf: non-finite numbers are stored as null."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+# -- CPU-side pieces ------------------------------------------------------------------------------
+def floor_bytes(graph: Graph) -> int:
+    """Fewest bytes a kernel for ``graph`` must move: each input read once, each output written
+    once (an output listed twice, or that is an input, counts once)."""
+    seen: set[str] = set()
+    total = 0
+    for name in list(graph.inputs) + list(graph.outputs):
+        if name not in seen:
+            seen.add(name)
+            total += graph.type_of(name).nbytes
+    return total
+
+
+def floor_us(nbytes: int, copy_tbps: float) -> float:
+    """Time to move ``nbytes`` at the measured copy bandwidth (TB/s counting read + write)."""
+    if copy_tbps <= 0:
+        raise ValueError(f"copy bandwidth must be positive, got {copy_tbps}")
+    return nbytes / (copy_tbps * 1e12) * 1e6
+
+
+def rel_l2(out: np.ndarray, ref: np.ndarray) -> float:
+    """||out - ref|| / ||ref|| in float64 (absolute norm when the reference is all zeros)."""
+    o = np.asarray(out, dtype=np.float64).reshape(-1)
+    r = np.asarray(ref, dtype=np.float64).reshape(-1)
+    if o.shape != r.shape:
+        raise ValueError(f"output has {o.size} elements, reference {r.size}")
+    num = float(np.linalg.norm(o - r))
+    den = float(np.linalg.norm(r))
+    return num / den if den > 0 else num
+
+
+def geomean(xs: Iterable[float | None]) -> float | None:
+    vals = [float(x) for x in xs if x is not None and math.isfinite(x) and x > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def time_of(case: dict, system: str) -> float | None:
+    entry = case.get(system) if system == "tunedb" else case.get("peers", {}).get(system)
+    return _finite(entry.get("us")) if isinstance(entry, dict) else None
+
+
+def summarize(result: dict) -> dict:
+    """Geomeans over the finished cases: fraction of the floor per system (floor / time), and
+    tunedb's speedup over torch.compile and JAX (over cases where both have a time)."""
+    cases = [c for c in result.get("cases", []) if _finite(c.get("floor_us"))]
+    out: dict[str, Any] = {"cases": len(result.get("cases", [])), "fraction_of_floor": {}, "timed": {}}
+    for s in SYSTEMS:
+        fr = [c["floor_us"] / t for c in cases if (t := time_of(c, s))]
+        out["fraction_of_floor"][s] = _finite(geomean(fr))
+        out["timed"][s] = len(fr)
+    for peer, key in (("torch_compile", "vs_torch_compile"), ("jax", "vs_jax"),
+                      ("torch_eager", "vs_torch_eager")):
+        sp = [p / t for c in result.get("cases", [])
+              if (t := time_of(c, "tunedb")) and (p := time_of(c, peer))]
+        out[f"speedup_{key}"] = _finite(geomean(sp))
+        out[f"min_speedup_{key}"] = _finite(min(sp)) if sp else None
+    out["slower_than_torch_compile"] = [
+        c["case"] for c in result.get("cases", [])
+        if (t := time_of(c, "tunedb")) and (p := time_of(c, "torch_compile")) and t > p]
+    return out
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def progress_line(i: int, n: int, case: dict) -> str:
+    """One line per finished case (printed as the run goes)."""
+    parts = [f"[{i}/{n}] {case.get('case')}: floor {_fmt(_finite(case.get('floor_us')))}"]
+    t = time_of(case, "tunedb")
+    tdb = case.get("tunedb") or {}
+    parts.append(f"tunedb {_fmt(t)} ({tdb.get('schedule')})" if t else f"tunedb failed ({tdb.get('error')})")
+    for p in PEERS:
+        t = time_of(case, p)
+        parts.append(f"{p} {_fmt(t)}" if t else f"{p} failed")
+    return ", ".join(parts) + f" µs [{case.get('elapsed_s', 0):.0f}s]"
+
+
+def write_json(result: dict, path: Path) -> None:
+    """Write atomically (a kill mid-write never leaves half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def load_cases(suite: str) -> list[Any]:
+    """``anchors`` -> the 12 ANCHORS.md cases; any other name -> that workload suite."""
+    try:
+        from tunedb.kernels import suites
+    except ImportError as e:
+        raise BenchError(f"workload suites are not available: {_one_line(e)}") from None
+    cases = getattr(suites, "ANCHOR_CASES", None) if suite == "anchors" else None
+    if cases is not None:
+        cases = list(cases.values()) if isinstance(cases, dict) else list(cases)
+        if cases and isinstance(cases[0], str):
+            names = set(cases)
+            cases = [c for c in suites.suite("full") if c.name in names]
+        return cases
+    try:
+        return list(suites.suite(suite))
+    except (KeyError, ValueError) as e:
+        raise BenchError(f"unknown suite {suite!r}: {_one_line(e)}") from None
+
+
+def db_candidates(db: Path, device_id: str, hashes: list[str], k: int) -> dict[str, list[dict]]:
+    """Top-``k`` measured candidate configs per workload hash on this device (best first)."""
+    from tunedb.store import TuningStore
+
+    out: dict[str, list[dict]] = {}
+    with TuningStore.open(db, read_only=True) as store:
+        for h in hashes:
+            rows = store.top_k(h, device_id, k)
+            out[h] = [{"config": c.config_dict, "db_source_hash": c.source_hash, "db_us": t,
+                       "source": "db"} for c, t in rows if c.kind == "fusion"]
+    return out
+
+
+def prepare(graph_json: dict, config: dict, sm_count: int, compile_now: bool = True) -> dict:
+    """Pool task: generate the plan of one schedule and compile it (fills CuPy's disk cache, so
+    the in-process compile is a hit). Never raises: ``{"wire", "label", "source_hash"}`` or
+    ``{"error"}``."""
+    from tunedb.kernels.codegen import generate
+    from tunedb.kernels.schedule import Schedule
+    from tunedb.runtime.cuda import plan_to_wire
+
+    try:
+        s = Schedule.from_config(config)
+        label = s.label()
+    except Exception as e:  # noqa: BLE001
+        return {"label": "?", "error": f"bad config: {_one_line(e)}", "status": "compile_error"}
+    try:
+        plan = generate(Graph.from_json(graph_json), s, sm_count=sm_count)
+        wire = plan_to_wire(plan)
+    except Exception as e:  # noqa: BLE001
+        return {"label": label, "error": f"codegen: {_one_line(e)}", "status": "compile_error"}
+    zeroed = getattr(plan, "zeroed", None)
+    if zeroed is not None:  # only these scratch buffers need a memset before each launch
+        for sc in wire["scratch"]:
+            sc["zero"] = sc["name"] in set(zeroed)
+    res = {"label": label, "wire": wire, "source_hash": plan.source_hash}
+    if compile_now:
+        from tunedb.runtime.measure import precompile
+
+        done = precompile(wire["kernels"])
+        if not done.get("ok"):
+            res.update(error=str(done.get("error", "compile error")), status="compile_error")
+    return res
+
+
+# -- GPU side -------------------------------------------------------------------------------------
+def _versions() -> dict[str, str]:
+    import importlib
+
+    out = {"python": platform.python_version()}
+    for mod in ("tunedb", "numpy", "cupy", "torch", "jax", "jaxlib"):
+        try:
+            out[mod] = str(importlib.import_module(mod).__version__)
+        except Exception as e:  # noqa: BLE001
+            out[mod] = "missing: " + _one_line(e, 120)
+    return out
+
+
+def _check(outs: list[np.ndarray], graph: Graph, refs: dict[str, np.ndarray]) -> float | None:
+    if len(outs) != len(graph.outputs):
+        raise ValueError(f"{len(outs)} outputs, graph has {len(graph.outputs)}")
+    return _finite(max(rel_l2(o, refs[n]) for o, n in zip(outs, graph.outputs)))
+
+
+def _peer(fw: Any, kind: str, graph: Graph, dev: dict[str, np.ndarray], refs: dict[str, np.ndarray]) -> dict:
+    """One peer on the case's input values: ``{"us", "rel_err", "error"}``; never raises."""
+    from tunedb.bench.peers import outputs_float64, peer_call, throughput_us
+
+    res: dict[str, Any] = {"us": None, "rel_err": None, "error": None}
+    try:
+        run, sync = peer_call(fw, kind, graph, dev)
+        outs = run()
+        sync()
+        res["rel_err"] = _check(outputs_float64(outs), graph, refs)
+        del outs
+        res["us"] = _finite(throughput_us(run, sync))
+    except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
+        res.update(us=None, error=_one_line(e))
+    return res
+
+
+class ContextLost(RuntimeError):
+    """A kernel left a sticky CUDA error (illegal address...): nothing more can run here."""
+
+
+QUICK_PROTOCOL = {"warmup": 2, "samples": 5, "flush_l2": False, "batch": 1}
+
+
+class CaseSearch:
+    """tunedb's side of each case: candidate plans generated and compiled ahead in a process
+    pool (in case order), then per case verified, quick-timed, and the finalists timed in
+    throughput mode. Runs kernels in this process (no worker): a sticky CUDA error raises
+    ``ContextLost``."""
+
+    def __init__(self, state: dict, sm_count: int, top: int = 3, search_s: float = 30.0,
+                 max_search: int = 0, workers: int | None = None) -> None:
+        self.state, self.cp, self.stream = state, state["cp"], state["stream"]
+        self.sm_count, self.top = sm_count, max(1, top)
+        self.search_s, self.max_search = search_s, max_search
+        self.jobs: dict[str, list[tuple[dict, Any]]] = {}
+        self.space: dict[str, dict] = {}
+        self.pool: Any = None
+        n = max(1, (os.cpu_count() or 2) - 2) if workers is None else workers
+        if n > 0:
+            try:
+                import multiprocessing as mp
+                from concurrent.futures import ProcessPoolExecutor
+
+                self.pool = ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"))
+            except Exception:  # noqa: BLE001 - compile in this process instead
+                self.pool = None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+    def _search_metas(self, workload_hash: str, graph: Graph) -> list[dict]:
+        from tunedb.kernels.schedule import schedule_space
+
+        try:
+            legal, pruned = schedule_space(graph, sm_count=self.sm_count)
+        except Exception as e:  # noqa: BLE001 - UnsupportedFusion, or a generator bug
+            self.space[workload_hash] = {"error": f"no schedule space: {_one_line(e)}"}
+            return []
+        metas = [{"config": s.to_config(), "source": "search"} for s in legal]
+        if self.max_search > 0:
+            metas = metas[:self.max_search]
+        self.space[workload_hash] = {"legal": len(legal), "pruned": len(pruned)}
+        return metas
+
+    def submit(self, workload_hash: str, graph: Graph, db_cands: list[dict]) -> None:
+        """Queue the candidates of one case: the database's top-K, else the schedule space."""
+        metas = list(db_cands) or self._search_metas(workload_hash, graph)
+        gj = graph.to_json()
+        self.jobs[workload_hash] = [(m, self._start(gj, m["config"])) for m in metas]
+
+    def _start(self, gj: dict, config: dict) -> Any:
+        if self.pool is None:
+            return None
+        try:
+            return self.pool.submit(prepare, gj, config, self.sm_count, True)
+        except Exception:  # noqa: BLE001 - a broken pool: prepare in this process
+            self.pool = None
+            return None
+
+    def _prepared(self, graph: Graph, meta: dict, fut: Any) -> dict:
+        if fut is not None:
+            try:
+                return fut.result(timeout=600)
+            except Exception:  # noqa: BLE001 - the pool died: generate here, compile on launch
+                pass
+        return prepare(graph.to_json(), meta["config"], self.sm_count, compile_now=False)
+
+    def _launcher(self, wire: dict, bufs: Any) -> tuple[Callable[[], None], int]:
+        from tunedb.runtime.measure import build_launch, get_function
+
+        cp = self.cp
+        funcs = [get_function(self.state, k) for k in wire["kernels"]]
+        scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8)
+                   for s in wire.get("scratch", [])}
+        launch = build_launch(cp, self.stream, funcs, wire, {**bufs.inputs, **bufs.outputs, **scratch})
+        return launch, max(int(f.num_regs) for f in funcs)
+
+    def _verify(self, launch: Callable[[], None], bufs: Any) -> tuple[bool, float, str]:
+        bufs.poison()
+        launch()
+        self.stream.synchronize()
+        return bufs.verify()
+
+    def run_case(self, workload_hash: str, graph: Graph) -> tuple[dict, dict, dict]:
+        """``(tunedb entry, device input arrays, float64 references)`` of one case."""
+        from tunedb.graph.reference import run_reference
+        from tunedb.runtime.inputs import make_inputs, workload_seed
+
+        dev, ref_in = make_inputs(graph, workload_seed(workload_hash))
+        raw = run_reference(graph, ref_in)
+        refs = {n: np.asarray(raw[n]) for n in graph.outputs}
+        del raw, ref_in
+        bufs = _Buffers(self.cp, graph, dev, refs)
+        try:
+            jobs = self.jobs.pop(workload_hash, [])
+            entry = self._tune(jobs, graph, bufs, refs)
+            if entry["us"] is None and jobs and jobs[0][0].get("source") == "db":
+                # Every stored candidate failed here (generator changed?): search instead.
+                metas = self._search_metas(workload_hash, graph)
+                gj = graph.to_json()
+                again = self._tune([(m, self._start(gj, m["config"])) for m in metas], graph, bufs, refs)
+                again["db_error"] = entry.get("error")
+                entry = again
+        finally:
+            bufs.free()
+        entry["space"] = self.space.get(workload_hash, {})
+        if entry["us"] is None and not entry.get("error"):
+            entry["error"] = self.space.get(workload_hash, {}).get("error") or "no candidates"
+        return entry, dev, refs
+
+    def _tune(self, jobs: list[tuple[dict, Any]], graph: Graph, bufs: Any, refs: dict) -> dict:
+        from tunedb.bench.peers import throughput_us
+        from tunedb.records import Protocol
+        from tunedb.runtime.measure import context_ok, time_plan
+
+        tried: list[dict] = []
+        good: list[tuple[float, int, dict, dict]] = []
+        t0 = time.monotonic()
+        skipped = 0
+        for meta, fut in jobs:
+            if good and time.monotonic() - t0 > self.search_s:
+                skipped += 1
+                if fut is not None:
+                    fut.cancel()
+                continue
+            prep = self._prepared(graph, meta, fut)
+            e: dict[str, Any] = {"label": prep.get("label", "?"), "source": meta.get("source", "search"),
+                                 "status": "ok", "quick_us": None, "error": None}
+            if "db_us" in meta:
+                e["db_us"] = meta["db_us"]
+            tried.append(e)
+            if prep.get("error"):
+                e.update(status=prep.get("status", "compile_error"), error=prep["error"])
+                continue
+            try:
+                launch, _ = self._launcher(prep["wire"], bufs)
+                ok, err, name = self._verify(launch, bufs)
+                if not ok:
+                    e.update(status="incorrect", error=f"max abs error {err:.6g} in output {name!r}")
+                    continue
+                samples, _ = time_plan(self.state, launch, Protocol(**QUICK_PROTOCOL))
+                e["quick_us"] = _finite(float(np.median(samples)))
+                good.append((e["quick_us"] or math.inf, len(good), e, {**meta, **prep}))
+            except Exception as ex:  # noqa: BLE001 - CUDA errors become statuses
+                e.update(status="runtime_error", error=_one_line(ex))
+                if not context_ok(self.cp):
+                    raise ContextLost(f"candidate {e['label']}: {e['error']}") from None
+        best: dict | None = None
+        finalists = []
+        for _, _, e, prep in sorted(good, key=lambda g: (g[0], g[1]))[:self.top]:
+            try:
+                launch, regs = self._launcher(prep["wire"], bufs)
+                ok, err, _ = self._verify(launch, bufs)
+                rel = _check([_download(self.cp, bufs, n) for n in graph.outputs], graph, refs)
+                us = _finite(throughput_us(launch, self.stream.synchronize)) if ok else None
+            except Exception as ex:  # noqa: BLE001
+                e.update(status="runtime_error", error=_one_line(ex))
+                if not context_ok(self.cp):
+                    raise ContextLost(f"candidate {e['label']}: {e['error']}") from None
+                continue
+            f = {"schedule": e["label"], "config": prep["config"], "source": e["source"],
+                 "source_hash": prep.get("source_hash", ""), "us": us, "quick_us": e["quick_us"],
+                 "rel_err": rel, "max_abs_err": _finite(err), "registers": regs,
+                 "kernels": len(prep["wire"]["kernels"])}
+            if prep.get("db_us") is not None:
+                f["db_us"] = prep["db_us"]  # stored median (flushed L2): a different protocol
+                f["db_source_match"] = prep.get("source_hash") == prep.get("db_source_hash")
+            finalists.append(f)
+            if us is not None and (best is None or us < best["us"]):
+                best = f
+        statuses: dict[str, int] = {}
+        for e in tried:
+            statuses[e["status"]] = statuses.get(e["status"], 0) + 1
+        entry: dict[str, Any] = {"us": None, "schedule": None, "error": None}
+        if best is not None:
+            entry.update(best)
+        else:
+            first = next((e["error"] for e in tried if e["error"]), "")
+            by = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+            entry["error"] = (f"no candidate verified ({by})" + (f"; first error: {first}" if first else "")
+                              if tried else "no candidates")
+        entry.update(candidates=len(jobs), tried=len(tried), skipped=skipped, statuses=statuses,
+                     finalists=finalists,
+                     attempts=[[e["label"], e["status"], e["quick_us"], e["error"]] for e in tried])
+        return entry
+
+
+class _Buffers(WorkloadBuffers):
+    """The collector's workload buffers (poison, verify, free), filled from the caller's host
+    arrays: the peers get the very same input values, and the float64 reference runs once."""
+
+    def __init__(self, cp: Any, graph: Graph, dev: dict[str, np.ndarray],
+                 refs: dict[str, np.ndarray]) -> None:
+        self.cp, self.graph, self.hash = cp, graph, ""
+        self.inputs = {k: cp.asarray(v) for k, v in dev.items()}
+        self.pristine = {k: v.copy() for k, v in self.inputs.items()}
+        self.refs = {k: cp.asarray(np.asarray(v, dtype=np.float32)) for k, v in refs.items()}
+        self.outputs, self.checks = {}, {}
+        for name in graph.outputs:
+            t = graph.type_of(name)
+            self.outputs[name] = cp.empty(t.shape, dtype=storage_dtype(t.dtype))
+            self.checks[name] = (t.dtype, *tolerance(graph, t.dtype))
+
+
+def _download(cp: Any, bufs: _Buffers, name: str) -> np.ndarray:
+    a = cp.asnumpy(bufs.outputs[name])
+    return bf16_to_f32(a) if bufs.checks[name][0] == "bfloat16" else a
+
+
+def run_bench(cases: list[Any], out: Path | None, db: Path | None = None, top: int = 3,
+              time_limit_s: float = 0.0, search_s: float = 30.0, max_search: int = 0,
+              workers: int | None = None, progress: Callable[[str], None] | None = None,
+              suite: str = "") -> dict:
+    """Run the benchmark on the local GPU (raises ``NoGPUError`` without one); returns the result
+    dict (also written to ``out`` after every case). ``time_limit_s`` > 0 skips the cases not
+    started by then; ``search_s`` caps the schedule search per case; ``max_search`` > 0 caps the
+    schedules tried per case."""
+    from tunedb.runtime.device import clocks, import_cupy
+
+    say = progress or (lambda _line: None)
+    cp = import_cupy()  # NoGPUError first, before anything else is touched
+    from tunedb.bench.peers import Frameworks, copy_tbps
+    from tunedb.records import Workload
+    from tunedb.runtime.measure import gpu_init
+
+    t0 = time.monotonic()
+    state: dict[str, Any] = {}
+    hello = gpu_init(state)
+    info = state["info"]
+    stream = state["stream"]
+    result: dict[str, Any] = {
+        "benchmark": "fusion", "suite": suite,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": {"id": info.id, **asdict(info)}, "env": _versions(),
+        "clocks_before": hello.get("clocks", {}), "protocol": PROTOCOL, "top_k": top,
+        "copy_TBps": None, "cases": [], "complete": False, "stopped": "", "notes": [],
+    }
+    say(f"device {info.name} ({info.sm_count} SMs), driver {info.driver}, CUDA {info.cuda_runtime}")
+    result["copy_TBps"] = bw = _finite(copy_tbps(cp, stream.synchronize, COPY_BYTES)) or 0.0
+    say(f"copy bandwidth {bw:.2f} TB/s (read + write, 1 GiB device-to-device)")
+    fw = Frameworks()
+    for err in fw.errors.values():
+        result["notes"].append(err)
+        say(err)
+
+    workloads = [Workload.from_graph(c.graph, c.family, c.name) for c in cases]
+    from_db: dict[str, list[dict]] = {}
+    if db is not None:
+        try:
+            from_db = db_candidates(db, info.id, [w.hash for w in workloads], top)
+        except Exception as e:  # noqa: BLE001 - a bad database falls back to the search
+            result["notes"].append(f"database {db} not used: {_one_line(e)}")
+            say(result["notes"][-1])
+    search = CaseSearch(state, info.sm_count, top=top, search_s=search_s, max_search=max_search,
+                        workers=workers)
+    try:
+        for case, wl in zip(cases, workloads):  # compile everything ahead, in case order
+            search.submit(wl.hash, case.graph, from_db.get(wl.hash) or [])
+        for i, (case, wl) in enumerate(zip(cases, workloads), 1):
+            if time_limit_s > 0 and time.monotonic() - t0 > time_limit_s:
+                result["stopped"] = f"time limit {time_limit_s:g}s: skipped {len(cases) - i + 1} case(s)"
+                say(result["stopped"])
+                break
+            tc = time.monotonic()
+            rec = _case_record(case, wl.hash, bw)
+            try:
+                rec["tunedb"], dev, refs = search.run_case(wl.hash, case.graph)
+            except ContextLost as e:
+                rec["tunedb"] = {"us": None, "error": str(e)}
+                result["cases"].append(rec)
+                result["stopped"] = "CUDA context lost: " + str(e)
+                say(result["stopped"])
+                break
+            for p in PEERS:
+                rec["peers"][p] = _peer(fw, p, case.graph, dev, refs)
+            del dev, refs
+            _free(cp, fw)
+            rec["elapsed_s"] = round(time.monotonic() - tc, 1)
+            result["cases"].append(rec)
+            result["summary"] = summarize(result)
+            result["elapsed_s"] = round(time.monotonic() - t0, 1)
+            if out is not None:
+                write_json(result, out)
+            say(progress_line(i, len(cases), rec))
+        else:
+            result["complete"] = True
+    finally:
+        search.close()
+    result["clocks_after"] = clocks()
+    result["summary"] = summarize(result)
+    result["elapsed_s"] = round(time.monotonic() - t0, 1)
+    if out is not None:
+        write_json(result, out)
+    return result
+
+
+def _case_record(case: Any, workload_hash: str, bw: float) -> dict:
+    g = case.graph
+    nb = floor_bytes(g)
+    return {"case": case.name, "family": getattr(case, "family", ""), "workload_hash": workload_hash,
+            "inputs": {n: str(g.type_of(n)) for n in g.inputs},
+            "outputs": {n: str(g.type_of(n)) for n in g.outputs},
+            "floor_bytes": nb, "floor_us": _finite(floor_us(nb, bw)) if bw > 0 else None,
+            "tunedb": None, "peers": {}}
+
+
+def _free(cp: Any, fw: Any) -> None:
+    import gc
+
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+    if fw.torch is not None:
+        try:
+            fw.torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass
+

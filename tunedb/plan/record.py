@@ -1,0 +1,278 @@
+"""The Plan record: what the driver decided, frozen and JSON round-trippable.
+
+A plan is a list of small frozen steps (one kernel launch each, or a free view), in an order
+that respects every dependency, plus the graph they run, an intermediate-buffer assignment and
+totals. Each step carries the sub-graph it computes (canonical value names, so that its workload
+hash matches the tuning database), the schedule it runs with and where the time estimate came
+from. A plan replays: load its JSON and run it, no search.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from tunedb.graph.ir import Graph
+from tunedb.records import canonical_json
+
+PLAN_FORMAT = 1
+STEP_KINDS: tuple[str, ...] = (
+    "fused",        # memory-intensive ops in one generated kernel (tunedb.kernels)
+    "matmul", "gemm", "conv2d", "pool",   # compute ops: one library/generated kernel each
+    "layout",       # a materialising layout op the generator cannot fuse (transpose copy, concat)
+    "layout_view",  # a reshape/squeeze/unsqueeze of a contiguous buffer: no kernel at all
+    "op",           # any other single op the generator cannot fuse (argmax, gather, ...)
+)
+COST_SOURCES: tuple[str, ...] = ("db", "model", "roofline", "none")
+
+
+class PlanError(ValueError):
+    """A plan record is malformed (bad JSON, unknown kind or format)."""
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, Mapping):
+        return tuple(sorted((str(k), _freeze(x)) for k, x in v.items()))
+    return v
+
+
+def _thaw(v: Any) -> Any:
+    return [_thaw(x) for x in v] if isinstance(v, tuple) else v
+
+
+def _pairs(v: Mapping | tuple | list) -> tuple[tuple[str, Any], ...]:
+    items = v.items() if isinstance(v, Mapping) else v
+    return tuple(sorted((str(k), _freeze(x)) for k, x in items))
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    """One step of a plan.
+
+    ``inputs``/``outputs`` are values of the plan's graph, positionally matching the inputs and
+    outputs of ``subgraph`` (canonical JSON text of a ``Graph``). ``nodes`` index the plan
+    graph's nodes this step computes; ``ops`` are their op names. ``config`` is the schedule
+    (``tunedb.kernels.Schedule.to_config()`` for fused steps); ``stitch`` maps each stitched
+    subgraph value to its scheme. ``predicted_us`` excludes the launch overhead, which the plan
+    adds per launch. ``stream``/``stage`` are reserved for superkernel packing and IOS stages."""
+
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    nodes: tuple[int, ...]
+    ops: tuple[str, ...]
+    subgraph: str = field(default="", repr=False)
+    workload_hash: str = ""
+    config: tuple[tuple[str, Any], ...] = ()
+    stitch: tuple[tuple[str, str], ...] = ()
+    predicted_us: float = 0.0
+    cost_source: str = "none"
+    launches: int = 1
+    measured_us: float | None = None
+    stream: int = 0
+    stage: int = 0
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STEP_KINDS:
+            raise PlanError(f"unknown step kind {self.kind!r}; expected one of {', '.join(STEP_KINDS)}")
+        if self.cost_source not in COST_SOURCES:
+            raise PlanError(f"unknown cost source {self.cost_source!r}; expected one of {', '.join(COST_SOURCES)}")
+        for f in ("inputs", "outputs", "ops"):
+            object.__setattr__(self, f, tuple(str(x) for x in getattr(self, f)))
+        object.__setattr__(self, "nodes", tuple(int(x) for x in self.nodes))
+        object.__setattr__(self, "config", _pairs(self.config))
+        object.__setattr__(self, "stitch", _pairs(self.stitch))
+        object.__setattr__(self, "predicted_us", float(self.predicted_us))
+        if self.measured_us is not None:
+            object.__setattr__(self, "measured_us", float(self.measured_us))
+
+    @property
+    def config_dict(self) -> dict[str, Any]:
+        return {k: _thaw(v) for k, v in self.config}
+
+    @cached_property
+    def graph(self) -> Graph:
+        """The step's sub-graph (canonical names; inputs/outputs in the order of ``inputs``/``outputs``)."""
+        if not self.subgraph:
+            raise PlanError(f"{self.kind} step has no sub-graph")
+        return Graph.from_json(json.loads(self.subgraph))
+
+    @property
+    def schedule_label(self) -> str:
+        """Short text for the schedule: the kernels package's label for fused steps."""
+        cfg = self.config_dict
+        if self.kind == "layout_view":
+            return "view (no kernel)"
+        if self.kind == "fused" and cfg:
+            try:
+                from tunedb.kernels.schedule import Schedule
+
+                return Schedule.from_config(cfg).label()
+            except (ImportError, ValueError, TypeError):
+                pass
+        if not cfg:
+            return "-"
+        return " ".join(f"{k}={v}" for k, v in cfg.items() if k != "stitch")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "inputs": list(self.inputs), "outputs": list(self.outputs),
+            "nodes": list(self.nodes), "ops": list(self.ops), "subgraph": self.subgraph,
+            "workload_hash": self.workload_hash, "config": self.config_dict,
+            "stitch": dict(self.stitch), "predicted_us": self.predicted_us,
+            "cost_source": self.cost_source, "launches": self.launches,
+            "measured_us": self.measured_us, "stream": self.stream, "stage": self.stage,
+            "note": self.note,
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> KernelStep:
+        try:
+            return KernelStep(
+                kind=d["kind"], inputs=tuple(d["inputs"]), outputs=tuple(d["outputs"]),
+                nodes=tuple(d["nodes"]), ops=tuple(d["ops"]), subgraph=d.get("subgraph", ""),
+                workload_hash=d.get("workload_hash", ""), config=d.get("config", {}),
+                stitch=d.get("stitch", {}), predicted_us=d.get("predicted_us", 0.0),
+                cost_source=d.get("cost_source", "none"), launches=int(d.get("launches", 1)),
+                measured_us=d.get("measured_us"), stream=int(d.get("stream", 0)),
+                stage=int(d.get("stage", 0)), note=d.get("note", ""))
+        except (KeyError, TypeError) as e:
+            raise PlanError(f"malformed plan step: {type(e).__name__} {e}") from None
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """Intermediate buffers: ``sizes[b]`` bytes for buffer ``b``; ``assign`` maps a value to
+    ``(buffer, offset, nbytes)``. Buffer 0 is the arena that intermediates share by liveness;
+    every graph output gets its own buffer (it is handed to the caller). Views share their
+    source's bytes. Graph inputs and constants are not assigned (the caller / the plan own them)."""
+
+    sizes: tuple[int, ...] = ()
+    assign: tuple[tuple[str, int, int, int], ...] = ()
+    naive_bytes: int = 0  # the intermediates' total without reuse, for comparison
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sizes", tuple(int(s) for s in self.sizes))
+        object.__setattr__(self, "assign", tuple(sorted(
+            (str(v), int(b), int(o), int(n)) for v, b, o, n in self.assign)))
+
+    @property
+    def assignment(self) -> dict[str, tuple[int, int]]:
+        """value -> (buffer id, byte offset)."""
+        return {v: (b, o) for v, b, o, _ in self.assign}
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.sizes[0] if self.sizes else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sizes": list(self.sizes), "assign": [list(a) for a in self.assign],
+                "naive_bytes": self.naive_bytes}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> BufferPlan:
+        return BufferPlan(tuple(d.get("sizes", ())), tuple(tuple(a) for a in d.get("assign", ())),
+                          int(d.get("naive_bytes", 0)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A compiled graph: ``steps`` in execution order over ``graph_json`` (canonical JSON text)."""
+
+    graph_json: str = field(repr=False)
+    steps: tuple[KernelStep, ...]
+    buffers: BufferPlan = BufferPlan()
+    device: str = ""            # device name / id the estimates are for ("" = generic H200 facts)
+    launch_us: float = 2.5      # launch overhead added per kernel launch
+    search: tuple[tuple[str, Any], ...] = ()  # how the plan was found (beam, states, seconds, ...)
+    format: int = PLAN_FORMAT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", tuple(self.steps))
+        object.__setattr__(self, "search", _pairs(self.search))
+        if self.format != PLAN_FORMAT:
+            raise PlanError(f"plan format {self.format} is not supported (this tunedb reads {PLAN_FORMAT})")
+
+    @cached_property
+    def graph(self) -> Graph:
+        return Graph.from_json(json.loads(self.graph_json))
+
+    # -- totals -------------------------------------------------------------------------------
+    @property
+    def kernels(self) -> int:
+        """Kernel launches per run."""
+        return sum(s.launches for s in self.steps)
+
+    @property
+    def predicted_us(self) -> float:
+        """Sum of the steps' predictions plus the launch overhead of every launch."""
+        return sum(s.predicted_us for s in self.steps) + self.launch_us * self.kernels
+
+    def totals(self) -> dict[str, Any]:
+        by_source: dict[str, int] = {}
+        by_kind: dict[str, int] = {}
+        for s in self.steps:
+            by_kind[s.kind] = by_kind.get(s.kind, 0) + 1
+            if s.kind != "layout_view":
+                by_source[s.cost_source] = by_source.get(s.cost_source, 0) + 1
+        return {"steps": len(self.steps), "kernels": self.kernels,
+                "predicted_us": round(self.predicted_us, 3),
+                "fused_ops": sum(len(s.ops) for s in self.steps if s.kind == "fused"),
+                "graph_ops": len(self.graph.nodes), "by_kind": by_kind, "cost_sources": by_source,
+                "arena_bytes": self.buffers.arena_bytes, "naive_bytes": self.buffers.naive_bytes}
+
+    # -- JSON ---------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "device": self.device, "launch_us": self.launch_us,
+                "search": {k: _thaw(v) for k, v in self.search},
+                "graph": json.loads(self.graph_json), "steps": [s.to_json() for s in self.steps],
+                "buffers": self.buffers.to_json(), "totals": self.totals()}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json())
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any] | str) -> Plan:
+        """From ``to_json()``'s dict or its JSON text (``totals`` is recomputed, not read)."""
+        if isinstance(d, (str, bytes)):
+            try:
+                d = json.loads(d)
+            except ValueError as e:
+                raise PlanError(f"plan is not valid JSON: {e}") from None
+        if not isinstance(d, Mapping) or "steps" not in d or "graph" not in d:
+            raise PlanError("plan JSON needs 'graph' and 'steps'")
+        return Plan(graph_json=canonical_json(d["graph"]),
+                    steps=tuple(KernelStep.from_json(s) for s in d["steps"]),
+                    buffers=BufferPlan.from_json(d.get("buffers", {})), device=d.get("device", ""),
+                    launch_us=float(d.get("launch_us", 2.5)), search=d.get("search", {}),
+                    format=int(d.get("format", PLAN_FORMAT)))
+
+    # -- report -------------------------------------------------------------------------------
+    def explain(self, width: int = 160) -> str:
+        from tunedb.plan.explain import explain
+
+        return explain(self, width=width)
+
+    # -- execution ----------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, Any], backend: str = "cuda") -> dict[str, Any]:
+        """Run the plan on ``inputs`` (graph input name -> array); returns the graph outputs.
+
+        ``backend="cuda"`` hands the plan to the runtime's executor (CuPy; raises
+        ``tunedb.runtime.NoGPUError`` where there is no GPU). ``backend="reference"`` runs the
+        steps one by one with the float64 NumPy reference, in plan order through the buffer
+        assignment's values: a CPU check that the steps compose to the whole graph."""
+        if backend == "reference":
+            from tunedb.plan.execute import run_reference_steps
+
+            return run_reference_steps(self, inputs)
+        if backend != "cuda":
+            raise PlanError(f"unknown backend {backend!r}; expected 'cuda' or 'reference'")
+        from tunedb.plan.execute import run_cuda
+
+        return run_cuda(self, inputs)
