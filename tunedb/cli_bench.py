@@ -104,7 +104,8 @@ def register(app: typer.Typer) -> None:
                                                            "workload suite name.")] = "anchors",
         top: Annotated[int, typer.Option("--top", min=1, help="Candidates per case timed in "
                                                              "throughput mode.")] = 3,
-        out: Annotated[Path, typer.Option("--out", help="JSON result, rewritten after every case.")] = DEFAULT_OUT,
+        out: Annotated[Path, typer.Option("--out", help="JSON result, rewritten after every "
+                                                        "case.")] = DEFAULT_OUT,
         time_limit: Annotated[float, typer.Option("--time-limit", min=0.0, help="Seconds after which "
                                                   "no new case starts (0: no limit).")] = 480.0,
         search_time: Annotated[float, typer.Option("--search-time", min=0.0, help="Seconds of schedule "

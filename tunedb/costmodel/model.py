@@ -1,0 +1,75 @@
+"""CostModel: a trained booster plus its card; predicts kernel latency in microseconds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xgboost as xgb
+
+from tunedb.costmodel.features import (
+    FEATURE_NAMES,
+    FEATURE_SCHEMA_VERSION,
+    DeviceFacts,
+    featurize_candidates,
+    featurize_frame,
+)
+from tunedb.costmodel.train import REGRESSION, predict_margin, to_cost
+
+
+class CostModelError(ValueError):
+    """A model cannot be loaded or used (schema mismatch, missing files, bad input)."""
+
+
+@dataclass
+class CostModel:
+    """``card`` holds at least objective, calibration [a, b], device (DeviceFacts JSON),
+    feature_schema_version and feature_names; see ``registry.make_card``."""
+
+    booster: xgb.Booster
+    card: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def objective(self) -> str:
+        return str(self.card.get("objective", REGRESSION))
+
+    @property
+    def device(self) -> DeviceFacts:
+        return DeviceFacts.from_json(self.card.get("device", {}))
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(self.card.get("feature_names", FEATURE_NAMES))
+
+    def features(self, frame: Any) -> np.ndarray:
+        """The feature matrix for a training-frame-like table (pyarrow Table or dict of columns)."""
+        return featurize_frame(frame, self.device)
+
+    def _matrix(self, frame_or_features: Any) -> np.ndarray:
+        if isinstance(frame_or_features, (pa.Table, Mapping)):
+            try:
+                return self.features(frame_or_features)
+            except ValueError as e:
+                raise CostModelError(str(e)) from None
+        X = np.asarray(frame_or_features, dtype=np.float32)
+        if X.ndim != 2 or X.shape[1] != len(self.feature_names):
+            raise CostModelError(f"feature matrix has shape {X.shape}; this model needs "
+                                 f"(n, {len(self.feature_names)}) (feature schema v{FEATURE_SCHEMA_VERSION})")
+        return X
+
+    def predict_cost(self, frame_or_features: Any) -> np.ndarray:
+        """The model's ordering key (lower = faster); log microseconds for regression models."""
+        return to_cost(predict_margin(self.booster, self._matrix(frame_or_features)), self.objective)
+
+    def predict(self, frame_or_features: Any) -> np.ndarray:
+        """Predicted latency in microseconds, one per row of a frame or feature matrix."""
+        a, b = self.card.get("calibration", (1.0, 0.0))
+        return np.exp(float(a) * self.predict_cost(frame_or_features) + float(b))
+
+    def predict_candidates(self, graph: Any, configs: Sequence[Mapping[str, Any]],
+                           workload_hash: str | None = None) -> np.ndarray:
+        """Predicted µs for each config of one workload (the planner's query)."""
+        return self.predict(featurize_candidates(graph, configs, self.device, workload_hash))

@@ -1,0 +1,276 @@
+"""What one step costs: an exact database hit first, the cost model next, the roofline last.
+
+``Coster.group(nodes)`` prices a candidate group of nodes (cached by the cut's structural key,
+so the twelve identical layers of an encoder are priced once):
+
+* ``db``: the best measured median of this workload on this device (``TuningStore.top_k``);
+* ``model``: the cost model's best prediction over the group's legal schedules;
+* ``roofline``: bytes / bandwidth for memory-bound groups, max(flops / peak, bytes / bandwidth)
+  for matmul / gemm / conv, when there is no model or the generator cannot fuse the group.
+
+``None`` means the group cannot be one kernel (``UnsupportedFusion``, or no legal schedule); the
+explorer then keeps it split. Launch overhead is added per launch by the plan, not here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tunedb.costmodel.features import DeviceFacts
+from tunedb.graph.hashing import graph_hash
+from tunedb.graph.ir import Graph, GraphError
+from tunedb.graph.ops import LAYOUT_OPS
+from tunedb.kernels.analysis import Analysis, UnsupportedFusion, analyze
+from tunedb.kernels.schedule import Schedule, schedule_space
+from tunedb.plan.subgraph import COMPUTE_KIND, GraphIndex, Subgraph
+
+# Sustained fp32 (no TF32) and fp16/bf16 tensor-core rates of an H200, for the compute roofline.
+PEAK_FLOPS = {"float32": 50e12, "float16": 660e12, "bfloat16": 660e12}
+RANKED_KEEP = 16  # schedules kept per group, best predicted first (for measuring the top few)
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    kind: str                       # a STEP_KINDS name
+    us: float                       # predicted kernel time without launch overhead
+    source: str                     # db | model | roofline | none
+    launches: int = 1
+    config: dict | None = None      # chosen schedule config (None: choose at the end)
+    ranked: tuple[tuple[float, dict], ...] = field(default=(), repr=False)
+    note: str = ""
+
+
+def floor_bytes(sub: Graph) -> int:
+    """Bytes a kernel must move at least: every input read once, every output written once."""
+    t = sub.type_map
+    return sum(t[v].nbytes for v in sub.inputs) + sum(t[v].nbytes for v in dict.fromkeys(sub.outputs))
+
+
+def compute_flops(sub: Graph) -> tuple[float, str]:
+    """Multiply-add flops (x2) of the one compute node of ``sub`` and its dtype."""
+    n = sub.nodes[0]
+    t = sub.type_map
+    out = t[n.outputs[0]]
+    if n.op == "matmul":
+        a = t[n.inputs[0]]
+        k = a.shape[-1] if a.rank >= 1 else 1
+        return 2.0 * out.numel * k, out.dtype
+    if n.op == "gemm":
+        a = t[n.inputs[0]]
+        k = a.shape[0] if n.attr("trans_a", False) else a.shape[-1]
+        return 2.0 * out.numel * k, out.dtype
+    if n.op == "conv2d":
+        w = t[n.inputs[1]]
+        return 2.0 * out.numel * math.prod(w.shape[1:]), out.dtype
+    return 0.0, out.dtype
+
+
+def _stitch_pairs(config: dict | None) -> tuple[tuple[str, str], ...]:
+    text = (config or {}).get("stitch", "") or ""
+    return tuple(tuple(p.rsplit(":", 1)) for p in str(text).split(";") if ":" in p)
+
+
+def model_predict_us(model: Any, graph: Graph, configs: Sequence[dict], workload_hash: str,
+                     device: DeviceFacts) -> np.ndarray:
+    """Predicted µs of ``configs`` on ``graph`` from a cost model.
+
+    Accepts the cost-model package's model (``predict(graph, configs, ...)`` in µs) or any
+    callable ``model(graph, configs) -> µs``."""
+    fn = getattr(model, "predict", None)
+    if fn is None and callable(model):
+        fn = model
+    if fn is None:
+        raise TypeError(f"cost model {type(model).__name__} has no predict(graph, configs)")
+    try:
+        out = fn(graph, list(configs), workload_hash=workload_hash, device=device)
+    except TypeError:
+        out = fn(graph, list(configs))
+    us = np.asarray(out, dtype=np.float64).reshape(-1)
+    if len(us) != len(configs):
+        raise ValueError(f"cost model returned {len(us)} predictions for {len(configs)} configs")
+    return us
+
+
+class Coster:
+    """Prices groups of nodes of one graph; see the module docstring."""
+
+    def __init__(self, index: GraphIndex, *, store: Any = None, device_id: str | None = None,
+                 model: Any = None, device: DeviceFacts | None = None) -> None:
+        self.index = index
+        self.store = store
+        self.device_id = device_id
+        self.model = model
+        self.device = device or DeviceFacts()
+        self._by_key: dict[tuple, GroupCost | None] = {}
+        self._hash: dict[tuple, str] = {}
+        self._cut: dict[tuple, Subgraph] = {}
+        self._analysis: dict[tuple, Analysis | None] = {}
+        self._chosen: dict[tuple, GroupCost | None] = {}
+        self._measured: set[str] = self._measured_hashes()
+        self.stats = {"groups_priced": 0, "db_hits": 0, "model_calls": 0}
+
+    def _measured_hashes(self) -> set[str]:
+        """Workloads with an ok measurement on this device, in one query (most groups miss)."""
+        if self.store is None or not self.device_id:
+            return set()
+        rows = self.store.con.execute(
+            "SELECT DISTINCT c.workload_hash FROM measurements m JOIN candidates c "
+            "ON c.hash = m.candidate_hash WHERE m.device_id = ? AND m.status = 'ok'",
+            [self.device_id]).fetchall()
+        return {r[0] for r in rows}
+
+    # -- cached facts of a cut ----------------------------------------------------------------
+    def cut(self, nodes: Sequence[int], key: tuple | None = None) -> Subgraph:
+        key = key if key is not None else self.index.key(nodes)
+        sub = self._cut.get(key)
+        if sub is None:
+            sub = self._cut[key] = self.index.cut(nodes)
+        return sub
+
+    def workload_hash(self, nodes: Sequence[int], key: tuple | None = None) -> str:
+        key = key if key is not None else self.index.key(nodes)
+        h = self._hash.get(key)
+        if h is None:
+            h = self._hash[key] = graph_hash(self.cut(nodes, key).graph)
+        return h
+
+    def analysis(self, nodes: Sequence[int], key: tuple | None = None) -> Analysis | None:
+        key = key if key is not None else self.index.key(nodes)
+        if key not in self._analysis:
+            try:
+                self._analysis[key] = analyze(self.cut(nodes, key).graph)
+            except (UnsupportedFusion, GraphError):
+                self._analysis[key] = None
+        return self._analysis[key]
+
+    # -- pricing ------------------------------------------------------------------------------
+    def group(self, nodes: Sequence[int]) -> GroupCost | None:
+        """Cost of running ``nodes`` (sorted indices) as one step; None if they cannot be one."""
+        key = self.index.key(nodes)
+        if key in self._by_key:
+            return self._by_key[key]
+        self.stats["groups_priced"] += 1
+        cost = self._price(nodes, key)
+        self._by_key[key] = cost
+        return cost
+
+    def _db(self, nodes: Sequence[int], key: tuple) -> tuple[float, dict] | None:
+        if not self._measured:
+            return None
+        h = self.workload_hash(nodes, key)
+        if h not in self._measured:
+            return None
+        best = self.store.top_k(h, self.device_id, 1)
+        if not best:
+            return None
+        self.stats["db_hits"] += 1
+        cand, us = best[0]
+        return us, cand.config_dict
+
+    def _roofline_us(self, sub: Graph) -> float:
+        return floor_bytes(sub) / self.device.bandwidth_bytes_per_s * 1e6
+
+    def _price(self, nodes: Sequence[int], key: tuple) -> GroupCost | None:
+        ix = self.index
+        if all(ix.view[j] for j in nodes):
+            return GroupCost("layout_view", 0.0, "none", launches=0)
+        if len(nodes) == 1 and ix.compute[nodes[0]]:
+            return self._compute(nodes, key)
+        if len(nodes) > 1 and not all(ix.fusable[j] for j in nodes):
+            return None
+        a = self.analysis(nodes, key) if all(ix.fusable[j] for j in nodes) else None
+        if a is None:
+            if len(nodes) > 1:
+                return None
+            return self._single(nodes, key, "the fused-kernel generator cannot take this op")
+        hit = self._db(nodes, key)
+        if hit is not None:
+            us, cfg = hit
+            return GroupCost("fused", us, "db", launches=_launches(cfg), config=cfg)
+        if self.model is None:
+            return GroupCost("fused", self._roofline_us(a.graph), "roofline")
+        legal, _ = schedule_space(a, self.device.sm_count)
+        if not legal:
+            return None if len(nodes) > 1 else self._single(nodes, key, "no legal schedule")
+        configs = [s.to_config() for s in legal]
+        self.stats["model_calls"] += 1
+        us = model_predict_us(self.model, a.graph, configs, self.workload_hash(nodes, key), self.device)
+        order = np.argsort(us, kind="stable")[:RANKED_KEEP]
+        ranked = tuple((float(us[i]), configs[i]) for i in order)
+        best_us, best_cfg = ranked[0]
+        return GroupCost("fused", best_us, "model", launches=_launches(best_cfg), config=best_cfg,
+                         ranked=ranked)
+
+    def _single(self, nodes: Sequence[int], key: tuple, note: str) -> GroupCost:
+        """A lone op outside the generator: a copy kernel of the runtime, roofline priced."""
+        op = self.index.nodes[nodes[0]].op
+        kind = "layout" if op in LAYOUT_OPS else "op"
+        hit = self._db(nodes, key)
+        if hit is not None:
+            return GroupCost(kind, hit[0], "db", config=hit[1], note=note)
+        return GroupCost(kind, self._roofline_us(self.cut(nodes, key).graph), "roofline", note=note)
+
+    def _compute(self, nodes: Sequence[int], key: tuple) -> GroupCost:
+        op = self.index.nodes[nodes[0]].op
+        kind = COMPUTE_KIND.get(op, "op")
+        hit = self._db(nodes, key)
+        if hit is not None:
+            return GroupCost(kind, hit[0], "db", config=hit[1])
+        sub = self.cut(nodes, key).graph
+        flops, dtype = compute_flops(sub)
+        peak = PEAK_FLOPS.get(dtype, PEAK_FLOPS["float32"])
+        us = max(flops / peak, floor_bytes(sub) / self.device.bandwidth_bytes_per_s) * 1e6
+        return GroupCost(kind, us, "roofline")
+
+    # -- schedule for a final group -----------------------------------------------------------
+    def choose_schedule(self, nodes: Sequence[int], cost: GroupCost) -> GroupCost | None:
+        """Fill in the schedule of a fused group priced without one (roofline): the legal
+        schedule with the lowest analytic roofline of the cost-model features. None when the
+        group has no legal schedule (the caller splits it)."""
+        if cost.kind != "fused" or cost.config is not None:
+            return cost
+        key = self.index.key(nodes)
+        if key in self._chosen:
+            return self._chosen[key]
+        a = self.analysis(nodes, key)
+        legal = schedule_space(a, self.device.sm_count)[0] if a is not None else []
+        chosen = None
+        if legal:
+            configs = [s.to_config() for s in legal]
+            est = _feature_roofline(a.graph, configs, self.workload_hash(nodes, key), self.device)
+            order = np.argsort(est, kind="stable")[:RANKED_KEEP]
+            ranked = tuple((float(est[i]), configs[i]) for i in order)
+            chosen = GroupCost("fused", cost.us, cost.source, launches=_launches(ranked[0][1]),
+                               config=ranked[0][1], ranked=ranked, note=cost.note)
+        self._chosen[key] = chosen
+        return chosen
+
+
+def _feature_roofline(graph: Graph, configs: list[dict], workload_hash: str, device: DeviceFacts) -> np.ndarray:
+    try:
+        from tunedb.costmodel.features import FEATURE_NAMES, featurize_candidates
+
+        X = featurize_candidates(graph, configs, device, workload_hash=workload_hash)
+        return X[:, FEATURE_NAMES.index("roofline_us")].astype(np.float64)
+    except (ValueError, GraphError, KeyError):
+        return np.zeros(len(configs))
+
+
+def _launches(config: dict | None) -> int:
+    """Kernels a fused schedule launches: two when partial reductions go through global memory."""
+    if not config:
+        return 1
+    try:
+        s = Schedule.from_config(config)
+    except (ValueError, TypeError):
+        return int(config.get("kernels", 1) or 1)
+    return 2 if s.mapping == "col_tiled" and s.split > 1 else 1
+
+
+def stitch_of(config: dict | None) -> tuple[tuple[str, str], ...]:
+    return _stitch_pairs(config)
