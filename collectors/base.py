@@ -3,8 +3,9 @@
 A collector says *what* to measure (``jobs``: workloads and their candidate specs; ``build``: one
 spec's kernel plan); ``Collector.run`` does the rest the same way for every kind: skips candidates
 already measured on this device (a killed collection re-run measures nothing twice), honours
-``budget`` (candidates) and ``time_s``, prepares (code-generates) the next workload in a thread
-while the device measures the current one, and writes Workload / Candidate / Measurement rows in
+``budget`` (candidates), ``time_s`` and ``rounds``, asks a strategy (``collectors.strategy``)
+what to measure in each round and tells it every result, prepares (code-generates) the next
+workload in a thread while the device measures the current one, and writes Workload / Candidate / Measurement rows in
 batched transactions from this (the parent) process only, inside one recorded Run.
 """
 
@@ -72,7 +73,7 @@ class Summary:
     measured: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
-    stopped: str = ""           # "", "budget" or "time"
+    stopped: str = ""           # "", "budget", "time" or "rounds"
 
     @property
     def ok(self) -> int:
@@ -115,6 +116,23 @@ class _Writer:
             self.store.add_measurements(self.measurements)
         self.workloads, self.candidates, self.measurements = [], [], []
         self.last = time.monotonic()
+
+
+@dataclass
+class _Pass:
+    """What every pass of one ``Collector.run`` shares."""
+
+    writer: _Writer
+    summary: Summary
+    device: Any
+    run_id: str
+    device_id: str
+    t0: float
+    time_s: float | None
+    progress: Callable[[Summary], None] | None
+    chunk: int
+    strategy: Any
+    written: set[str] = field(default_factory=set)  # workloads already handed to the writer
 
 
 def to_measurement(res: dict, candidate_hash: str, device_id: str, run_id: str,
@@ -162,10 +180,19 @@ class Collector:
     def run(self, store: Any, device: Any, suite: str, budget: int | None = None,
             time_s: float | None = None, progress: Callable[[Summary], None] | None = None,
             flush_every: int = 256, flush_s: float = 5.0, chunk: int = 64,
-            config: dict | None = None) -> Summary:
+            config: dict | None = None, strategy: Any = None, rounds: int | None = None) -> Summary:
+        """Measure the suite on ``device`` into ``store``. ``strategy`` (``collectors.strategy``;
+        default exhaustive: suite order, one pass) chooses what to measure in each round;
+        ``rounds`` caps the number of rounds."""
         t0 = time.monotonic()
         info = device.info
         self.device_info = info  # collectors may size their search to the device (SM count)
+        if rounds is not None and rounds < 1:
+            raise CollectError(f"rounds must be >= 1, got {rounds}")
+        if strategy is None:
+            from collectors.strategy import ExhaustiveStrategy
+
+            strategy = ExhaustiveStrategy()
         try:
             jobs = list(self.jobs(suite))  # before the Run row: a bad suite leaves no trace
         except (ValueError, KeyError, LookupError) as e:
@@ -174,16 +201,54 @@ class Collector:
                   host=socket.gethostname(),
                   config_json=canonical_json({"suite": suite, "budget": budget, "time_s": time_s,
                                               "device": getattr(device, "kind", "?"),
-                                              "protocol": asdict(device.protocol), **(config or {})}),
+                                              "protocol": asdict(device.protocol), "rounds": rounds,
+                                              **strategy.describe(), **(config or {})}),
                   started_at=now_iso(), clocks_before=canonical_json(device.clocks()))
         store.add_devices([info])
         store.add_runs([run])
         summary = Summary(run_id=run.id, device_id=info.id)
         measured = store.measured_candidates(info.id)
+        prior = None
+        if getattr(strategy, "wants_prior", False):  # earlier ok measurements warm-start a model
+            prior = store.training_frame(kind=self.kind, device_id=info.id)
         summary.workloads = len(jobs)
         summary.total = sum(len(j.specs) for j in jobs)
         summary.pruned = sum(j.pruned for j in jobs)
-        writer = _Writer(store, flush_every, flush_s)
+        summary.already = strategy.start(jobs, measured, info, self.kind, prior)
+        ctx = _Pass(writer=_Writer(store, flush_every, flush_s), summary=summary, device=device,
+                    run_id=run.id, device_id=info.id, t0=t0, time_s=time_s, progress=progress,
+                    chunk=chunk, strategy=strategy)
+        try:
+            done_rounds = 0
+            while True:
+                left = None if budget is None else budget - summary.measured - summary.missing
+                if left is not None and left <= 0:
+                    break
+                if rounds is not None and done_rounds >= rounds:
+                    if any(len(strategy.remaining(j)) for j in range(len(jobs))):
+                        summary.stopped = "rounds"
+                    break
+                picks = strategy.propose(left)
+                if not picks:
+                    break
+                self._measure_jobs(picks, measured, left, ctx)
+                done_rounds += 1
+                if summary.stopped:
+                    break
+            if budget is not None and summary.measured + summary.missing >= budget and not summary.stopped:
+                remaining = summary.total - summary.already - summary.measured - summary.missing
+                summary.stopped = "budget" if remaining > 0 else ""
+        finally:
+            ctx.writer.flush()
+            store.finish_run(run.id, now_iso(), canonical_json(device.clocks()))
+            summary.elapsed_s = time.monotonic() - t0
+        return summary
+
+    def _measure_jobs(self, jobs: list[Job], measured: set[str], budget: int | None, ctx: _Pass) -> None:
+        """One pass (a strategy's round): code generation in a producer thread one workload
+        ahead of the device, results written through the batching writer and shown to the
+        strategy."""
+        summary, device, writer = ctx.summary, ctx.device, ctx.writer
         stop = threading.Event()
         prepared: queue.Queue = queue.Queue(maxsize=2)
         producer = threading.Thread(target=self._prepare, daemon=True,
@@ -197,30 +262,31 @@ class Collector:
                 if isinstance(got, BaseException):
                     raise got
                 job, tasks = got
-                writer.workloads.append(job.workload)
+                if job.workload.hash not in ctx.written:
+                    ctx.written.add(job.workload.hash)
+                    writer.workloads.append(job.workload)
                 writer.candidates.extend(t.candidate for t in tasks)
-                for start in range(0, len(tasks), chunk):
-                    if time_s is not None and time.monotonic() - t0 >= time_s:
+                for start in range(0, len(tasks), ctx.chunk):
+                    if ctx.time_s is not None and time.monotonic() - ctx.t0 >= ctx.time_s:
                         summary.stopped = "time"
                         break
-                    part = tasks[start:start + chunk]
+                    part = tasks[start:start + ctx.chunk]
                     wires = [{**t.wire, "candidate_hash": t.candidate.hash} for t in part]
                     for i, res in device.measure(job.workload, wires):
                         if res is None:
                             summary.missing += 1
                             continue
-                        m = to_measurement(res, part[i].candidate.hash, info.id, run.id, device.protocol)
+                        m = to_measurement(res, part[i].candidate.hash, ctx.device_id, ctx.run_id,
+                                           device.protocol)
                         writer.add(m)
+                        ctx.strategy.observe(m.candidate_hash, m.status, m.median_us)
                         summary.measured += 1
                         summary.statuses[m.status] = summary.statuses.get(m.status, 0) + 1
-                        summary.elapsed_s = time.monotonic() - t0
-                        if progress is not None:
-                            progress(summary)
+                        summary.elapsed_s = time.monotonic() - ctx.t0
+                        if ctx.progress is not None:
+                            ctx.progress(summary)
                 if summary.stopped:
                     break
-            if budget is not None and summary.measured + summary.missing >= budget and not summary.stopped:
-                remaining = summary.total - summary.already - summary.measured - summary.missing
-                summary.stopped = "budget" if remaining > 0 else ""
         finally:
             stop.set()
             while producer.is_alive():  # unblock a producer waiting on a full queue
@@ -228,10 +294,6 @@ class Collector:
                     prepared.get(timeout=0.1)
                 except queue.Empty:
                     pass
-            writer.flush()
-            store.finish_run(run.id, now_iso(), canonical_json(device.clocks()))
-            summary.elapsed_s = time.monotonic() - t0
-        return summary
 
     def _prepare(self, jobs: list[Job], measured: set[str], budget: int | None, device: Any,
                  out: queue.Queue, stop: threading.Event, summary: Summary) -> None:

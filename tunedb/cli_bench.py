@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tunedb.bench.fusion import BenchError
 from tunedb.cli_common import (
     DB_ENV,
     JsonOption,
@@ -24,6 +25,20 @@ DEFAULT_OUT = Path("data/bench/fusion_h200.json")
 
 def _fmt(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
+
+
+def progress_line(i: int, n: int, case: dict) -> str:
+    """One line per finished case (printed as the run goes)."""
+    from tunedb.bench.fusion import PEERS, time_of
+
+    parts = [f"[{i}/{n}] {case.get('case')}: floor {_fmt(case.get('floor_us'))}"]
+    t = time_of(case, "tunedb")
+    tdb = case.get("tunedb") or {}
+    parts.append(f"tunedb {_fmt(t)} ({tdb.get('schedule')})" if t else f"tunedb failed ({tdb.get('error')})")
+    for p in PEERS:
+        t = time_of(case, p)
+        parts.append(f"{p} {_fmt(t)}" if t else f"{p} failed")
+    return ", ".join(parts) + f" µs [{case.get('elapsed_s', 0):.0f}s]"
 
 
 def render_table(result: dict) -> Any:
@@ -72,6 +87,26 @@ def summary_line(result: dict) -> str:
     return "; ".join(parts)
 
 
+def load_cases(suite: str) -> list[Any]:
+    """``anchors`` -> the 12 ANCHORS.md cases; any other name -> that workload suite."""
+    try:
+        from tunedb.kernels import suites
+    except ImportError as e:
+        raise BenchError(f"workload suites are not available: {' '.join(str(e).split())}") from None
+    cases = getattr(suites, "ANCHOR_CASES", None) if suite == "anchors" else None
+    if cases is not None:
+        cases = list(cases.values()) if isinstance(cases, dict) else list(cases)
+        if cases and isinstance(cases[0], str):
+            names = set(cases)
+            cases = [c for c in suites.suite("full") if c.name in names]
+        return cases
+    try:
+        return list(suites.suite(suite))
+    except (KeyError, ValueError) as e:
+        raise BenchError(f"unknown suite {suite!r}: {' '.join(str(e).split())}") from None
+
+
+
 def _database(db: Path | None) -> Path | None:
     """The database to take measured candidates from: --db / $TUNEDB_DB (must exist), else the
     default path if it exists, else none (every case searches its schedule space)."""
@@ -85,7 +120,6 @@ def _database(db: Path | None) -> Path | None:
 
 
 def register(app: typer.Typer) -> None:
-    from tunedb.bench.fusion import BenchError
     from tunedb.runtime import NoGPUError
 
     register_error(NoGPUError)
@@ -123,7 +157,7 @@ def register(app: typer.Typer) -> None:
 
         Example: tunedb bench fusion --db h200.duckdb --top 3 --out data/bench/fusion_h200.json
         """
-        from tunedb.bench.fusion import load_cases, run_bench
+        from tunedb.bench.fusion import run_bench
         from tunedb.runtime.device import import_cupy
 
         import_cupy()  # no GPU: one-line error before anything else happens
@@ -135,7 +169,8 @@ def register(app: typer.Typer) -> None:
                    f"{path if path else 'the schedule space (no database)'}", err=True)
         result = run_bench(cases, out, db=path, top=top, time_limit_s=time_limit, search_s=search_time,
                            max_search=max_search, workers=workers, suite=suite,
-                           progress=lambda line: typer.echo(line, err=True))
+                           progress=lambda line: typer.echo(line, err=True),
+                           on_case=lambda i, n, rec: typer.echo(progress_line(i, n, rec), err=True))
         if json_out:
             print_json(result)
             return

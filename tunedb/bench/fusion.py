@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from tunedb.graph.ir import Graph
-from tunedb.runtime.inputs import bf16_to_f32, storage_dtype, tolerance
+from tunedb.runtime.inputs import bf16_to_f32, make_inputs, storage_dtype, tolerance, workload_seed
 from tunedb.runtime.measure import WorkloadBuffers
 
 PEERS = ("torch_eager", "torch_compile", "jax")
@@ -123,47 +123,12 @@ def summarize(result: dict) -> dict:
     return out
 
 
-def _fmt(x: float | None, digits: int = 1) -> str:
-    return "—" if x is None else f"{x:.{digits}f}"
-
-
-def progress_line(i: int, n: int, case: dict) -> str:
-    """One line per finished case (printed as the run goes)."""
-    parts = [f"[{i}/{n}] {case.get('case')}: floor {_fmt(_finite(case.get('floor_us')))}"]
-    t = time_of(case, "tunedb")
-    tdb = case.get("tunedb") or {}
-    parts.append(f"tunedb {_fmt(t)} ({tdb.get('schedule')})" if t else f"tunedb failed ({tdb.get('error')})")
-    for p in PEERS:
-        t = time_of(case, p)
-        parts.append(f"{p} {_fmt(t)}" if t else f"{p} failed")
-    return ", ".join(parts) + f" µs [{case.get('elapsed_s', 0):.0f}s]"
-
-
 def write_json(result: dict, path: Path) -> None:
     """Write atomically (a kill mid-write never leaves half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=1, allow_nan=False))
     os.replace(tmp, path)
-
-
-def load_cases(suite: str) -> list[Any]:
-    """``anchors`` -> the 12 ANCHORS.md cases; any other name -> that workload suite."""
-    try:
-        from tunedb.kernels import suites
-    except ImportError as e:
-        raise BenchError(f"workload suites are not available: {_one_line(e)}") from None
-    cases = getattr(suites, "ANCHOR_CASES", None) if suite == "anchors" else None
-    if cases is not None:
-        cases = list(cases.values()) if isinstance(cases, dict) else list(cases)
-        if cases and isinstance(cases[0], str):
-            names = set(cases)
-            cases = [c for c in suites.suite("full") if c.name in names]
-        return cases
-    try:
-        return list(suites.suite(suite))
-    except (KeyError, ValueError) as e:
-        raise BenchError(f"unknown suite {suite!r}: {_one_line(e)}") from None
 
 
 def db_candidates(db: Path, device_id: str, hashes: list[str], k: int) -> dict[str, list[dict]]:
@@ -199,7 +164,7 @@ def prepare(graph_json: dict, config: dict, sm_count: int, compile_now: bool = T
         return {"label": label, "error": f"codegen: {_one_line(e)}", "status": "compile_error"}
     for k in wire["kernels"]:  # the trailing "R", "C" of codegen's args are int64 scalars
         if k["args"][-2:] == ["R", "C"]:
-            k["args"][-2:] = [{"type": "int64", "value": int(plan.R)}, {"type": "int64", "value": int(plan.C)}]
+            k["args"][-2:] = [{"type": "int64", "value": int(v)} for v in (plan.R, plan.C)]
     zeroed = getattr(plan, "zeroed", None)
     if zeroed is not None:  # only these scratch buffers need a memset before each launch
         for sc in wire["scratch"]:
@@ -257,11 +222,35 @@ class ContextLost(RuntimeError):
 QUICK_PROTOCOL = {"warmup": 2, "samples": 5, "flush_l2": False, "batch": 1}
 
 
+def _spawn_pool(n: int) -> Any:
+    """A process pool (spawn: no CUDA state is inherited), or None if one cannot start."""
+    if n <= 0:
+        return None
+    try:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"))
+    except Exception:  # noqa: BLE001 - the work then runs in this process
+        return None
+
+
+def _submit(owner: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``owner.pool.submit(fn, *args)``; None (and no pool from now on) when the pool is broken."""
+    if owner.pool is None:
+        return None
+    try:
+        return owner.pool.submit(fn, *args)
+    except Exception:  # noqa: BLE001
+        owner.pool = None
+        return None
+
+
 class CaseSearch:
     """tunedb's side of each case: candidate plans generated and compiled ahead in a process
-    pool (in case order), then per case verified, quick-timed, and the finalists timed in
-    throughput mode. Runs kernels in this process (no worker): a sticky CUDA error raises
-    ``ContextLost``."""
+    pool (in case order), then per case verified, quick-timed (CUDA events), and the best
+    ``top`` timed in throughput mode. Kernels run in this process (no worker): a sticky CUDA
+    error raises ``ContextLost``."""
 
     def __init__(self, state: dict, sm_count: int, top: int = 3, search_s: float = 30.0,
                  max_search: int = 0, workers: int | None = None) -> None:
@@ -270,21 +259,12 @@ class CaseSearch:
         self.search_s, self.max_search = search_s, max_search
         self.jobs: dict[str, list[tuple[dict, Any]]] = {}
         self.space: dict[str, dict] = {}
-        self.pool: Any = None
-        n = max(1, (os.cpu_count() or 2) - 2) if workers is None else workers
-        if n > 0:
-            try:
-                import multiprocessing as mp
-                from concurrent.futures import ProcessPoolExecutor
-
-                self.pool = ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"))
-            except Exception:  # noqa: BLE001 - compile in this process instead
-                self.pool = None
+        # Leave cores for this process and the reference workers: host-side launch rates count.
+        self.pool = _spawn_pool(max(1, (os.cpu_count() or 2) - 4) if workers is None else workers)
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = None
 
     def _search_metas(self, workload_hash: str, graph: Graph) -> list[dict]:
         from tunedb.kernels.schedule import schedule_space
@@ -294,105 +274,89 @@ class CaseSearch:
         except Exception as e:  # noqa: BLE001 - UnsupportedFusion, or a generator bug
             self.space[workload_hash] = {"error": f"no schedule space: {_one_line(e)}"}
             return []
-        metas = [{"config": s.to_config(), "source": "search"} for s in legal]
-        if self.max_search > 0:
-            metas = metas[:self.max_search]
         self.space[workload_hash] = {"legal": len(legal), "pruned": len(pruned)}
-        return metas
+        metas = [{"config": s.to_config(), "source": "search"} for s in legal]
+        return metas[:self.max_search] if self.max_search > 0 else metas
+
+    def _queue(self, graph: Graph, metas: list[dict]) -> list[tuple[dict, Any]]:
+        gj = graph.to_json()
+        return [(m, _submit(self, prepare, gj, m["config"], self.sm_count, True)) for m in metas]
 
     def submit(self, workload_hash: str, graph: Graph, db_cands: list[dict]) -> None:
         """Queue the candidates of one case: the database's top-K, else the schedule space."""
         metas = list(db_cands) or self._search_metas(workload_hash, graph)
-        gj = graph.to_json()
-        self.jobs[workload_hash] = [(m, self._start(gj, m["config"])) for m in metas]
+        self.jobs[workload_hash] = self._queue(graph, metas)
 
-    def _start(self, gj: dict, config: dict) -> Any:
-        if self.pool is None:
-            return None
-        try:
-            return self.pool.submit(prepare, gj, config, self.sm_count, True)
-        except Exception:  # noqa: BLE001 - a broken pool: prepare in this process
-            self.pool = None
-            return None
-
-    def _prepared(self, graph: Graph, meta: dict, fut: Any) -> dict:
-        if fut is not None:
-            try:
-                return fut.result(timeout=600)
-            except Exception:  # noqa: BLE001 - the pool died: generate here, compile on launch
-                pass
-        return prepare(graph.to_json(), meta["config"], self.sm_count, compile_now=False)
-
-    def _launcher(self, wire: dict, bufs: Any) -> tuple[Callable[[], None], int]:
+    def _launcher(self, wire: dict, bufs: _Buffers) -> tuple[Callable[[], None], int]:
         from tunedb.runtime.measure import build_launch, get_function
 
         cp = self.cp
         funcs = [get_function(self.state, k) for k in wire["kernels"]]
-        scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8)
-                   for s in wire.get("scratch", [])}
+        scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8) for s in wire["scratch"]}
         launch = build_launch(cp, self.stream, funcs, wire, {**bufs.inputs, **bufs.outputs, **scratch})
         return launch, max(int(f.num_regs) for f in funcs)
 
-    def _verify(self, launch: Callable[[], None], bufs: Any) -> tuple[bool, float, str]:
+    def _verified(self, wire: dict, bufs: _Buffers) -> tuple[Callable[[], None], int, bool, float, str]:
+        launch, regs = self._launcher(wire, bufs)
         bufs.poison()
         launch()
         self.stream.synchronize()
-        return bufs.verify()
+        return (launch, regs, *bufs.verify())
 
-    def run_case(self, workload_hash: str, graph: Graph) -> tuple[dict, dict, dict]:
-        """``(tunedb entry, device input arrays, float64 references)`` of one case."""
-        from tunedb.graph.reference import run_reference
-        from tunedb.runtime.inputs import make_inputs, workload_seed
+    def _failed(self, e: dict, ex: BaseException) -> None:
+        from tunedb.runtime.measure import context_ok
 
-        dev, ref_in = make_inputs(graph, workload_seed(workload_hash))
-        raw = run_reference(graph, ref_in)
-        refs = {n: np.asarray(raw[n]) for n in graph.outputs}
-        del raw, ref_in
+        e.update(status="runtime_error", error=_one_line(ex))
+        if not context_ok(self.cp):
+            raise ContextLost(f"candidate {e['label']}: {e['error']}") from None
+
+    def run_case(self, workload_hash: str, graph: Graph, dev: dict[str, np.ndarray],
+                 refs: dict[str, np.ndarray]) -> dict:
+        """tunedb's entry of one case, on the host input arrays ``dev`` (float64 ``refs``)."""
         bufs = _Buffers(self.cp, graph, dev, refs)
         try:
             jobs = self.jobs.pop(workload_hash, [])
             entry = self._tune(jobs, graph, bufs, refs)
             if entry["us"] is None and jobs and jobs[0][0].get("source") == "db":
                 # Every stored candidate failed here (generator changed?): search instead.
-                metas = self._search_metas(workload_hash, graph)
-                gj = graph.to_json()
-                again = self._tune([(m, self._start(gj, m["config"])) for m in metas], graph, bufs, refs)
-                again["db_error"] = entry.get("error")
-                entry = again
+                db_error = entry["error"]
+                jobs = self._queue(graph, self._search_metas(workload_hash, graph))
+                entry = self._tune(jobs, graph, bufs, refs)
+                entry["db_error"] = db_error
         finally:
             bufs.free()
         entry["space"] = self.space.get(workload_hash, {})
-        if entry["us"] is None and not entry.get("error"):
-            entry["error"] = self.space.get(workload_hash, {}).get("error") or "no candidates"
-        return entry, dev, refs
+        if entry["us"] is None and entry["error"] == "no candidates":
+            entry["error"] = entry["space"].get("error") or "no candidates"
+        return entry
 
-    def _tune(self, jobs: list[tuple[dict, Any]], graph: Graph, bufs: Any, refs: dict) -> dict:
+    def _tune(self, jobs: list[tuple[dict, Any]], graph: Graph, bufs: _Buffers, refs: dict) -> dict:
         from tunedb.bench.peers import throughput_us
         from tunedb.records import Protocol
-        from tunedb.runtime.measure import context_ok, time_plan
+        from tunedb.runtime.measure import time_plan
 
         tried: list[dict] = []
         good: list[tuple[float, int, dict, dict]] = []
-        t0 = time.monotonic()
-        skipped = 0
+        t0, skipped = time.monotonic(), 0
         for meta, fut in jobs:
             if good and time.monotonic() - t0 > self.search_s:
                 skipped += 1
                 if fut is not None:
                     fut.cancel()
                 continue
-            prep = self._prepared(graph, meta, fut)
-            e: dict[str, Any] = {"label": prep.get("label", "?"), "source": meta.get("source", "search"),
-                                 "status": "ok", "quick_us": None, "error": None}
-            if "db_us" in meta:
-                e["db_us"] = meta["db_us"]
+            try:
+                prep = fut.result(timeout=600) if fut is not None else None
+            except Exception:  # noqa: BLE001 - the pool died: generate here, compile on launch
+                prep = None
+            prep = prep or prepare(graph.to_json(), meta["config"], self.sm_count, compile_now=False)
+            e: dict[str, Any] = {"label": prep["label"], "source": meta["source"], "status": "ok",
+                                 "quick_us": None, "error": prep.get("error")}
             tried.append(e)
-            if prep.get("error"):
-                e.update(status=prep.get("status", "compile_error"), error=prep["error"])
+            if e["error"]:
+                e["status"] = prep["status"]
                 continue
             try:
-                launch, _ = self._launcher(prep["wire"], bufs)
-                ok, err, name = self._verify(launch, bufs)
+                launch, _, ok, err, name = self._verified(prep["wire"], bufs)
                 if not ok:
                     e.update(status="incorrect", error=f"max abs error {err:.6g} in output {name!r}")
                     continue
@@ -400,43 +364,37 @@ class CaseSearch:
                 e["quick_us"] = _finite(float(np.median(samples)))
                 good.append((e["quick_us"] or math.inf, len(good), e, {**meta, **prep}))
             except Exception as ex:  # noqa: BLE001 - CUDA errors become statuses
-                e.update(status="runtime_error", error=_one_line(ex))
-                if not context_ok(self.cp):
-                    raise ContextLost(f"candidate {e['label']}: {e['error']}") from None
+                self._failed(e, ex)
         best: dict | None = None
         finalists = []
-        for _, _, e, prep in sorted(good, key=lambda g: (g[0], g[1]))[:self.top]:
+        for _, _, e, prep in sorted(good, key=lambda g: g[:2])[:self.top]:
             try:
-                launch, regs = self._launcher(prep["wire"], bufs)
-                ok, err, _ = self._verify(launch, bufs)
-                rel = _check([_download(self.cp, bufs, n) for n in graph.outputs], graph, refs)
+                launch, regs, ok, err, _ = self._verified(prep["wire"], bufs)
+                rel = _check([bufs.download(n) for n in graph.outputs], graph, refs)
                 us = _finite(throughput_us(launch, self.stream.synchronize)) if ok else None
             except Exception as ex:  # noqa: BLE001
-                e.update(status="runtime_error", error=_one_line(ex))
-                if not context_ok(self.cp):
-                    raise ContextLost(f"candidate {e['label']}: {e['error']}") from None
+                self._failed(e, ex)
                 continue
             f = {"schedule": e["label"], "config": prep["config"], "source": e["source"],
-                 "source_hash": prep.get("source_hash", ""), "us": us, "quick_us": e["quick_us"],
+                 "source_hash": prep["source_hash"], "us": us, "quick_us": e["quick_us"], "verified": ok,
                  "rel_err": rel, "max_abs_err": _finite(err), "registers": regs,
                  "kernels": len(prep["wire"]["kernels"])}
             if prep.get("db_us") is not None:
-                f["db_us"] = prep["db_us"]  # stored median (flushed L2): a different protocol
-                f["db_source_match"] = prep.get("source_hash") == prep.get("db_source_hash")
+                f["db_us"] = prep["db_us"]  # the stored median (L2 flushed): another protocol
+                f["db_source_match"] = prep["source_hash"] == prep.get("db_source_hash")
             finalists.append(f)
             if us is not None and (best is None or us < best["us"]):
                 best = f
         statuses: dict[str, int] = {}
         for e in tried:
             statuses[e["status"]] = statuses.get(e["status"], 0) + 1
-        entry: dict[str, Any] = {"us": None, "schedule": None, "error": None}
+        entry: dict[str, Any] = {"us": None, "schedule": None, "error": None if best else "no candidates"}
         if best is not None:
             entry.update(best)
-        else:
+        elif tried:
             first = next((e["error"] for e in tried if e["error"]), "")
             by = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
-            entry["error"] = (f"no candidate verified ({by})" + (f"; first error: {first}" if first else "")
-                              if tried else "no candidates")
+            entry["error"] = f"no candidate verified ({by})" + (f"; first error: {first}" if first else "")
         entry.update(candidates=len(jobs), tried=len(tried), skipped=skipped, statuses=statuses,
                      finalists=finalists,
                      attempts=[[e["label"], e["status"], e["quick_us"], e["error"]] for e in tried])
@@ -459,59 +417,125 @@ class _Buffers(WorkloadBuffers):
             self.outputs[name] = cp.empty(t.shape, dtype=storage_dtype(t.dtype))
             self.checks[name] = (t.dtype, *tolerance(graph, t.dtype))
 
+    def download(self, name: str) -> np.ndarray:
+        a = self.cp.asnumpy(self.outputs[name])
+        return bf16_to_f32(a) if self.checks[name][0] == "bfloat16" else a
 
-def _download(cp: Any, bufs: _Buffers, name: str) -> np.ndarray:
-    a = cp.asnumpy(bufs.outputs[name])
-    return bf16_to_f32(a) if bufs.checks[name][0] == "bfloat16" else a
+
+def host_case(graph_json: dict, workload_hash: str, folder: str) -> dict[str, dict[str, str]]:
+    """Pool task: a case's random inputs (``make_inputs``, seeded by the workload) and float64
+    reference outputs, saved as ``.npy`` files in ``folder`` (arrays of up to a GiB: files, not
+    pipes). The reference takes seconds per large case, so worker processes compute it ahead."""
+    from tunedb.graph.reference import run_reference
+
+    g = Graph.from_json(graph_json)
+    dev, ref_in = make_inputs(g, workload_seed(workload_hash))
+    refs = run_reference(g, ref_in)
+    files: dict[str, dict[str, str]] = {"inputs": {}, "refs": {}}
+    for kind, names, arrays in (("inputs", g.inputs, dev), ("refs", g.outputs, refs)):
+        for i, n in enumerate(names):
+            files[kind][n] = path = os.path.join(folder, f"{workload_hash[:16]}_{kind}{i}.npy")
+            np.save(path, np.asarray(arrays[n]), allow_pickle=False)
+    return files
+
+
+class HostPrep:
+    """Inputs and references of the cases, ``ahead`` cases in advance, in worker processes."""
+
+    def __init__(self, jobs: list[tuple[str, Graph]], ahead: int = 2) -> None:
+        import tempfile
+
+        self.jobs, self.ahead, self.futs = jobs, ahead, {}
+        self.folder = tempfile.mkdtemp(prefix="tunedb-bench-")
+        self.pool = _spawn_pool(ahead)
+        self.want(0)
+
+    def want(self, i: int) -> None:
+        for j in range(i, min(i + self.ahead + 1, len(self.jobs))):
+            if j not in self.futs:
+                h, g = self.jobs[j]
+                self.futs[j] = _submit(self, host_case, g.to_json(), h, self.folder)
+
+    def get(self, i: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        self.want(i + 1)
+        fut = self.futs.pop(i, None)
+        try:
+            files = fut.result() if fut is not None else None
+        except Exception:  # noqa: BLE001 - the worker died (memory?): compute here
+            files = None
+        h, g = self.jobs[i]
+        files = files or host_case(g.to_json(), h, self.folder)
+        loaded = []
+        for kind in ("inputs", "refs"):
+            loaded.append({n: np.load(path, allow_pickle=False) for n, path in files[kind].items()})
+            for path in files[kind].values():
+                if os.path.exists(path):
+                    os.remove(path)
+        return loaded[0], loaded[1]
+
+    def close(self) -> None:
+        import shutil
+
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def run_bench(cases: list[Any], out: Path | None, db: Path | None = None, top: int = 3,
               time_limit_s: float = 0.0, search_s: float = 30.0, max_search: int = 0,
               workers: int | None = None, progress: Callable[[str], None] | None = None,
-              suite: str = "") -> dict:
+              on_case: Callable[[int, int, dict], None] | None = None, suite: str = "") -> dict:
     """Run the benchmark on the local GPU (raises ``NoGPUError`` without one); returns the result
     dict (also written to ``out`` after every case). ``time_limit_s`` > 0 skips the cases not
     started by then; ``search_s`` caps the schedule search per case; ``max_search`` > 0 caps the
-    schedules tried per case."""
+    schedules tried per case. ``progress`` gets setup lines, ``on_case`` each finished case."""
     from tunedb.runtime.device import clocks, import_cupy
 
     say = progress or (lambda _line: None)
     cp = import_cupy()  # NoGPUError first, before anything else is touched
+    # JAX must not grab 75 % of GPU memory: CuPy and torch share the device with it.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from tunedb.bench.peers import Frameworks, copy_tbps
     from tunedb.records import Workload
     from tunedb.runtime.measure import gpu_init
 
     t0 = time.monotonic()
-    state: dict[str, Any] = {}
-    hello = gpu_init(state)
-    info = state["info"]
-    stream = state["stream"]
-    result: dict[str, Any] = {
-        "benchmark": "fusion", "suite": suite,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": {"id": info.id, **asdict(info)}, "env": _versions(),
-        "clocks_before": hello.get("clocks", {}), "protocol": PROTOCOL, "top_k": top,
-        "copy_TBps": None, "cases": [], "complete": False, "stopped": "", "notes": [],
-    }
-    say(f"device {info.name} ({info.sm_count} SMs), driver {info.driver}, CUDA {info.cuda_runtime}")
-    result["copy_TBps"] = bw = _finite(copy_tbps(cp, stream.synchronize, COPY_BYTES)) or 0.0
-    say(f"copy bandwidth {bw:.2f} TB/s (read + write, 1 GiB device-to-device)")
-    fw = Frameworks()
-    for err in fw.errors.values():
-        result["notes"].append(err)
-        say(err)
-
     workloads = [Workload.from_graph(c.graph, c.family, c.name) for c in cases]
-    from_db: dict[str, list[dict]] = {}
-    if db is not None:
-        try:
-            from_db = db_candidates(db, info.id, [w.hash for w in workloads], top)
-        except Exception as e:  # noqa: BLE001 - a bad database falls back to the search
-            result["notes"].append(f"database {db} not used: {_one_line(e)}")
-            say(result["notes"][-1])
-    search = CaseSearch(state, info.sm_count, top=top, search_s=search_s, max_search=max_search,
-                        workers=workers)
+    result: dict[str, Any] = {"benchmark": "fusion", "suite": suite, "protocol": PROTOCOL, "top_k": top,
+                              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              "cases": [], "complete": False, "stopped": "", "notes": []}
+
+    def save() -> None:
+        result.update(summary=summarize(result), elapsed_s=round(time.monotonic() - t0, 1))
+        if out is not None:
+            write_json(result, out)
+
+    def note(line: str) -> None:
+        result["notes"].append(line)
+        say(line)
+
+    host = HostPrep([(w.hash, c.graph) for w, c in zip(workloads, cases)])  # starts computing now
+    search = None
     try:
+        state: dict[str, Any] = {}
+        hello = gpu_init(state)
+        info = state["info"]
+        result.update(device={"id": info.id, **asdict(info)}, env=_versions(),
+                      clocks_before=hello.get("clocks", {}))
+        say(f"device {info.name} ({info.sm_count} SMs), driver {info.driver}, CUDA {info.cuda_runtime}")
+        result["copy_TBps"] = bw = _finite(copy_tbps(cp, state["stream"].synchronize, COPY_BYTES)) or 0.0
+        say(f"copy bandwidth {bw:.2f} TB/s (read + write, 1 GiB device-to-device)")
+        fw = Frameworks()
+        for err in fw.errors.values():
+            note(err)
+        from_db: dict[str, list[dict]] = {}
+        if db is not None:
+            try:
+                from_db = db_candidates(db, info.id, [w.hash for w in workloads], top)
+            except Exception as e:  # noqa: BLE001 - a bad database falls back to the search
+                note(f"database {db} not used: {_one_line(e)}")
+        search = CaseSearch(state, info.sm_count, top=top, search_s=search_s, max_search=max_search,
+                            workers=workers)
         for case, wl in zip(cases, workloads):  # compile everything ahead, in case order
             search.submit(wl.hash, case.graph, from_db.get(wl.hash) or [])
         for i, (case, wl) in enumerate(zip(cases, workloads), 1):
@@ -520,56 +544,44 @@ def run_bench(cases: list[Any], out: Path | None, db: Path | None = None, top: i
                 say(result["stopped"])
                 break
             tc = time.monotonic()
-            rec = _case_record(case, wl.hash, bw)
+            g = case.graph
+            rec = {"case": case.name, "family": case.family, "workload_hash": wl.hash,
+                   "inputs": {n: str(g.type_of(n)) for n in g.inputs},
+                   "outputs": {n: str(g.type_of(n)) for n in g.outputs}, "floor_bytes": floor_bytes(g),
+                   "floor_us": _finite(floor_us(floor_bytes(g), bw)) if bw > 0 else None, "peers": {}}
+            dev, refs = host.get(i - 1)
             try:
-                rec["tunedb"], dev, refs = search.run_case(wl.hash, case.graph)
+                rec["tunedb"] = search.run_case(wl.hash, g, dev, refs)
             except ContextLost as e:
                 rec["tunedb"] = {"us": None, "error": str(e)}
                 result["cases"].append(rec)
-                result["stopped"] = "CUDA context lost: " + str(e)
+                result["stopped"] = f"CUDA context lost: {e}"
                 say(result["stopped"])
                 break
             for p in PEERS:
-                rec["peers"][p] = _peer(fw, p, case.graph, dev, refs)
+                rec["peers"][p] = _peer(fw, p, g, dev, refs)
             del dev, refs
             _free(cp, fw)
             rec["elapsed_s"] = round(time.monotonic() - tc, 1)
             result["cases"].append(rec)
-            result["summary"] = summarize(result)
-            result["elapsed_s"] = round(time.monotonic() - t0, 1)
-            if out is not None:
-                write_json(result, out)
-            say(progress_line(i, len(cases), rec))
+            save()
+            if on_case is not None:
+                on_case(i, len(cases), rec)
         else:
             result["complete"] = True
     finally:
-        search.close()
+        if search is not None:
+            search.close()
+        host.close()
     result["clocks_after"] = clocks()
-    result["summary"] = summarize(result)
-    result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    if out is not None:
-        write_json(result, out)
+    save()
     return result
-
-
-def _case_record(case: Any, workload_hash: str, bw: float) -> dict:
-    g = case.graph
-    nb = floor_bytes(g)
-    return {"case": case.name, "family": getattr(case, "family", ""), "workload_hash": workload_hash,
-            "inputs": {n: str(g.type_of(n)) for n in g.inputs},
-            "outputs": {n: str(g.type_of(n)) for n in g.outputs},
-            "floor_bytes": nb, "floor_us": _finite(floor_us(nb, bw)) if bw > 0 else None,
-            "tunedb": None, "peers": {}}
 
 
 def _free(cp: Any, fw: Any) -> None:
     import gc
 
-    gc.collect()
+    gc.collect()  # the peers' closures hold device arrays
     cp.get_default_memory_pool().free_all_blocks()
     if fw.torch is not None:
-        try:
-            fw.torch.cuda.empty_cache()
-        except Exception:  # noqa: BLE001
-            pass
-
+        fw.torch.cuda.empty_cache()

@@ -159,12 +159,13 @@ def _interpret(graph: Graph, make_const: Callable[[Any], Any],
     return fn
 
 
-def torch_function(graph: Graph) -> Callable[..., tuple]:
-    """The graph as a PyTorch function of its inputs (CUDA tensors in, a tuple of tensors out)."""
+def torch_function(graph: Graph, device: str = "cuda") -> Callable[..., tuple]:
+    """The graph as a PyTorch function of its inputs (tensors on ``device`` in, a tuple of
+    tensors out)."""
     import torch
 
     def const(c: Any) -> Any:
-        t = torch.from_numpy(c.array).cuda()
+        t = torch.from_numpy(c.array).to(device)
         return t.to(getattr(torch, _TORCH_DTYPES[c.type.dtype]))
 
     return _interpret(graph, const, lambda n, args: _torch_op(torch, n, args, graph))
@@ -210,9 +211,10 @@ PEER_KINDS = ("torch_eager", "torch_compile", "jax")
 
 
 class Frameworks:
-    """torch and jax, imported once; an import failure is kept as the error of their peers."""
+    """torch and jax, imported once; an import failure (or, with ``gpu``, no CUDA device for
+    them) is kept as the error of their peers."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpu: bool = True) -> None:
         import os
 
         # JAX must not grab 75 % of GPU memory: CuPy and torch share the device with it.
@@ -223,7 +225,7 @@ class Frameworks:
         try:
             import torch
 
-            if not torch.cuda.is_available():
+            if gpu and not torch.cuda.is_available():
                 raise RuntimeError("torch sees no CUDA device")
             self.torch = torch
         except Exception as e:  # noqa: BLE001 - recorded, the other peers still run
@@ -231,16 +233,18 @@ class Frameworks:
         try:
             import jax
 
-            jax.devices("gpu")
+            if gpu:
+                jax.devices("gpu")
             self.jax = jax
         except Exception as e:  # noqa: BLE001
             self.errors["jax"] = f"jax unavailable: {type(e).__name__}: {' '.join(str(e).split())}"[:300]
 
 
-def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any]
+def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any], device: str = "cuda"
               ) -> tuple[Callable[[], Any], Callable[[], None]]:
     """``(run, sync)`` for one peer (``PEER_KINDS``) on the graph inputs ``arrays`` (host NumPy,
-    bfloat16 given as its uint16 bits): ``run()`` enqueues one call and returns its outputs."""
+    bfloat16 given as its uint16 bits): ``run()`` enqueues one call and returns its outputs.
+    ``device`` is torch's (JAX uses its default device)."""
     import numpy as np
 
     types = [graph.type_of(n) for n in graph.inputs]
@@ -248,16 +252,19 @@ def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any]
         torch = fw.torch
         if torch is None:
             raise RuntimeError(fw.errors.get("torch", "torch unavailable"))
-        ins = [torch.from_numpy(np.ascontiguousarray(arrays[n]).view(np.int16)).cuda().view(torch.bfloat16)
-               if t.dtype == "bfloat16" else torch.from_numpy(np.ascontiguousarray(arrays[n])).cuda()
-               for n, t in zip(graph.inputs, types)]
-        fn = torch_function(graph)
+        ins = []
+        for n, t in zip(graph.inputs, types):
+            a = np.ascontiguousarray(arrays[n])
+            ins.append(torch.from_numpy(a.view(np.int16)).to(device).view(torch.bfloat16)
+                       if t.dtype == "bfloat16" else torch.from_numpy(a).to(device))
+        fn = torch_function(graph, device)
         if kind == "torch_compile":
             # The interpreted functions of all graphs share one code object: without a reset,
             # dynamo's recompile limit would silently turn later graphs into eager runs.
             torch._dynamo.reset()
             fn = torch.compile(fn, dynamic=False)
-        return (lambda: fn(*ins)), torch.cuda.synchronize
+        sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        return (lambda: fn(*ins)), sync
     if kind != "jax":
         raise ValueError(f"unknown peer {kind!r}; expected one of {', '.join(PEER_KINDS)}")
     jax = fw.jax

@@ -24,7 +24,14 @@ from tunedb.costmodel.metrics import (  # noqa: F401  (re-exported: the metric A
     spearman,
     top_k_score,
 )
-from tunedb.costmodel.train import TrainError, TrainParams, group_codes, predict_margin, to_cost, train_booster
+from tunedb.costmodel.train import (
+    TrainError,
+    TrainParams,
+    group_codes,
+    predict_margin,
+    to_cost,
+    train_booster,
+)
 
 METRIC_KEYS: tuple[str, ...] = ("pairwise_accuracy", "top1_score", "top5_score", "mape", "spearman")
 
@@ -124,7 +131,8 @@ def leave_one_family_out(X: np.ndarray, latency_us: np.ndarray, groups: Any, fam
         m = all_metrics(y[te], pred[te], g[te], seed=seed)
         per_family[name] = {k: m[k] for k in METRIC_KEYS} | {"rows": int(len(te))}
     rows = np.concatenate([te for _, te in splits])
-    pooled = _score(y[rows], g[rows], pred[rows], pred_m[rows] if hide_measured_facts else None, X[rows], seed)
+    given = pred_m[rows] if hide_measured_facts else None
+    pooled = _score(y[rows], g[rows], pred[rows], given, X[rows], seed)
     return {"families": per_family, "pooled": pooled}
 
 

@@ -2,17 +2,21 @@
 
 Three parts, computed at three granularities so that 100,000 candidates take seconds:
 workload facts once per workload hash (``workload.py``), config facts once per distinct config
-JSON text, and the interactions (grid, waves, occupancy, traffic, roofline) vectorised over rows.
+JSON text, and the interactions (launch geometry, occupancy, waves, traffic, roofline)
+vectorised over rows.
 
-Configs are read generically (known key spellings, substring classes for the mapping and the
-stitch schemes) so that a new schedule field does not break featurisation; anything the schema
-does not name is ignored. Changing what any feature means bumps FEATURE_SCHEMA_VERSION: models
-trained under another version are refused when loaded.
+Configs are fused-kernel schedules (``tunedb.kernels.schedule.Schedule.to_config``): mapping,
+block, vec, unroll, group, split, tile, row_cache, cache, fast_math and the stitch map. The
+launch geometry below mirrors the generators (``gen_simple``, ``gen_rows``, ``gen_cols``)
+without generating code. Unknown keys are ignored and missing ones take the Schedule defaults,
+so featurisation never depends on a config being legal. Changing what any feature means bumps
+FEATURE_SCHEMA_VERSION: models trained under another version are refused when loaded.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,24 +28,29 @@ from tunedb.costmodel.workload import WORKLOAD_FEATURES, workload_vector
 
 FEATURE_SCHEMA_VERSION: int = 1
 
-MAPPINGS: tuple[str, ...] = ("elementwise", "thread_row", "warp_row", "block_row", "split_row",
-                             "column", "other")
-STITCH_SCHEMES: tuple[str, ...] = ("register", "warp", "shared", "global")
+# The generator's mappings (tunedb.kernels.schedule.MAPPINGS) plus "other" for anything else.
+MAPPINGS: tuple[str, ...] = ("elementwise", "warp_per_row", "block_per_row", "rows_per_block",
+                             "split_row", "col_tiled", "transpose_tiled", "other")
+ROW_MAPPINGS: tuple[str, ...] = ("warp_per_row", "block_per_row", "rows_per_block", "split_row")
+ROW_CACHES: tuple[str, ...] = ("registers", "smem", "reread")
+STITCH_SCHEMES: tuple[str, ...] = ("recompute", "register", "shuffle", "smem", "global")
 
 _CONFIG_FEATURES: tuple[str, ...] = (
-    "block", "vec", "unroll", "row_cache", "split", "kernels",
+    "block", "vec", "unroll", "group", "split", "tile", "fast_math", "cache_inputs",
     *(f"mapping_{m}" for m in MAPPINGS),
+    *(f"row_cache_{r}" for r in ROW_CACHES),
     *(f"stitch_{s}" for s in STITCH_SCHEMES),
 )
 _DERIVED_FEATURES: tuple[str, ...] = (
-    "threads_per_row", "rows_per_block", "grid", "elems_per_thread", "lane_utilization",
-    "regs_est", "smem_est", "blocks_per_sm", "occupancy", "waves", "wave_efficiency",
-    "est_bytes", "traffic_ratio", "floor_us", "roofline_us",
+    "threads_per_row", "rows_per_block", "row_iters", "cached_values", "cache_regs", "kernels",
+    "grid", "elems_per_thread", "lane_utilization", "regs_est", "smem_est", "blocks_per_sm",
+    "occupancy", "waves", "wave_efficiency", "extra_bytes", "est_bytes", "traffic_ratio",
+    "floor_us", "roofline_us",
     "regs_measured", "smem_measured", "local_bytes_measured", "occupancy_measured",
 )
 _LOG_OF: tuple[str, ...] = ("floor_bytes", "est_bytes", "flops", "transcendental_ops", "rows",
-                            "row_len", "max_reduction_len", "grid", "waves", "roofline_us",
-                            "elems_per_thread", "block")
+                            "row_len", "grid", "waves", "roofline_us", "elems_per_thread", "block",
+                            "smem_est")
 FEATURE_NAMES: tuple[str, ...] = (
     *WORKLOAD_FEATURES, *_CONFIG_FEATURES, *_DERIVED_FEATURES, *(f"log2_{n}" for n in _LOG_OF))
 ROOFLINE_FEATURE = "roofline_us"
@@ -69,7 +78,7 @@ class DeviceFacts:
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
     regs_per_sm: int = 65536
-    smem_per_sm: int = 233472  # 228 KiB usable per SM on sm_90
+    smem_per_sm: int = 233472  # 228 KiB per SM on sm_90
     bandwidth_bytes_per_s: float = 4.2e12
     launch_us: float = 2.5
 
@@ -89,98 +98,44 @@ class DeviceFacts:
 
 # ---- config parsing -------------------------------------------------------------------------
 
-_KEYS = {
-    "block": ("block", "block_size", "threads", "block_threads", "num_threads"),
-    "vec": ("vec", "vector", "vector_width", "vec_width", "vectorize"),
-    "unroll": ("unroll", "unroll_factor"),
-    "row_cache": ("row_cache", "cache_row", "cache"),
-    "split": ("split", "splits", "blocks_per_row", "split_k", "split_rows", "num_splits"),
-    "kernels": ("kernels", "num_kernels", "launches", "n_kernels"),
-    "rows_per_block": ("rows_per_block", "rows_per_cta"),
-    "grid": ("grid", "grid_size", "blocks"),
-}
+# Schedule defaults (tunedb.kernels.schedule.Schedule) for keys a config leaves out.
+_DEFAULTS: dict[str, float] = {"block": 256, "vec": 1, "unroll": 1, "group": 0, "split": 1, "tile": 32}
 
 
 def _number(v: Any, default: float) -> float:
-    if isinstance(v, bool):
+    if isinstance(v, (bool, int, float)) and math.isfinite(float(v)):
         return float(v)
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) for x in v):
-        return float(np.prod(v))  # block=(x, y, z)
     if isinstance(v, str):
-        s = v.strip().lower()
-        if s in ("", "none", "off", "false", "no"):
-            return 0.0
-        if s in ("on", "true", "yes", "register", "registers", "shared", "smem"):
-            return 1.0
         try:
-            return float(s)
+            return float(v)
         except ValueError:
             return default
-    if isinstance(v, Mapping):
-        return float(bool(v))
     return default
 
 
-def _lookup(cfg: Mapping[str, Any], field: str, default: float) -> float:
-    for k in _KEYS[field]:
-        if k in cfg:
-            return _number(cfg[k], default)
-    return default
-
-
-def mapping_class(value: Any) -> str:
-    """Map a schedule's mapping name onto MAPPINGS by substring (robust to spelling)."""
-    s = str(value or "").lower()
-    if not s:
-        return "other"
-    if "elem" in s or "flat" in s or "pointwise" in s or "1d" in s:
-        return "elementwise"
-    if "col" in s or "tile" in s or "transpose" in s:
-        return "column"
-    if "split" in s or "multi" in s or "grid" in s or "cluster" in s:
-        return "split_row"
-    if "thread" in s:
-        return "thread_row"
-    if "warp" in s:
-        return "warp_row"
-    if "block" in s or "cta" in s:
-        return "block_row"
-    return "other"
-
-
-def _stitch_counts(cfg: Mapping[str, Any]) -> list[float]:
-    """How often each stitch scheme is named under any key containing 'stitch'."""
-    text = " ".join(json.dumps(v, sort_keys=True).lower() for k, v in cfg.items() if "stitch" in k.lower())
-    return [
-        float(text.count("reg")),
-        float(text.count("warp") + text.count("shuffle")),
-        float(text.count("shared") + text.count("smem")),
-        float(text.count("global")),
-    ]
+def _stitch_counts(stitch: Any) -> list[float]:
+    """How many values each stitch scheme carries: "value:scheme;..." (or any JSON naming them)."""
+    if isinstance(stitch, str):
+        schemes = [p.rsplit(":", 1)[-1].strip().lower() for p in stitch.split(";") if p.strip()]
+        return [float(schemes.count(s)) for s in STITCH_SCHEMES]
+    text = json.dumps(stitch, sort_keys=True).lower()
+    return [float(text.count(s)) for s in STITCH_SCHEMES]
 
 
 def config_vector(cfg: Mapping[str, Any]) -> np.ndarray:
-    """_CONFIG_FEATURES plus explicit rows_per_block / grid (NaN when absent) as float64."""
+    """_CONFIG_FEATURES of one candidate config, float64."""
     if not isinstance(cfg, Mapping):
         raise ValueError(f"candidate config must be a JSON object, got {type(cfg).__name__}")
-    mapping = mapping_class(cfg.get("mapping", cfg.get("map", cfg.get("strategy", ""))))
-    stitch = _stitch_counts(cfg)
-    kernels = _lookup(cfg, "kernels", float("nan"))
-    if not np.isfinite(kernels):
-        kernels = 1.0 + stitch[3]  # a global stitch splits the fusion at a grid-wide barrier
+    mapping = str(cfg.get("mapping", ""))
+    mapping = mapping if mapping in MAPPINGS else "other"
+    row_cache = str(cfg.get("row_cache", "registers"))
     return np.array([
-        max(_lookup(cfg, "block", 256.0), 1.0),
-        max(_lookup(cfg, "vec", 1.0), 1.0),
-        max(_lookup(cfg, "unroll", 1.0), 1.0),
-        _lookup(cfg, "row_cache", 0.0),
-        max(_lookup(cfg, "split", 1.0), 1.0),
-        max(kernels, 1.0),
+        *(max(_number(cfg.get(k), d), 0.0) for k, d in _DEFAULTS.items()),
+        float(bool(cfg.get("fast_math", False))),
+        float(cfg.get("cache", "boundary") == "inputs"),
         *(float(mapping == m) for m in MAPPINGS),
-        *stitch,
-        _lookup(cfg, "rows_per_block", float("nan")),
-        _lookup(cfg, "grid", float("nan")),
+        *(float(row_cache == r) for r in ROW_CACHES),
+        *_stitch_counts(cfg.get("stitch", "")),
     ], dtype=np.float64)
 
 
@@ -206,14 +161,14 @@ def _nan_array(values: Sequence[Any] | np.ndarray | None, n: int) -> np.ndarray:
     return np.where(a < 0, np.nan, a)
 
 
-def _occupancy(block: np.ndarray, regs: np.ndarray, smem: np.ndarray, dev: DeviceFacts) -> np.ndarray:
+def _blocks_per_sm(block: np.ndarray, regs: np.ndarray, smem: np.ndarray, dev: DeviceFacts) -> np.ndarray:
     """Resident blocks per SM from the thread, register (allocated per warp in units of 256)
     and shared-memory limits."""
     warps = np.ceil(block / 32.0)
     regs_per_warp = np.ceil(np.maximum(regs, 1.0) * 32.0 / 256.0) * 256.0
-    by_threads = np.floor(dev.max_threads_per_sm / np.maximum(block, 1.0))
+    by_threads = np.floor(dev.max_threads_per_sm / block)
     by_regs = np.floor(dev.regs_per_sm / (regs_per_warp * warps))
-    by_smem = np.where(smem > 0, np.floor(dev.smem_per_sm / np.maximum(smem + 1024.0, 1.0)), np.inf)
+    by_smem = np.where(smem > 0, np.floor(dev.smem_per_sm / (smem + 1024.0)), np.inf)
     return np.clip(np.minimum(np.minimum(by_threads, by_regs), np.minimum(by_smem, dev.max_blocks_per_sm)),
                    0.0, None)
 
@@ -224,62 +179,90 @@ def assemble(wl: np.ndarray, cf: np.ndarray, dev: DeviceFacts, registers: np.nda
     plus measured resources -> the float32 feature matrix in FEATURE_NAMES order."""
     w = {n: wl[:, i] for i, n in enumerate(WORKLOAD_FEATURES)}
     c = {n: cf[:, i] for i, n in enumerate(_CONFIG_FEATURES)}
-    rows_given, grid_given = cf[:, len(_CONFIG_FEATURES)], cf[:, len(_CONFIG_FEATURES) + 1]
-    R, C, dsz = w["rows"], w["row_len"], w["dtype_bytes"]
-    block, vec, unroll, split = c["block"], c["vec"], c["unroll"], c["split"]
+    one = np.ones(len(wl))
+    R, C = np.maximum(w["rows"], 1.0), np.maximum(w["row_len"], 1.0)
+    B = np.clip(c["block"], 1.0, 1024.0)
+    V, U, S = np.maximum(c["vec"], 1.0), np.maximum(c["unroll"], 1.0), np.maximum(c["split"], 1.0)
+    tile = np.maximum(c["tile"], 1.0)
     m = {name: c[f"mapping_{name}"] > 0 for name in MAPPINGS}
-    flat = m["elementwise"] | m["other"]
+    rowmap = m["warp_per_row"] | m["block_per_row"] | m["rows_per_block"] | m["split_row"]
+    n_row_red, n_col_red = w["n_row_reductions"], w["n_col_reductions"]
 
-    tpr = np.select([m["thread_row"], m["warp_row"], m["block_row"], m["split_row"]],
-                    [np.ones_like(block), np.full_like(block, 32.0), block, block * split], default=block)
-    rpb = np.where(np.isfinite(rows_given) & (rows_given > 0), rows_given, np.maximum(np.floor(block / tpr), 1.0))
-    work = np.maximum(R * C, 1.0)
-    grid = np.select(
-        [flat, m["column"]],
-        [np.ceil(work / (block * vec * unroll)), np.ceil(C / (block * vec)) * split],
-        default=np.ceil(R / rpb) * np.where(m["split_row"], split, 1.0))
-    grid = np.where(np.isfinite(grid_given) & (grid_given > 0), grid_given, np.maximum(grid, 1.0))
-    ept = work / (grid * block)
-    # Threads of a row that find no element (a warp on a 16-wide row) are wasted lanes.
-    lane = np.where(flat | m["column"], 1.0, np.minimum(1.0, C / np.maximum(tpr * vec, 1.0)))
+    # Threads per row (row mappings) or across columns (col_tiled), and rows per block.
+    T = np.select([m["warp_per_row"], m["block_per_row"], m["rows_per_block"] | m["col_tiled"]],
+                  [32.0 * one, B, np.maximum(c["group"], 1.0)], default=B)
+    T = np.minimum(T, B)
+    G = np.where(rowmap | m["col_tiled"], np.maximum(np.floor(B / T), 1.0), 1.0)
+    nit = np.where(rowmap, np.ceil(C / (T * V)), 0.0)
+    cached_vals = np.where(c["cache_inputs"] > 0, w["n_cache_inputs"], w["n_cache_boundary"])
+    cached_vals = np.where(rowmap & (c["row_cache_reread"] == 0), np.nan_to_num(cached_vals), 0.0)
+    cache_regs = np.where(c["row_cache_registers"] > 0, nit * V * cached_vals, 0.0)
 
-    cached = c["row_cache"] > 0
-    row_elems_per_thread = np.ceil(C / np.maximum(tpr, 1.0))
-    regs_est = np.minimum(255.0, 24.0 + 4.0 * vec * unroll
-                          + np.where(cached, row_elems_per_thread * dsz / 4.0, 0.0)
-                          + 4.0 * w["n_transcendental_nodes"])
-    smem_est = (c["stitch_shared"] * rpb * C * dsz
-                + np.where(m["block_row"] | m["split_row"], np.ceil(block / 32.0) * 8.0, 0.0))
-    bps = _occupancy(block, regs_est, smem_est, dev)
-    occ = bps * block / dev.max_threads_per_sm
-    waves = grid / (dev.sm_count * np.maximum(bps, 1.0))
+    # Shared memory per block, as the generators size it.
+    strip = T * V
+    smem = np.select(
+        [rowmap, m["col_tiled"], m["transpose_tiled"]],
+        [np.where(T > 32, 128.0 * np.maximum(n_row_red, 1.0), 0.0)
+         + np.where(c["row_cache_smem"] > 0, 4.0 * G * cached_vals * nit * V * T, 0.0) + 4.0 * n_col_red * C,
+         4.0 * (n_col_red * G * strip + n_col_red * strip),
+         4.0 * tile * (tile + 1.0) * np.nan_to_num(w["n_transposed_inputs"])],
+        default=0.0)
+    regs = np.minimum(255.0, 28.0 + cache_regs + 2.0 * V * U + 2.0 * w["n_transcendental_nodes"])
+    bps = _blocks_per_sm(B, regs, smem, dev)
+    resident = dev.sm_count * np.maximum(bps, 1.0)
+
+    # Launch geometry: grid-stride kernels are capped at one resident wave by the generators.
+    work = R * C
+    ew_grid = np.minimum(np.ceil(work / (V * B * U)), dev.sm_count * np.maximum(np.floor(2048.0 / B), 1.0))
+    row_grid = np.minimum(np.ceil(R / G), resident)
+    gx = np.ceil(C / strip)
+    grid = np.select([m["elementwise"], rowmap, m["col_tiled"], m["transpose_tiled"]],
+                     [ew_grid, row_grid, gx * S, np.ceil(C / tile) * np.ceil(R / tile)],
+                     default=np.ceil(work / (V * B)))
+    grid = np.maximum(grid, 1.0)
+    # A second kernel combines column partials that went through global memory.
+    kernels = 1.0 + ((m["col_tiled"] & (S > 1)) | (rowmap & (n_col_red > 0))).astype(np.float64)
+    ept = work / (grid * B)
+    # Lanes that find no element in the last iteration of a row (or strip of columns) idle.
+    lane = np.select([rowmap, m["col_tiled"]], [C / np.maximum(nit * T * V, 1.0), C / (gx * strip)],
+                     default=1.0)
+    occ = bps * B / dev.max_threads_per_sm
+    waves = grid / resident
     wave_eff = waves / np.ceil(np.maximum(waves, 1e-9))
 
     regs_m = _nan_array(registers, len(wl))
     smem_m = _nan_array(shared, len(wl))
     local_m = _nan_array(local, len(wl))
-    occ_m = np.where(np.isfinite(regs_m),
-                     _occupancy(block, np.nan_to_num(regs_m, nan=32.0), np.nan_to_num(smem_m, nan=0.0), dev)
-                     * block / dev.max_threads_per_sm, np.nan)
+    occ_m = np.where(np.isfinite(regs_m), _blocks_per_sm(B, np.nan_to_num(regs_m, nan=32.0),
+                                                         np.nan_to_num(smem_m, nan=0.0), dev)
+                     * B / dev.max_threads_per_sm, np.nan)
 
-    # Bytes the candidate really moves: the floor, plus re-reading the main input for every
-    # reduction pass after the first when the row is not cached, plus a write and a read of the
-    # domain for every global stitch (the intermediate goes through HBM).
-    rereads = np.where(cached, 0.0, np.maximum(w["reduction_passes"], 0.0)) * w["main_bytes"]
-    est = w["floor_bytes"] + rereads + c["stitch_global"] * 2.0 * work * dsz
+    # Bytes beyond the floor: re-reading the full-size inputs for every later pass when the row
+    # is not cached (row mappings) or for every later level / post sweep (col_tiled), and the
+    # column partials written and read back through global memory.
+    full_in = w["full_in_bytes"]
+    row_rereads = np.where(c["row_cache_reread"] > 0, np.nan_to_num(w["row_levels"]), 0.0)
+    col_rereads = np.where(S > 1, 0.0, np.maximum(np.nan_to_num(w["col_levels"]) - 1.0, 0.0)) \
+        + np.nan_to_num(w["has_post_col_outputs"])
+    partials = np.select([m["col_tiled"] & (S > 1), rowmap & (n_col_red > 0)],
+                         [8.0 * n_col_red * S * C, 8.0 * n_col_red * row_grid * C], default=0.0)
+    extra = np.select([rowmap, m["col_tiled"]], [row_rereads * full_in, col_rereads * full_in], default=0.0) \
+        + partials
+    est = w["floor_bytes"] + extra
     floor_us = w["floor_bytes"] / dev.bandwidth_bytes_per_s * 1e6
-    roofline = est / dev.bandwidth_bytes_per_s * 1e6 + c["kernels"] * dev.launch_us
+    roofline = est / dev.bandwidth_bytes_per_s * 1e6 + kernels * dev.launch_us
 
     derived = {
-        "threads_per_row": tpr, "rows_per_block": rpb, "grid": grid, "elems_per_thread": ept,
-        "lane_utilization": lane, "regs_est": regs_est, "smem_est": smem_est, "blocks_per_sm": bps,
-        "occupancy": occ, "waves": waves, "wave_efficiency": wave_eff, "est_bytes": est,
-        "traffic_ratio": est / np.maximum(w["floor_bytes"], 1.0), "floor_us": floor_us,
+        "threads_per_row": T, "rows_per_block": G, "row_iters": nit, "cached_values": cached_vals,
+        "cache_regs": cache_regs, "kernels": kernels, "grid": grid, "elems_per_thread": ept,
+        "lane_utilization": lane, "regs_est": regs, "smem_est": smem, "blocks_per_sm": bps,
+        "occupancy": occ, "waves": waves, "wave_efficiency": wave_eff, "extra_bytes": extra,
+        "est_bytes": est, "traffic_ratio": est / np.maximum(w["floor_bytes"], 1.0), "floor_us": floor_us,
         "roofline_us": roofline, "regs_measured": regs_m, "smem_measured": smem_m,
         "local_bytes_measured": local_m, "occupancy_measured": occ_m,
     }
     every = {**w, **c, **derived}
-    cols = [wl, cf[:, :len(_CONFIG_FEATURES)], np.stack([derived[n] for n in _DERIVED_FEATURES], axis=1),
+    cols = [wl, cf, np.stack([derived[n] for n in _DERIVED_FEATURES], axis=1),
             np.stack([np.log2(1.0 + np.maximum(every[n], 0.0)) for n in _LOG_OF], axis=1)]
     return np.concatenate(cols, axis=1).astype(np.float32)
 
@@ -353,8 +336,9 @@ def featurize_frame(frame: Any, device: DeviceFacts | None = None) -> np.ndarray
         raise ValueError(f"frame lacks column(s) {', '.join(missing)} needed for features")
     # Only one graph_json per workload is ever read: the column repeats it on every row.
     gcol = frame["graph_json"]
+    resources = (frame[c] if c in cols else None for c in ("registers", "shared_bytes", "local_bytes"))
     return _featurize(frame["workload_hash"], lambda r: gcol[r].as_py(), frame["config_json"], device,
-                      *(frame[c] if c in cols else None for c in ("registers", "shared_bytes", "local_bytes")))
+                      *resources)
 
 
 def featurize_candidates(graph: Any, configs: Sequence[Mapping[str, Any]], device: DeviceFacts | None = None,

@@ -16,52 +16,52 @@ import numpy as np
 import pyarrow as pa
 
 from tunedb.costmodel.features import FEATURE_NAMES, DeviceFacts, featurize
-from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import Graph
+from tunedb.kernels.analysis import UnsupportedFusion, analyze
+from tunedb.kernels.schedule import schedule_space
+from tunedb.kernels.suites import BUILDERS
 from tunedb.records import sha256_hex
 
-FAMILIES: tuple[str, ...] = ("eltwise", "bias_act", "softmax", "layernorm", "rmsnorm", "col_center")
-_ACTS = ("gelu", "relu", "sigmoid", "tanh", "exp", "neg", "abs", "sqrt")
+FAMILIES: tuple[str, ...] = tuple(BUILDERS)
+
+# Mappings a pattern can take (as in tunedb.kernels.schedule.check).
+_PATTERN_MAPPINGS = {"elementwise": ("elementwise",), "transpose": ("transpose_tiled", "elementwise"),
+                     "row_reduce": ("warp_per_row", "block_per_row", "rows_per_block"),
+                     "multi": ("warp_per_row", "block_per_row", "rows_per_block"),
+                     "col_reduce": ("col_tiled",)}
 
 
 def make_graph(family: str, rows: int, cols: int, dtype: str, rng: np.random.Generator) -> Graph:
-    """One workload graph of ``family`` over a [rows, cols] tensor."""
-    b = GraphBuilder(f"{family}_{rows}x{cols}_{dtype}")
-    x = b.input("x", (rows, cols), dtype)
-    if family == "eltwise":
-        y = x
-        for _ in range(int(rng.integers(1, 7))):
-            op = str(rng.choice(_ACTS + ("add", "mul")))
-            y = b.op(op, y, y) if op in ("add", "mul") else b.op("abs" if op == "sqrt" else op, y)
-    elif family == "bias_act":
-        bias = b.input("b", (cols,), dtype)
-        y = b.op(str(rng.choice(("gelu", "relu", "sigmoid"))), b.add(x, bias))
-    elif family == "softmax":
-        y = b.softmax(b.mul(x, 0.125) if rng.random() < 0.5 else x)
-    elif family == "layernorm":
-        r = b.input("r", (rows, cols), dtype)
-        g = b.input("g", (cols,), dtype)
-        y = b.layernorm(b.add(x, r), g, b.input("beta", (cols,), dtype))
-    elif family == "rmsnorm":
-        y = b.rmsnorm(x, b.input("g", (cols,), dtype))
-    elif family == "col_center":
-        y = b.sub(x, b.reduce_mean(x, axes=(0,), keepdims=True))
-    else:
-        raise ValueError(f"unknown synthetic family {family!r}; expected one of {', '.join(FAMILIES)}")
-    return b.build([y])
+    """One workload graph of ``family`` (a random variant) over a [rows, cols] tensor."""
+    try:
+        build, variants = BUILDERS[family]
+    except KeyError:
+        raise ValueError(f"unknown synthetic family {family!r}; "
+                         f"expected one of {', '.join(FAMILIES)}") from None
+    return build(rows, cols, dtype, str(rng.choice(variants)))
 
 
-def _config_grid(reduces: bool) -> list[dict]:
-    out: list[dict] = []
-    mappings = ("thread_row", "warp_row", "block_row", "split_row") if reduces else ("elementwise", "warp_row")
-    for mapping, block, vec, unroll, cache, stitch in itertools.product(
-            mappings, (32, 64, 128, 256, 512, 1024), (1, 2, 4, 8), (1, 2, 4), (False, True),
-            ("register", "shared", "global")):
-        for split in ((1, 2, 4, 8) if mapping == "split_row" else (1,)):
-            out.append({"mapping": mapping, "block": block, "vec": vec, "unroll": unroll,
-                        "row_cache": cache, "stitch": stitch, "split": split})
+def _grid_configs(pattern: str) -> list[dict]:
+    """Every combination of schedule fields a pattern's mappings use; legal or not (the
+    features do not need legality, and the benchmark needs many candidates per workload)."""
+    out = []
+    for mapping in _PATTERN_MAPPINGS[pattern]:
+        groups = {"rows_per_block": (4, 8, 16), "col_tiled": (8, 16, 32)}.get(mapping, (0,))
+        caches = ("registers", "smem", "reread") if mapping in ("warp_per_row", "block_per_row",
+                                                               "rows_per_block") else ("registers",)
+        for block, vec, unroll, group, rc in itertools.product(
+                (128, 256, 512, 1024), (1, 2, 4, 8), (1, 2, 4), groups, caches):
+            for split in ((1, 2, 4, 8) if mapping == "col_tiled" else (1,)):
+                out.append({"mapping": mapping, "block": block, "vec": vec, "unroll": unroll,
+                            "group": group, "split": split, "row_cache": rc})
     return out
+
+
+def _configs(g: Graph, legal_only: bool, sm_count: int) -> list[dict]:
+    if legal_only:
+        return [s.to_config() for s in schedule_space(g, sm_count)[0]]
+    return _grid_configs(analyze(g).pattern)
 
 
 def hidden_latency_us(X: np.ndarray, dev: DeviceFacts, rng: np.random.Generator,
@@ -84,12 +84,13 @@ def hidden_latency_us(X: np.ndarray, dev: DeviceFacts, rng: np.random.Generator,
 
 def synthetic_frame(n_workloads: int = 60, candidates_per_workload: int = 40, seed: int = 0,
                     families: tuple[str, ...] = FAMILIES, device: DeviceFacts | None = None,
-                    fail_fraction: float = 0.02, noise: float = 0.03) -> pa.Table:
-    """A training frame of ``n_workloads`` workloads (round-robin over ``families``) with up to
-    ``candidates_per_workload`` configs each. graph_json is dictionary-encoded (it repeats)."""
+                    fail_fraction: float = 0.02, noise: float = 0.03, legal_only: bool = True) -> pa.Table:
+    """A training frame of ``n_workloads`` workloads (round-robin over ``families``, random
+    shapes and dtypes) with up to ``candidates_per_workload`` schedules each: the legal ones of
+    ``schedule_space`` (``legal_only``), else any combination of schedule fields.
+    graph_json is dictionary-encoded (it repeats on every row of a workload)."""
     dev = device or DeviceFacts()
     rng = np.random.default_rng(seed)
-    grids = {True: _config_grid(True), False: _config_grid(False)}
     graphs: list[str] = []
     hashes: list[str] = []
     meta: list[tuple[str, str]] = []
@@ -98,29 +99,39 @@ def synthetic_frame(n_workloads: int = 60, candidates_per_workload: int = 40, se
     seen: set[str] = set()
     for w in range(n_workloads):
         family = families[w % len(families)]
-        for _ in range(50):  # draw until the shape is new (hashes must be unique)
-            rows = int(2 ** rng.integers(4, 16))
-            cols = int(2 ** rng.integers(5, 15)) * int(rng.choice((1, 3)))
+        for _ in range(50):  # draw until the workload is new (hashes are unique) and supported
+            rows = int(rng.integers(1, 2 ** int(rng.integers(4, 16)) + 1))
+            cols = int(rng.integers(16, 2 ** int(rng.integers(6, 15)) + 1))
+            if rng.random() < 0.5:  # half the shapes are the usual multiples of 32
+                rows, cols = max(32, rows // 32 * 32), max(32, cols // 32 * 32)
             dtype = str(rng.choice(("float32", "float16", "bfloat16")))
             if rows * cols > 2 ** 25:
                 continue
             g = make_graph(family, rows, cols, dtype, rng)
             h = graph_hash(g)
-            if h not in seen:
+            if h in seen:
+                continue
+            try:
+                configs = _configs(g, legal_only, dev.sm_count)
+            except UnsupportedFusion:
+                continue
+            if configs:
                 break
+        else:
+            raise ValueError(f"could not draw a new supported {family} workload")
         seen.add(h)
-        grid = grids[family != "eltwise" and family != "bias_act"]
-        pick = rng.choice(len(grid), size=min(candidates_per_workload, len(grid)), replace=False)
+        pick = rng.choice(len(configs), size=min(candidates_per_workload, len(configs)), replace=False)
         graphs.append(json.dumps(g.to_json(), sort_keys=True))
         hashes.append(h)
         meta.append((family, g.name))
         wl_rows.append(np.full(len(pick), len(graphs) - 1))
-        cfg_rows.extend(json.dumps(grid[i], sort_keys=True) for i in pick)
+        cfg_rows.extend(json.dumps(configs[i], sort_keys=True) for i in pick)
     widx = np.concatenate(wl_rows)
     n = len(widx)
     X = featurize({h: gj for h, gj in zip(hashes, graphs)}, [hashes[i] for i in widx], cfg_rows, dev)
     lat = hidden_latency_us(X, dev, rng, noise)
-    regs = np.minimum(255, np.round(X[:, FEATURE_NAMES.index("regs_est")] + rng.integers(-4, 5, n))).astype(np.int32)
+    regs_est = X[:, FEATURE_NAMES.index("regs_est")]
+    regs = np.minimum(255, np.round(regs_est + rng.integers(-4, 5, n))).astype(np.int32)
     smem = X[:, FEATURE_NAMES.index("smem_est")].astype(np.int64)
     local = np.where(regs >= 200, 64, 0).astype(np.int64)
     failed = rng.random(n) < fail_fraction

@@ -24,6 +24,9 @@ from tunedb.costmodel.metrics import pairwise_accuracy
 REGRESSION = "reg:squarederror"
 RANKING = ("rank:pairwise", "rank:ndcg")
 OBJECTIVES: tuple[str, ...] = (REGRESSION, *RANKING)
+# Below this many training rows one thread is faster than several: per-round synchronisation
+# costs more than the histogram work it splits (and far more on a busy machine).
+SMALL_DATA = 100_000
 
 
 class TrainError(ValueError):
@@ -46,7 +49,7 @@ class TrainParams:
     colsample_bytree: float = 0.8
     reg_lambda: float = 1.0
     max_bin: int = 128
-    nthread: int = 0  # 0: all cores
+    nthread: int = 0  # 0: one thread below SMALL_DATA rows (threads only add overhead), else all
     seed: int = 0
     valid_fraction: float = 0.2
     # Fraction of rows whose compile-time facts (registers, shared memory, spills) are hidden
@@ -78,7 +81,7 @@ class TrainParams:
             kw["rank_objectives"] = tuple(kw["rank_objectives"])
         return TrainParams(**kw)
 
-    def xgb_params(self, objective: str) -> dict[str, Any]:
+    def xgb_params(self, objective: str, n_rows: int | None = None) -> dict[str, Any]:
         p: dict[str, Any] = {
             "objective": objective, "tree_method": "hist", "device": self.device,
             "max_depth": self.max_depth, "eta": self.eta, "min_child_weight": self.min_child_weight,
@@ -87,6 +90,8 @@ class TrainParams:
         }
         if self.nthread > 0:
             p["nthread"] = self.nthread
+        elif n_rows is not None and n_rows < SMALL_DATA:
+            p["nthread"] = 1
         if objective == REGRESSION:
             p["eval_metric"] = "rmse"
         else:
@@ -161,7 +166,7 @@ def _fit_one(objective: str, params: TrainParams, Xtr: np.ndarray, ytr: np.ndarr
                               qid=gtr if rank else None, max_bin=params.max_bin)
     dva = xgb.QuantileDMatrix(Xva, label=_relevance(yva, gva) if rank else yva,
                               qid=gva if rank else None, ref=dtr, max_bin=params.max_bin)
-    booster = xgb.train(params.xgb_params(objective), dtr, num_boost_round=params.num_boost_round,
+    booster = xgb.train(params.xgb_params(objective, len(Xtr)), dtr, num_boost_round=params.num_boost_round,
                         evals=[(dva, "valid")], early_stopping_rounds=params.early_stopping_rounds,
                         verbose_eval=False)
     best = int(getattr(booster, "best_iteration", booster.num_boosted_rounds() - 1))

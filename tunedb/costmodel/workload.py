@@ -1,9 +1,11 @@
 """Per-workload facts for the cost model: traffic, arithmetic, reductions and the 2-D domain.
 
-A fused memory-bound kernel is viewed as a 2-D domain [R, C]: R independent rows of length C,
-where C is the contiguous (last) extent of the main tensor, or the reduced extent of its
-dominant reduction. Everything here depends on the graph alone, so it is computed once per
-workload (cached by workload hash) and shared by all of that workload's candidates.
+A fused memory-bound kernel is viewed as a 2-D domain [R, C]: R rows of C contiguous elements.
+The fused-kernel generator's own analysis (``tunedb.kernels.analysis``) gives the domain, the
+pattern (elementwise, row_reduce, col_reduce, transpose, multi), reduction levels and what a row
+cache must hold; graphs outside the generator still get a domain from the dominant reduction or
+the largest tensor, with the generator-only facts missing (NaN). Everything here depends on the
+graph alone, so it is computed once per workload (cached by workload hash).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ TRANSCENDENTAL: frozenset[str] = frozenset((
 _OP_FLOPS: dict[str, float] = {"div": 4.0, "mod": 4.0, "gelu": 8.0, "pow": 4.0, "erf": 6.0,
                                "sigmoid": 3.0, "tanh": 3.0, "leaky_relu": 2.0, "clip": 2.0}
 
+# "unsupported": outside the fused-kernel generator (its analysis raised).
+PATTERNS: tuple[str, ...] = ("elementwise", "row_reduce", "col_reduce", "transpose", "multi", "unsupported")
+
 WORKLOAD_FEATURES: tuple[str, ...] = (
     "n_nodes", "n_inputs", "n_outputs", "n_constants",
     "bytes_in", "bytes_out", "floor_bytes", "unfused_bytes",
@@ -36,6 +41,9 @@ WORKLOAD_FEATURES: tuple[str, ...] = (
     "rows", "row_len", "domain_elements", "dtype_bytes", "min_dtype_bytes",
     "main_bytes", "n_broadcast_inputs", "n_transposes", "n_layout_ops", "matmul_flops",
     "reduction_passes",
+    *(f"pattern_{p}" for p in PATTERNS),
+    "row_levels", "col_levels", "n_transposed_inputs", "n_full_values", "n_row_values", "n_col_values",
+    "vec_elem_bytes", "n_cache_boundary", "n_cache_inputs", "full_in_bytes", "has_post_col_outputs",
 )
 
 _CACHE_SIZE = 4096
@@ -49,6 +57,38 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _is_row_reduction(axes: tuple[int, ...], rank: int) -> bool:
     """A reduction that includes the contiguous last axis: threads of a row read coalesced."""
     return rank > 0 and (rank - 1) in axes
+
+
+def kernel_facts(graph: Graph) -> dict[str, float]:
+    """Facts from the fused-kernel generator's analysis; pattern 'unsupported' and NaN for the
+    rest when the generator cannot take the graph."""
+    nan = float("nan")
+    out: dict[str, float] = {f"pattern_{p}": 0.0 for p in PATTERNS}
+    try:
+        from tunedb.kernels.analysis import COL, FULL, ROW, TRANS, analyze, cache_values
+        from tunedb.kernels.schedule import full_bytes
+
+        a = analyze(graph)
+        boundary, inputs = cache_values(a, "boundary"), cache_values(a, "inputs")
+    except (ImportError, ValueError, KeyError):  # UnsupportedFusion and GraphError are ValueErrors
+        out["pattern_unsupported"] = 1.0
+        return out | {k: nan for k in ("R", "C", "row_levels", "col_levels", "n_transposed_inputs",
+                                       "n_full_values", "n_row_values", "n_col_values", "vec_elem_bytes",
+                                       "n_cache_boundary", "n_cache_inputs", "full_in_bytes",
+                                       "has_post_col_outputs")}
+    cls, dep, types = a.cls, a.dep, graph.type_map
+    out[f"pattern_{a.pattern}"] = 1.0
+    counts = {k: float(sum(1 for c in cls.values() if c == k)) for k in (FULL, ROW, COL)}
+    full_in = sum(types[v].nbytes for v in graph.inputs if cls.get(a.resolve(v)) in (FULL, TRANS))
+    post = any(cls.get(a.resolve(v)) == FULL and dep.get(a.resolve(v), 0) > 0 for v in graph.outputs)
+    return out | {
+        "R": float(a.R), "C": float(a.C),
+        "row_levels": float(a.row_levels), "col_levels": float(a.col_levels),
+        "n_transposed_inputs": float(len(a.transposed_inputs)), "n_full_values": counts[FULL],
+        "n_row_values": counts[ROW], "n_col_values": counts[COL], "vec_elem_bytes": float(full_bytes(a)),
+        "n_cache_boundary": float(len(boundary)), "n_cache_inputs": float(len(inputs)),
+        "full_in_bytes": float(full_in), "has_post_col_outputs": float(post and a.col_levels > 0),
+    }
 
 
 def analyze_graph(graph: Graph) -> dict[str, float]:
@@ -118,7 +158,13 @@ def analyze_graph(graph: Graph) -> dict[str, float]:
     main_in = max((x.nbytes for x in ins), default=0)
     row_lens = [r[0] for r in red if r[1]]
     col_lens = [r[0] for r in red if not r[1]]
-    return {
+    kf = kernel_facts(graph)
+    if np.isfinite(kf["R"]):  # the generator's domain is the one the kernel really uses
+        rows, row_len = int(kf["R"]), int(kf["C"])
+    else:
+        kf["full_in_bytes"] = float(main_in)
+    kf.pop("R"), kf.pop("C")
+    return kf | {
         "n_nodes": float(len(graph.nodes)),
         "n_inputs": float(len(graph.inputs)),
         "n_outputs": float(len(graph.outputs)),

@@ -79,7 +79,7 @@ class Frame:
         return [f"{p}[{index}] = {store_conv(dt, value)};" for p, dt in self.out_params[v]]
 
     # -- source pieces -----------------------------------------------------------------------
-    def signature(self, kname: str, scratch: list[str], block: int) -> str:
+    def signature(self, kname: str, scratch: list[str], block: int, attr: str = "") -> str:
         ps = [f"const {self.st(v)}* __restrict__ {self.param[v]}" for v in self.g.inputs]
         for v in self.g.outputs:
             rv = self.a.resolve(v)
@@ -89,7 +89,8 @@ class Frame:
                     ps.append(decl)
         ps += [f"float* __restrict__ {w}" for w in scratch]
         ps += ["long long R", "long long C"]
-        return (f'extern "C" __global__ void __launch_bounds__({block}) {kname}(\n    '
+        attr = attr + " " if attr else ""
+        return (f'extern "C" __global__ void {attr}__launch_bounds__({block}) {kname}(\n    '
                 + ",\n    ".join(ps) + ")")
 
     def prologue(self, lines: list[str]) -> dict[str, str]:

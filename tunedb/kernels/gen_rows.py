@@ -24,10 +24,12 @@ class _Row:
         self.a, self.s = a, s
         self.T = s.threads_per_row
         self.B = s.block
+        self.S = s.row_split          # blocks of one cluster sharing a row (split_row)
         self.G = self.B // self.T
         self.V = s.vec
-        self.NIT = math.ceil(a.C / (self.T * self.V))
-        self.cover = a.C % (self.T * self.V) == 0
+        self.TS = self.T * self.S       # threads across a row
+        self.NIT = math.ceil(a.C / (self.TS * self.V))
+        self.cover = a.C % (self.TS * self.V) == 0
         self.mode = s.row_cache
         self.cached = list(cache_values(a, s.cache)) if self.mode != "reread" else []
         self.rowreds = [r for r in a.reductions if r.axis == "row"]
@@ -129,12 +131,12 @@ class _Row:
             for v in lc[FULL]:
                 lines.append(f"tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)}[{self.NIT}];")
             lines.append(f"#pragma unroll\nfor (int i = 0; i < {self.NIT}; ++i) {{")
-            lines.append(f"  const int col = (i * {T} + lane) * {V};")
+            lines.append(f"  const int col = (i * {self.TS} + glane) * {V};")
             lines.append(f"  if ({self.cond}) {{")
             lines += [f"    ld_{f.n(v)}[i] = {f.vec_load(v, 'rbase + col', V)};" for v in lc[FULL]]
             lines.append("  }\n}")
         lines.append(f"{self.unroll}\nfor (int i = 0; i < {self.NIT}; ++i) {{")
-        body = [f"const int col = (i * {T} + lane) * {V};", f"if ({self.cond}) {{"]
+        body = [f"const int col = (i * {self.TS} + glane) * {V};", f"if ({self.cond}) {{"]
         inner: list[str] = []
         e = self.renv_all()
         if not preload:
@@ -193,8 +195,22 @@ class _Row:
             for r, sl in zip(reds, slots):
                 acc = f"acc{f.names.idx[r.value]}"
                 lines.append(f"{acc} = (tid & 31) < {nw} ? red[{sl * 32} + (tid & 31)] : {RED_INIT[r.op]};")
-                if nw > 1:
-                    lines.append(f"{acc} = {RED_WARP[r.op]}<{nw}>({acc});")
+                # every lane needs the result: reduce across the whole warp (lanes >= nw hold
+                # the identity), not only the nw lanes that hold partials
+                lines.append(f"{acc} = {RED_WARP[r.op]}<32>({acc});")
+            if self.S > 1:
+                # block partials -> cluster: each block publishes its value in its own shared
+                # memory, a cluster barrier, then every thread combines all S in rank order
+                # (the same order in every block, so all blocks agree bit for bit)
+                nred = len(self.rowreds)
+                for r, sl in zip(reds, slots):
+                    lines.append(f"if (tid == 0) red[{32 * nred + sl}] = acc{f.names.idx[r.value]};")
+                lines.append("tdb_csync();")
+                for r, sl in zip(reds, slots):
+                    acc = f"acc{f.names.idx[r.value]}"
+                    lines.append(f"{acc} = tdb_dsmem_ld(red + {32 * nred + sl}, 0);")
+                    lines.append(f"#pragma unroll\nfor (unsigned q = 1; q < {self.S}; ++q) "
+                                 f"{acc} = {red_comb(r.op, acc, f'tdb_dsmem_ld(red + {32 * nred + sl}, q)')};")
         for r in reds:
             acc = f"acc{f.names.idx[r.value]}"
             val = f"{acc} * {flit(1.0 / self.a.C)}" if r.op == "reduce_mean" else acc
@@ -207,7 +223,10 @@ class _Row:
         T, B, G, V, NIT = self.T, self.B, self.G, self.V, self.NIT
         smem = row_smem_bytes(a, s)
         bps = max(1, min(2048 // B, SMEM_PER_SM // max(1, smem + 1024)))
-        P = max(1, min(math.ceil(a.R / G), f.sm * bps))
+        if self.S > 1:
+            P = self.S * max(1, min(a.R, f.sm * bps // self.S))
+        else:
+            P = max(1, min(math.ceil(a.R / G), f.sm * bps))
         lines = ["extern __shared__ __align__(16) unsigned char tdb_smem[];",
                  "const int tid = threadIdx.x;",
                  f"const int lane = tid % {T};" if G > 1 else "const int lane = tid;",
@@ -216,7 +235,8 @@ class _Row:
         off = 0
         if T > 32:
             lines.append("float* red = reinterpret_cast<float*>(tdb_smem);")
-            off += 4 * 32 * max(1, len(self.rowreds))
+            off += 4 * 33 * max(1, len(self.rowreds))
+            off = (off + 15) // 16 * 16
         if self.mode == "smem":
             per = len(self.cached) * NIT * V * T
             lines.append(f"float* rcs = reinterpret_cast<float*>(tdb_smem + {off}) + grp * {per};")
@@ -227,9 +247,16 @@ class _Row:
             ca = f"ca{f.names.idx[r.value]}"
             lines.append(f"float {ca}[{NIT * V}];")
             lines.append(f"#pragma unroll\nfor (int j = 0; j < {NIT * V}; ++j) {ca}[j] = {RED_INIT[r.op]};")
-        lines.append("(void)lane; (void)grp;")
-        lines.append(f"for (long long rb = (long long)blockIdx.x * {G}; rb < R; rb += (long long)gridDim.x * {G}) {{")
-        it = [f"const long long row = rb + grp;",
+        if self.S > 1:
+            lines.append(f"const int glane = (int)tdb_crank() * {T} + lane;")
+            lines.append(f"for (long long rb = (long long)(blockIdx.x / {self.S}); rb < R; "
+                         f"rb += (long long)(gridDim.x / {self.S})) {{")
+        else:
+            lines.append("const int glane = lane;")
+            lines.append(f"for (long long rb = (long long)blockIdx.x * {G}; rb < R; "
+                         f"rb += (long long)gridDim.x * {G}) {{")
+        lines.append("(void)lane; (void)grp; (void)glane;")
+        it = ["const long long row = rb + grp;",
               f"const bool rv = row < {a.R}LL;",
               f"const long long rbase = row * {a.C}LL;",
               "(void)rv;"]
@@ -243,15 +270,18 @@ class _Row:
             if p < self.nlev:
                 self.row_scope(p + 1, it)
         for v in f.outputs_of(ROW):
-            it.append(f"if (rv && lane == 0) {{ " + " ".join(f.store_lines(v, "row", self.renv[v])) + " }")
-        if T > 32:
+            it.append("if (rv && lane == 0) { " + " ".join(f.store_lines(v, "row", self.renv[v])) + " }")
+        if self.S > 1:
+            it.append("tdb_csync();  // peers may still read this row's partials")
+        elif T > 32:
             it.append("__syncthreads();")
         lines += indent(it)
         lines.append("}")
         if self.colreds:
             lines += self.col_partials(P)
         scratch = ("colpart",) if self.colreds else ()
-        body = f.signature("@K@", list(scratch), B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
+        attr = f"__cluster_dims__({self.S}, 1, 1)" if self.S > 1 else ""
+        body = f.signature("@K@", list(scratch), B, attr) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
         return KText(body, (P, 1, 1), (B, 1, 1), smem, scratch), P
 
     def col_partials(self, P: int) -> list[str]:

@@ -46,6 +46,21 @@ __device__ __forceinline__ long long tdb_imod(long long a, long long b) {
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 __device__ __forceinline__ long long tdb_idiv(long long a, long long b) { return b == 0 ? 0 : a / b; }
+// Thread-block clusters (sm_90): rank in the cluster, cluster-wide barrier (release/acquire),
+// and a float load from the shared memory of another block of the cluster (DSMEM).
+static __device__ __forceinline__ unsigned tdb_crank() {
+  unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
+}
+static __device__ __forceinline__ void tdb_csync() {
+  asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ float tdb_dsmem_ld(const float* p, unsigned rank) {
+  unsigned a, b; float v;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(b) : "memory");
+  return v;
+}
 #define TDB_INF __int_as_float(0x7f800000)
 #define TDB_WRED(NAME, EXPR)                                                   \
   template <int W> __device__ __forceinline__ float NAME(float a) {            \

@@ -9,7 +9,13 @@ producer to consumer (the *stitch* scheme, after FusionStitching/AStitch):
 * ``register``: kept per thread in registers (the row cache of a row-mapped kernel)
 * ``shuffle``: a reduction result combined and broadcast with warp shuffles
 * ``smem``: kept in shared memory (long rows, block-wide reductions, column partials)
+* ``dsmem``: through the shared memory of the other blocks of a thread-block cluster (sm_90
+  distributed shared memory: ``split_row`` splits a row across the blocks of one cluster)
 * ``global``: through global memory (a re-read of the inputs, or partials between two kernels)
+
+``split_row`` splits each row across ``split`` blocks (2, 4 or 8) of one thread-block cluster;
+the blocks exchange reduction partials through distributed shared memory and synchronise with
+cluster barriers, so it is one kernel and the row is still read once.
 """
 
 from __future__ import annotations
@@ -22,10 +28,10 @@ from tunedb.kernels.analysis import COL, FULL, ROW, TRANS, Analysis, analyze, ca
 
 MAPPINGS = ("elementwise", "warp_per_row", "block_per_row", "rows_per_block", "split_row",
             "col_tiled", "transpose_tiled")
-ROW_MAPPINGS = ("warp_per_row", "block_per_row", "rows_per_block")
+ROW_MAPPINGS = ("warp_per_row", "block_per_row", "rows_per_block", "split_row")
 ROW_CACHES = ("registers", "smem", "reread")
 CACHE_MODES = ("boundary", "inputs")
-STITCH = ("recompute", "register", "shuffle", "smem", "global")
+STITCH = ("recompute", "register", "shuffle", "smem", "dsmem", "global")
 
 MAX_CACHE_REGS = 64          # registers/thread a row cache may take (of 255; spills kill bandwidth)
 MAX_SMEM = 227 * 1024        # dynamic shared memory per block on sm_90
@@ -39,7 +45,8 @@ class Schedule:
     vec: int = 1                # elements per vector access (16 bytes at most)
     unroll: int = 1             # independent vector accesses per thread per loop trip
     group: int = 0              # row mappings: threads per row; col_tiled: threads across columns
-    split: int = 1              # col_tiled: row splits (>1: partials through global, two kernels)
+    split: int = 1              # col_tiled: row splits (>1: partials through global, two kernels);
+                                # split_row: blocks per row (one cluster)
     tile: int = 32              # transpose_tiled: square tile edge
     row_cache: str = "registers"
     cache: str = "boundary"     # what a row cache holds: boundary values or the full-size inputs
@@ -64,7 +71,12 @@ class Schedule:
 
     @property
     def threads_per_row(self) -> int:
-        return {"warp_per_row": 32, "block_per_row": self.block}.get(self.mapping, self.group)
+        return {"warp_per_row": 32, "block_per_row": self.block, "split_row": self.block}.get(
+            self.mapping, self.group)
+
+    @property
+    def row_split(self) -> int:
+        return self.split if self.mapping == "split_row" else 1
 
     def to_config(self) -> dict:
         """JSON scalars only (``Candidate.config``)."""
@@ -89,6 +101,8 @@ class Schedule:
         parts = [self.mapping, f"b{self.block}", f"v{self.vec}"]
         if self.mapping in ROW_MAPPINGS:
             parts += [f"t{self.threads_per_row}", self.row_cache, self.cache]
+            if self.mapping == "split_row":
+                parts.append(f"s{self.split}")
         if self.mapping == "col_tiled":
             parts += [f"tx{self.group}", f"s{self.split}", f"u{self.unroll}"]
         if self.mapping == "transpose_tiled":
@@ -114,7 +128,10 @@ def row_iters(C: int, threads: int, vec: int) -> int:
 
 
 def cache_regs(a: Analysis, s: Schedule) -> int:
-    return row_iters(a.C, s.threads_per_row, s.vec) * s.vec * len(cache_values(a, s.cache))
+    """Registers per thread for the row cache and the column-reduction accumulators."""
+    n_col = sum(r.axis == "col" for r in a.reductions)
+    per = row_iters(a.C, s.threads_per_row * s.row_split, s.vec) * s.vec
+    return per * (len(cache_values(a, s.cache)) * (s.row_cache == "registers") + n_col)
 
 
 def row_smem_bytes(a: Analysis, s: Schedule) -> int:
@@ -123,9 +140,9 @@ def row_smem_bytes(a: Analysis, s: Schedule) -> int:
     groups = s.block // t
     n_row = sum(r.axis == "row" for r in a.reductions)
     n_col = sum(r.axis == "col" for r in a.reductions)
-    b = 4 * 32 * max(1, n_row) if t > 32 else 0
+    b = (4 * 33 * max(1, n_row) + 15) // 16 * 16 if t > 32 else 0
     if s.row_cache == "smem":
-        b += 4 * groups * len(cache_values(a, s.cache)) * row_iters(a.C, t, s.vec) * s.vec * t
+        b += 4 * groups * len(cache_values(a, s.cache)) * row_iters(a.C, t * s.row_split, s.vec) * s.vec * t
     b += 4 * n_col * a.C
     return b
 
@@ -151,7 +168,8 @@ def stitch_of(a: Analysis, s: Schedule) -> str:
     if s.mapping in ROW_MAPPINGS:
         t = s.threads_per_row
         for r in a.reductions:
-            out[r.value] = ("shuffle" if t <= 32 else "smem") if r.axis == "row" else "global"
+            out[r.value] = (("shuffle" if t <= 32 else "smem") if s.row_split == 1 else "dsmem"
+                            ) if r.axis == "row" else "global"
         cached = cache_values(a, s.cache)
         scheme = {"registers": "register", "smem": "smem", "reread": "global"}[s.row_cache]
         for v in cache_values(a, "boundary"):
@@ -199,12 +217,20 @@ def check(a: Analysis, s: Schedule) -> str:
         t = s.threads_per_row
         if t < 1 or t > s.block or s.block % t or (t < 32 and 32 % t) or (t > 32 and t % 32):
             return f"{t} threads per row does not tile block {s.block}"
-        if t * s.vec > 2 * a.C and t > 4:
+        if m == "split_row":
+            if s.split not in (2, 4, 8):
+                return f"split_row needs a cluster of 2, 4 or 8 blocks, not {s.split}"
+            if pat == "multi":
+                return "split_row cannot hold per-thread column partials of a multi pattern"
+            if t * s.split * s.vec > a.C:
+                return (f"row split across {s.split} blocks of {t} threads x vec {s.vec} covers "
+                        f"{t * s.split * s.vec} columns, more than C={a.C}")
+        elif t * s.vec > 2 * a.C and t > 4:
             return f"{t} threads x vec {s.vec} cover {t * s.vec} columns, more than twice C={a.C}"
-        it = row_iters(a.C, t, s.vec)
-        if s.row_cache != "smem" and it > MAX_UNROLLED:
+        it = row_iters(a.C, t * s.row_split, s.vec)
+        if (s.row_cache != "smem" or pat == "multi") and it > MAX_UNROLLED:
             return f"row of {a.C} needs {it} vector iterations per thread > {MAX_UNROLLED}"
-        if s.row_cache == "registers":
+        if s.row_cache == "registers" or pat == "multi":
             regs = cache_regs(a, s)
             limit = min(MAX_CACHE_REGS, 65536 // s.block - 32)
             if regs > limit:
@@ -248,13 +274,15 @@ def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
                                 else [])
         shapes = ([("rows_per_block", b, t) for t in (4, 8, 16) for b in (128, 256)]
                   + [("warp_per_row", b, 32) for b in (128, 256, 512)]
-                  + [("block_per_row", b, b) for b in (128, 256, 512, 1024)])
+                  + [("block_per_row", b, b) for b in (128, 256, 512, 1024)]
+                  + [("split_row", b, sp) for sp in (2, 4, 8) for b in (256, 512, 1024)
+                     if pat == "row_reduce" and b * sp * 2 <= a.C])
         for m, b, t in shapes:
             for v in (8, 4, 2, 1):
                 for mode in modes:
                     for rc in ROW_CACHES:
                         s = Schedule(m, block=b, vec=v, group=t if m == "rows_per_block" else 0,
-                                     row_cache=rc, cache=mode)
+                                     split=t if m == "split_row" else 1, row_cache=rc, cache=mode)
                         if rc != "registers" and mode != "boundary":
                             continue
                         if v not in legal:
@@ -263,7 +291,7 @@ def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
                             continue
                         if rc == "smem" and not check(a, replace(s, row_cache="registers")):
                             continue  # registers fit: shared memory only adds traffic
-                        if rc == "reread" and (m == "rows_per_block" or v != legal[0]):
+                        if rc == "reread" and (m in ("rows_per_block", "split_row") or v != legal[0]):
                             continue
                         out.append(s)
     if pat == "col_reduce":

@@ -6,7 +6,8 @@ so the twelve identical layers of an encoder are priced once):
 * ``db``: the best measured median of this workload on this device (``TuningStore.top_k``);
 * ``model``: the cost model's best prediction over the group's legal schedules;
 * ``roofline``: bytes / bandwidth for memory-bound groups, max(flops / peak, bytes / bandwidth)
-  for matmul / gemm / conv, when there is no model or the generator cannot fuse the group.
+  for matmul / gemm / conv (never below ``MIN_KERNEL_US``), when there is no model or the
+  generator cannot fuse the group.
 
 ``None`` means the group cannot be one kernel (``UnsupportedFusion``, or no legal schedule); the
 explorer then keeps it split. Launch overhead is added per launch by the plan, not here.
@@ -27,10 +28,14 @@ from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import LAYOUT_OPS
 from tunedb.kernels.analysis import Analysis, UnsupportedFusion, analyze
 from tunedb.kernels.schedule import Schedule, schedule_space
-from tunedb.plan.subgraph import COMPUTE_KIND, GraphIndex, Subgraph
+from tunedb.plan.subgraph import COMPUTE_KIND, GraphIndex
 
 # Sustained fp32 (no TF32) and fp16/bf16 tensor-core rates of an H200, for the compute roofline.
 PEAK_FLOPS = {"float32": 50e12, "float16": 660e12, "bfloat16": 660e12}
+# The shortest a kernel runs, however little it moves (CUDA-event timing of a one-wave kernel on
+# an H100/H200). Without it the roofline would call tiny kernels free, and every split group
+# priced by the roofline would look cheaper than the same group measured in the database.
+MIN_KERNEL_US = 2.0
 RANKED_KEEP = 16  # schedules kept per group, best predicted first (for measuring the top few)
 
 
@@ -75,21 +80,16 @@ def _stitch_pairs(config: dict | None) -> tuple[tuple[str, str], ...]:
     return tuple(tuple(p.rsplit(":", 1)) for p in str(text).split(";") if ":" in p)
 
 
-def model_predict_us(model: Any, graph: Graph, configs: Sequence[dict], workload_hash: str,
-                     device: DeviceFacts) -> np.ndarray:
-    """Predicted µs of ``configs`` on ``graph`` from a cost model.
-
-    Accepts the cost-model package's model (``predict(graph, configs, ...)`` in µs) or any
-    callable ``model(graph, configs) -> µs``."""
-    fn = getattr(model, "predict", None)
-    if fn is None and callable(model):
-        fn = model
-    if fn is None:
-        raise TypeError(f"cost model {type(model).__name__} has no predict(graph, configs)")
-    try:
-        out = fn(graph, list(configs), workload_hash=workload_hash, device=device)
-    except TypeError:
-        out = fn(graph, list(configs))
+def model_predict_us(model: Any, graph: Graph, configs: Sequence[dict], workload_hash: str) -> np.ndarray:
+    """Predicted µs of ``configs`` on ``graph``: ``CostModel.predict_candidates`` (the model's
+    own device facts), or any callable ``model(graph, configs) -> µs``."""
+    fn = getattr(model, "predict_candidates", None)
+    if fn is not None:
+        out = fn(graph, list(configs), workload_hash=workload_hash)
+    elif callable(model):
+        out = model(graph, list(configs))
+    else:
+        raise TypeError(f"cost model {type(model).__name__} has no predict_candidates(graph, configs)")
     us = np.asarray(out, dtype=np.float64).reshape(-1)
     if len(us) != len(configs):
         raise ValueError(f"cost model returned {len(us)} predictions for {len(configs)} configs")
@@ -108,9 +108,12 @@ class Coster:
         self.device = device or DeviceFacts()
         self._by_key: dict[tuple, GroupCost | None] = {}
         self._hash: dict[tuple, str] = {}
-        self._cut: dict[tuple, Subgraph] = {}
+        self._sub: dict[tuple, Graph] = {}
         self._analysis: dict[tuple, Analysis | None] = {}
         self._chosen: dict[tuple, GroupCost | None] = {}
+        self._pending: dict[tuple, tuple[int, ...]] = {}
+        # Set by the explorer for a first search pass: model prices are batched afterwards.
+        self.defer_model = False
         self._measured: set[str] = self._measured_hashes()
         self.stats = {"groups_priced": 0, "db_hits": 0, "model_calls": 0}
 
@@ -125,25 +128,27 @@ class Coster:
         return {r[0] for r in rows}
 
     # -- cached facts of a cut ----------------------------------------------------------------
-    def cut(self, nodes: Sequence[int], key: tuple | None = None) -> Subgraph:
+    def subgraph(self, nodes: Sequence[int], key: tuple | None = None) -> Graph:
+        """The canonical sub-graph of ``nodes``, cached by structure. Its value names are
+        canonical; for the whole-graph names of its inputs/outputs use ``GraphIndex.cut``."""
         key = key if key is not None else self.index.key(nodes)
-        sub = self._cut.get(key)
-        if sub is None:
-            sub = self._cut[key] = self.index.cut(nodes)
-        return sub
+        g = self._sub.get(key)
+        if g is None:
+            g = self._sub[key] = self.index.cut(nodes).graph
+        return g
 
     def workload_hash(self, nodes: Sequence[int], key: tuple | None = None) -> str:
         key = key if key is not None else self.index.key(nodes)
         h = self._hash.get(key)
         if h is None:
-            h = self._hash[key] = graph_hash(self.cut(nodes, key).graph)
+            h = self._hash[key] = graph_hash(self.subgraph(nodes, key))
         return h
 
     def analysis(self, nodes: Sequence[int], key: tuple | None = None) -> Analysis | None:
         key = key if key is not None else self.index.key(nodes)
         if key not in self._analysis:
             try:
-                self._analysis[key] = analyze(self.cut(nodes, key).graph)
+                self._analysis[key] = analyze(self.subgraph(nodes, key))
             except (UnsupportedFusion, GraphError):
                 self._analysis[key] = None
         return self._analysis[key]
@@ -173,7 +178,7 @@ class Coster:
         return us, cand.config_dict
 
     def _roofline_us(self, sub: Graph) -> float:
-        return floor_bytes(sub) / self.device.bandwidth_bytes_per_s * 1e6
+        return max(MIN_KERNEL_US, floor_bytes(sub) / self.device.bandwidth_bytes_per_s * 1e6)
 
     def _price(self, nodes: Sequence[int], key: tuple) -> GroupCost | None:
         ix = self.index
@@ -194,17 +199,58 @@ class Coster:
             return GroupCost("fused", us, "db", launches=_launches(cfg), config=cfg)
         if self.model is None:
             return GroupCost("fused", self._roofline_us(a.graph), "roofline")
-        legal, _ = schedule_space(a, self.device.sm_count)
-        if not legal:
-            return None if len(nodes) > 1 else self._single(nodes, key, "no legal schedule")
-        configs = [s.to_config() for s in legal]
+        if self.defer_model:
+            # Priced by the roofline for now; ``price_pending`` asks the model for all at once.
+            self._pending[key] = tuple(nodes)
+            return GroupCost("fused", self._roofline_us(a.graph), "roofline")
+        return self._model_prices([(key, tuple(nodes))])[key]
+
+    def price_pending(self) -> int:
+        """Ask the model about every group priced provisionally while ``defer_model`` was set,
+        in one batch; returns how many groups it priced."""
+        items = list(self._pending.items())
+        self._pending.clear()
+        if items:
+            self._by_key.update(self._model_prices(items))
+        return len(items)
+
+    def _model_prices(self, items: list[tuple[tuple, tuple[int, ...]]]) -> dict[tuple, GroupCost | None]:
+        """Model prices of fusable groups: the best prediction over each one's legal schedules.
+        A ``CostModel`` gets one featurize + predict call for all of them (a call has a fixed
+        overhead of milliseconds); any other model one call per group."""
+        out: dict[tuple, GroupCost | None] = {}
+        work = []
+        for key, nodes in items:
+            a = self.analysis(nodes, key)
+            legal = schedule_space(a, self.device.sm_count)[0] if a is not None else []
+            if not legal:
+                out[key] = None if len(nodes) > 1 else self._single(nodes, key, "no legal schedule")
+                continue
+            work.append((key, a.graph, [s.to_config() for s in legal], self.workload_hash(nodes, key)))
+        if not work:
+            return out
         self.stats["model_calls"] += 1
-        us = model_predict_us(self.model, a.graph, configs, self.workload_hash(nodes, key), self.device)
-        order = np.argsort(us, kind="stable")[:RANKED_KEEP]
-        ranked = tuple((float(us[i]), configs[i]) for i in order)
-        best_us, best_cfg = ranked[0]
-        return GroupCost("fused", best_us, "model", launches=_launches(best_cfg), config=best_cfg,
-                         ranked=ranked)
+        if hasattr(self.model, "predict") and hasattr(self.model, "device"):
+            from tunedb.costmodel.features import featurize
+
+            graphs = {h: g for _, g, _, h in work}
+            hashes = [h for _, _, cfgs, h in work for _ in cfgs]
+            configs = [c for _, _, cfgs, _ in work for c in cfgs]
+            us_all = np.asarray(self.model.predict(featurize(graphs, hashes, configs, self.model.device)),
+                                dtype=np.float64).reshape(-1)
+            parts, start = [], 0
+            for _, _, cfgs, _ in work:
+                parts.append(us_all[start:start + len(cfgs)])
+                start += len(cfgs)
+        else:
+            parts = [model_predict_us(self.model, g, cfgs, h) for _, g, cfgs, h in work]
+        for (key, _, configs, _), us in zip(work, parts):
+            order = np.argsort(us, kind="stable")[:RANKED_KEEP]
+            ranked = tuple((float(us[i]), configs[i]) for i in order)
+            best_us, best_cfg = ranked[0]
+            out[key] = GroupCost("fused", best_us, "model", launches=_launches(best_cfg),
+                                 config=best_cfg, ranked=ranked)
+        return out
 
     def _single(self, nodes: Sequence[int], key: tuple, note: str) -> GroupCost:
         """A lone op outside the generator: a copy kernel of the runtime, roofline priced."""
@@ -213,7 +259,7 @@ class Coster:
         hit = self._db(nodes, key)
         if hit is not None:
             return GroupCost(kind, hit[0], "db", config=hit[1], note=note)
-        return GroupCost(kind, self._roofline_us(self.cut(nodes, key).graph), "roofline", note=note)
+        return GroupCost(kind, self._roofline_us(self.subgraph(nodes, key)), "roofline", note=note)
 
     def _compute(self, nodes: Sequence[int], key: tuple) -> GroupCost:
         op = self.index.nodes[nodes[0]].op
@@ -221,10 +267,11 @@ class Coster:
         hit = self._db(nodes, key)
         if hit is not None:
             return GroupCost(kind, hit[0], "db", config=hit[1])
-        sub = self.cut(nodes, key).graph
+        sub = self.subgraph(nodes, key)
         flops, dtype = compute_flops(sub)
         peak = PEAK_FLOPS.get(dtype, PEAK_FLOPS["float32"])
         us = max(flops / peak, floor_bytes(sub) / self.device.bandwidth_bytes_per_s) * 1e6
+        us = max(MIN_KERNEL_US, us)
         return GroupCost(kind, us, "roofline")
 
     # -- schedule for a final group -----------------------------------------------------------
@@ -251,7 +298,8 @@ class Coster:
         return chosen
 
 
-def _feature_roofline(graph: Graph, configs: list[dict], workload_hash: str, device: DeviceFacts) -> np.ndarray:
+def _feature_roofline(graph: Graph, configs: list[dict], workload_hash: str,
+                      device: DeviceFacts) -> np.ndarray:
     try:
         from tunedb.costmodel.features import FEATURE_NAMES, featurize_candidates
 

@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tunedb.plan.cost import Coster, GroupCost
-from tunedb.plan.subgraph import GraphIndex
+from tunedb.plan.subgraph import GraphIndex, extract_subgraph
+
+__all__ = ["Explorer", "Partition", "explore", "extract_subgraph"]
 
 HPACK_MAX_US = 20.0    # only groups this fast gain noticeably from saving a launch
 HPACK_WINDOW = 8       # partners tried per group, in execution order
@@ -71,15 +73,16 @@ class Explorer:
     # -- search -------------------------------------------------------------------------------
     def run(self) -> Partition:
         t0 = time.perf_counter()
+        if self.coster.model is not None:
+            # Two passes: the first meets the candidate groups (priced by the roofline), the
+            # model then prices them all in one batch, and the second pass decides with those.
+            self.coster.defer_model = True
+            self._search()
+            self.coster.defer_model = False
+            self.stats["model_batch"] = self.coster.price_pending()
+        best = self._search()
         ix = self.ix
         n = len(ix.nodes)
-        gid = [i if ix.compute[i] else -1 for i in range(n)]
-        beam = [_State(gid, {}, {}, 0.0, frozenset(), 0)]
-        for v in range(n):
-            if ix.compute[v]:
-                continue
-            beam = self._step(beam, v)
-        best = beam[0]
         groups: dict[int, list[int]] = {}
         for i in range(n):
             groups.setdefault(best.gid[i], []).append(i)
@@ -93,6 +96,16 @@ class Explorer:
         costs = [self._final_cost(g) for g in ordered]
         self.stats["explore_s"] = round(time.perf_counter() - t0, 4)
         return Partition(ordered, costs, {**self.stats, **self.coster.stats})
+
+    def _search(self) -> _State:
+        ix = self.ix
+        n = len(ix.nodes)
+        gid = [i if ix.compute[i] else -1 for i in range(n)]
+        beam = [_State(gid, {}, {}, 0.0, frozenset(), 0)]
+        for v in range(n):
+            if not ix.compute[v]:
+                beam = self._step(beam, v)
+        return beam[0]
 
     def _open(self, state: _State, g: int) -> bool:
         """Whether group ``g`` may grow: every member is an op the generator may fuse."""

@@ -82,7 +82,8 @@ class KernelStep:
         if self.kind not in STEP_KINDS:
             raise PlanError(f"unknown step kind {self.kind!r}; expected one of {', '.join(STEP_KINDS)}")
         if self.cost_source not in COST_SOURCES:
-            raise PlanError(f"unknown cost source {self.cost_source!r}; expected one of {', '.join(COST_SOURCES)}")
+            raise PlanError(f"unknown cost source {self.cost_source!r}; "
+                            f"expected one of {', '.join(COST_SOURCES)}")
         for f in ("inputs", "outputs", "ops"):
             object.__setattr__(self, f, tuple(str(x) for x in getattr(self, f)))
         object.__setattr__(self, "nodes", tuple(int(x) for x in self.nodes))
@@ -226,6 +227,36 @@ class Plan:
                 "fused_ops": sum(len(s.ops) for s in self.steps if s.kind == "fused"),
                 "graph_ops": len(self.graph.nodes), "by_kind": by_kind, "cost_sources": by_source,
                 "arena_bytes": self.buffers.arena_bytes, "naive_bytes": self.buffers.naive_bytes}
+
+    def check(self) -> None:
+        """Raise ``PlanError`` unless the steps compute every node of the graph exactly once,
+        each step reads only graph inputs, constants and values of earlier steps (so the steps
+        have no cycle), and every graph output is computed."""
+        g = self.graph
+        seen: dict[int, int] = {}
+        ready = set(g.inputs) | set(g.constant_map)
+        for k, s in enumerate(self.steps):
+            for j in s.nodes:
+                if not 0 <= j < len(g.nodes):
+                    raise PlanError(f"step {k} names node {j}; the graph has {len(g.nodes)} nodes")
+                if j in seen:
+                    raise PlanError(f"node {j} ({g.nodes[j].op}) is in steps {seen[j]} and {k}")
+                seen[j] = k
+            inside = {o for j in s.nodes for o in g.nodes[j].outputs}
+            for j in s.nodes:
+                for v in g.nodes[j].inputs:
+                    if v not in inside and v not in ready:
+                        raise PlanError(f"step {k} ({s.kind}) reads {v!r} before a step computes it")
+            bad = [v for v in s.outputs if v not in inside]
+            if bad:
+                raise PlanError(f"step {k} ({s.kind}) lists output {bad[0]!r} it does not compute")
+            ready |= set(s.outputs)
+        missing = [j for j in range(len(g.nodes)) if j not in seen]
+        if missing:
+            raise PlanError(f"no step computes node {missing[0]} ({g.nodes[missing[0]].op})")
+        absent = [v for v in g.outputs if v not in ready]
+        if absent:
+            raise PlanError(f"graph output {absent[0]!r} is not an output of any step")
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

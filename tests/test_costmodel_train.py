@@ -1,0 +1,203 @@
+"""XGBoost training, held-out evaluation and the model registry, on synthetic fusion data with a
+learnable latency function (real graphs, real schedule spaces, real XGBoost, real files)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tunedb.costmodel.evaluate import cross_validate, hide_measured, leave_one_family_out, summary
+from tunedb.costmodel.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, featurize_frame
+from tunedb.costmodel.fit import clean_frame, fit_frame
+from tunedb.costmodel.model import CostModel, CostModelError
+from tunedb.costmodel.registry import (
+    CARD_FILE,
+    MODEL_FILE,
+    data_snapshot_hash,
+    find_model,
+    list_models,
+    load_model,
+    model_dir,
+    save_model,
+    slug,
+)
+from tunedb.costmodel.synthetic import synthetic_frame
+from tunedb.costmodel.train import TrainError, TrainParams, split_by_group, train_booster
+
+FAST = TrainParams(num_boost_round=150, max_depth=6, eta=0.2)
+
+
+@pytest.fixture(scope="module")
+def frame() -> pa.Table:
+    return clean_frame(synthetic_frame(n_workloads=70, candidates_per_workload=30, seed=5))
+
+
+@pytest.fixture(scope="module")
+def data(frame):
+    X = featurize_frame(frame)
+    y = frame["median_us"].to_numpy()
+    g = np.asarray(frame["workload_hash"].to_pylist())
+    fam = np.asarray(frame["family"].to_pylist())
+    return X, y, g, fam
+
+
+@pytest.fixture(scope="module")
+def fitted(frame, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    model, metrics, where = fit_frame(frame, out_root=root, params=FAST, folds=3, lofo=True)
+    return model, metrics, where, root
+
+
+def test_split_keeps_workloads_whole(data):
+    _, _, g, _ = data
+    tr, va = split_by_group(g, 0.25, seed=0)
+    assert len(tr) + len(va) == len(g)
+    assert not set(g[tr]) & set(g[va])
+    with pytest.raises(TrainError, match="at least 2 workloads"):
+        split_by_group(np.zeros(10), 0.2, 0)
+
+
+def test_model_beats_roofline_and_random_on_held_out_workloads(data):
+    X, y, g, _ = data
+    cv = cross_validate(X, y, g, TrainParams(**{**FAST.to_json(), "objective": "reg:squarederror"}), folds=3)
+    m, roof, rand = cv, cv["baselines"]["roofline"], cv["baselines"]["random"]
+    assert cv["folds"] == 3 and cv["rows"] == len(y) and cv["measured_facts"] == "hidden"
+    assert m["pairwise_accuracy"] > roof["pairwise_accuracy"] + 0.1
+    assert m["pairwise_accuracy"] > rand["pairwise_accuracy"] + 0.1
+    assert m["top1_score"] > max(roof["top1_score"], rand["top1_score"])
+    assert m["spearman"] > max(roof["spearman"], rand["spearman"]) + 0.2
+    assert m["mape"] < rand["mape"]
+    assert 0.4 < rand["pairwise_accuracy"] < 0.6
+    s = summary(cv)
+    assert set(s) == {"pairwise_accuracy", "top1_score", "top5_score", "mape", "spearman", "baselines"}
+
+
+def test_train_tries_ranking_and_keeps_the_better(data):
+    X, y, g, _ = data
+    r = train_booster(X, y, g, FAST)
+    assert set(r.tried) == {"reg:squarederror", "rank:pairwise"}
+    best = max(v["pairwise_accuracy"] for v in r.tried.values())
+    assert r.tried[r.objective]["pairwise_accuracy"] >= best - 1e-3
+    ranked = train_booster(X, y, g, TrainParams(**{**FAST.to_json(), "objective": "rank:ndcg"}))
+    assert ranked.objective == "rank:ndcg" and ranked.calibration[0] > 0
+    # A ranking model still answers in microseconds of the right magnitude through its calibration.
+    model = CostModel(ranked.booster, {"objective": "rank:ndcg", "calibration": list(ranked.calibration)})
+    us = model.predict(X)
+    assert np.all(us > 0) and 0.1 < np.median(us) / np.median(y) < 10
+
+
+def test_train_rejects_bad_input(data):
+    X, y, g, _ = data
+    with pytest.raises(TrainError, match="finite and positive"):
+        train_booster(X[:10], np.r_[y[:9], -1.0], g[:10])
+    with pytest.raises(TrainError, match="do not match"):
+        train_booster(X[:10], y[:9], g[:10])
+    with pytest.raises(TrainError, match="unknown objective"):
+        TrainParams(objective="reg:nonsense")
+    with pytest.raises(TrainError, match="cpu or cuda"):
+        TrainParams(device="tpu")
+
+
+def test_leave_one_family_out_holds_each_family_out(data):
+    X, y, g, fam = data
+    keep = np.isin(fam, ["softmax", "norm", "col_reduce"])
+    lo = leave_one_family_out(X[keep], y[keep], g[keep], fam[keep], FAST)
+    assert set(lo["families"]) == {"softmax", "norm", "col_reduce"}
+    assert sum(v["rows"] for v in lo["families"].values()) == keep.sum() == lo["pooled"]["rows"]
+    assert leave_one_family_out(X[:5], y[:5], g[:5], ["a"] * 5, FAST) == {}
+
+
+def test_fit_saves_card_and_booster(fitted, frame):
+    model, metrics, where, root = fitted
+    assert where == model_dir(root, "NVIDIA H200", "fusion") == root / "nvidia-h200" / "fusion"
+    assert (where / MODEL_FILE).is_file() and (where / CARD_FILE).is_file()
+    card = json.loads((where / CARD_FILE).read_text())
+    assert card["feature_schema_version"] == FEATURE_SCHEMA_VERSION
+    assert card["feature_names"] == list(FEATURE_NAMES)
+    assert card["device_name"] == "NVIDIA H200" and card["kind"] == "fusion"
+    assert card["data"]["rows"] == frame.num_rows and card["data"]["hash"] == data_snapshot_hash(frame)
+    assert card["objective"] in ("reg:squarederror", "rank:pairwise")
+    assert card["hyperparameters"]["max_depth"] == 6 and card["created_at"] and card["tunedb_version"]
+    for key in ("pairwise_accuracy", "top1_score", "top5_score", "mape", "spearman"):
+        assert 0 <= card["metrics"][key] <= 1.5
+        assert set(card["metrics"]["baselines"]) == {"roofline", "random"}
+    assert len(card["metrics"]["leave_one_family_out"]["families"]) == 10
+    assert list_models(root) == [where]
+
+
+def test_save_load_round_trip_gives_identical_predictions(fitted, frame, data, tmp_path):
+    model, _, where, root = fitted
+    X = data[0]
+    loaded = load_model(where)
+    assert loaded.card == model.card
+    assert np.array_equal(loaded.predict(X), model.predict(X))
+    assert np.array_equal(loaded.predict(frame.slice(0, 50)), model.predict(X[:50]))
+    assert np.array_equal(find_model(root, "NVIDIA H200").predict(X[:7]), model.predict(X[:7]))
+    assert np.array_equal(load_model(where / CARD_FILE).predict(X[:3]), model.predict(X[:3]))
+    # Predictions are latencies of the right magnitude, also with compile facts hidden.
+    y = data[1]
+    ratio = loaded.predict(hide_measured(X)) / y
+    assert 0.5 < np.median(ratio) < 2.0
+    again = save_model(loaded, tmp_path / "copy")
+    assert np.array_equal(load_model(again).predict(X), model.predict(X))
+
+
+def test_load_refuses_other_feature_schema(fitted, tmp_path):
+    model, _, _, _ = fitted
+    old = CostModel(model.booster, {**model.card, "feature_schema_version": FEATURE_SCHEMA_VERSION - 1})
+    d = save_model(old, tmp_path / "old")
+    with pytest.raises(CostModelError, match=f"trained with feature schema v{FEATURE_SCHEMA_VERSION - 1}, "
+                                             f"this tunedb uses v{FEATURE_SCHEMA_VERSION}; retrain"):
+        load_model(d)
+    renamed = list(FEATURE_NAMES)
+    renamed[3] = "something_else"
+    d2 = save_model(CostModel(model.booster, {**model.card, "feature_names": renamed}), tmp_path / "renamed")
+    with pytest.raises(CostModelError, match="other feature names.*'something_else'"):
+        load_model(d2)
+
+
+def test_load_errors_are_one_line(fitted, tmp_path):
+    model, _, where, _ = fitted
+    with pytest.raises(CostModelError, match="no model card"):
+        load_model(tmp_path / "nothing")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / CARD_FILE).write_text("{oops")
+    with pytest.raises(CostModelError, match="cannot read model card"):
+        load_model(bad)
+    nobooster = save_model(model, tmp_path / "nb")
+    (nobooster / MODEL_FILE).unlink()
+    with pytest.raises(CostModelError, match="no booster beside it"):
+        load_model(nobooster)
+    corrupt = save_model(model, tmp_path / "corrupt")
+    (corrupt / MODEL_FILE).write_bytes(b"not a model")
+    with pytest.raises(CostModelError, match="cannot read booster") as e:
+        load_model(corrupt)
+    assert "\n" not in str(e.value)
+    with pytest.raises(CostModelError, match="shape"):
+        model.predict(np.zeros((2, 3)))
+    with pytest.raises(CostModelError, match="lacks column"):
+        model.predict(pa.table({"x": [1]}))
+    assert slug("NVIDIA H200 (SXM) ") == "nvidia-h200-sxm"
+    with pytest.raises(CostModelError):
+        slug("!!")
+
+
+def test_clean_frame_keeps_ok_rows_once_per_candidate():
+    t = pa.table({
+        "workload_hash": ["w"] * 5, "graph_json": ["{}"] * 5, "config_json": ["{}"] * 5,
+        "candidate_hash": ["a", "a", "a", "b", "c"], "device_id": ["d"] * 5,
+        "status": ["ok", "ok", "ok", "ok", "timeout"],
+        "median_us": pa.array([3.0, 1.0, 2.0, None, 5.0]),
+    })
+    out = clean_frame(t)
+    assert out.num_rows == 1 and out["median_us"].to_pylist() == [2.0]
+    with pytest.raises(CostModelError, match="lacks column"):
+        clean_frame(t.drop(["device_id"]))
+    # The snapshot hash does not depend on row order.
+    f = clean_frame(synthetic_frame(6, 5, seed=2))
+    assert data_snapshot_hash(f) == data_snapshot_hash(f.take(pa.array(np.arange(f.num_rows)[::-1])))
+    assert data_snapshot_hash(f) != data_snapshot_hash(f.slice(1))

@@ -1,0 +1,71 @@
+"""``tunedb plan``: compile a model into a Plan and show every decision (or print its JSON)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tunedb.cli_common import DbOption, JsonOption, default_db_path, fail, handle_errors, register_error
+
+
+def _bindings(items: list[str] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = int(value)
+        except ValueError:
+            fail(f"--bind expects NAME=INT (e.g. batch=1), got {item!r}")
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    from tunedb.costmodel.model import CostModelError
+    from tunedb.plan.record import PlanError
+    from tunedb.runtime.device import NoGPUError
+
+    for cls in (PlanError, CostModelError, NoGPUError):
+        register_error(cls)
+
+    @app.command("plan")
+    @handle_errors
+    def plan(
+        model: Annotated[Path, typer.Argument(help="ONNX model, or a tunedb graph JSON file.")],
+        db: DbOption = None,
+        cost_model: Annotated[Path | None, typer.Option(
+            "--model", help="Cost model directory (model.ubj + card.json) or registry root.")] = None,
+        device: Annotated[str, typer.Option(
+            "--device", help="cuda (this GPU, else the database's only device), a device id or "
+                             "name from the database, or generic (H200 facts, no DB hits).")] = "cuda",
+        beam: Annotated[int, typer.Option("--beam", min=1,
+                                          help="States kept per node by the fusion search.")] = 4,
+        measure_top: Annotated[int, typer.Option(
+            "--measure-top", min=0, help="Measure the N best-ranked schedules of each fused kernel "
+                                         "on this GPU (needs one).")] = 0,
+        bind: Annotated[list[str] | None, typer.Option(
+            "--bind", help="Size of a symbolic input dim, NAME=INT (repeatable).")] = None,
+        json_out: JsonOption = False,
+    ) -> None:
+        """Plan a model: fusion groups, schedules, stitch schemes, predicted times and buffers.
+
+        Exact database hits come first, then the cost model, then the roofline. Without --db the
+        default database is used when it exists. Needs no GPU unless --measure-top is given.
+
+        Example: tunedb plan data/graphs/bert_layer.onnx --db h200.duckdb --model models/
+        """
+        from tunedb.plan.driver import compile as compile_plan
+
+        if not model.exists():
+            fail(f"no such model file: {model}")
+        if db is None and default_db_path().is_file():
+            db = default_db_path()
+        result = compile_plan(str(model), db=db, cost_model=cost_model, device=device,
+                              measure_top=measure_top, beam=beam, bindings=_bindings(bind))
+        if json_out:
+            typer.echo(result.dumps())
+        else:
+            typer.echo(result.explain(), nl=False)

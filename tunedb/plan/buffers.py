@@ -1,0 +1,82 @@
+"""Intermediate buffers of a plan: one arena shared by liveness, placed greedy-by-size.
+
+Every value a step writes lives from the step that defines it to the last step that reads it
+(views extend their source's life and share its bytes). Values are placed largest first at the
+lowest arena offset that does not overlap, in time and in space, any value placed before (the
+greedy-by-size offset planner of TFLite). Intervals are inclusive, so a step never reads and
+writes overlapping bytes. Graph outputs get buffers of their own: the caller keeps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tunedb.graph.ir import Graph
+from tunedb.plan.record import BufferPlan
+
+ALIGN = 256
+
+
+def _align(n: int) -> int:
+    return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
+
+
+def plan_buffers(graph: Graph, steps: Sequence[Any]) -> BufferPlan:
+    types = graph.type_map
+    external = set(graph.inputs) | set(graph.constant_map)
+    alias: dict[str, str] = {}      # view output -> the value whose bytes it shares
+    defined: dict[str, int] = {}
+    for k, s in enumerate(steps):
+        for v in s.outputs:
+            defined.setdefault(v, k)
+        if s.kind == "layout_view":
+            for src, out in zip(s.inputs, s.outputs):
+                alias[out] = src
+
+    def root(v: str) -> str:
+        while v in alias:
+            v = alias[v]
+        return v
+
+    last: dict[str, int] = {}
+    members: dict[str, list[str]] = {}
+    for v in defined:
+        r = root(v)
+        members.setdefault(r, []).append(v)
+        last[r] = max(last.get(r, defined[r] if r in defined else 0), defined[v])
+    for k, s in enumerate(steps):
+        for v in s.inputs:
+            r = root(v)
+            if r in defined:
+                last[r] = max(last.get(r, k), k)
+    outputs = set(graph.outputs)
+    sizes: list[int] = [0]
+    assign: list[tuple[str, int, int, int]] = []
+    arena: list[tuple[int, int, int, str]] = []  # (nbytes, first, last, root)
+    for r, vs in members.items():
+        if r in external:
+            continue  # views of inputs/constants: the runtime reshapes those, no buffer
+        nbytes = types[r].nbytes
+        if any(v in outputs for v in vs):
+            sizes.append(nbytes)
+            assign += [(v, len(sizes) - 1, 0, types[v].nbytes) for v in vs]
+        else:
+            arena.append((nbytes, defined[r], last[r], r))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
+    offsets: dict[str, int] = {}
+    for nbytes, first, end, r in sorted(arena, key=lambda a: (-a[0], a[1], a[3])):
+        size = _align(nbytes)
+        busy = sorted((o, o + sz) for o, sz, f, e in placed if not (e < first or end < f))
+        off = 0
+        for lo, hi in busy:
+            if off + size <= lo:
+                break
+            off = max(off, hi)
+        placed.append((off, size, first, end))
+        offsets[r] = off
+    sizes[0] = max((o + sz for o, sz, _, _ in placed), default=0)
+    for _, _, _, r in arena:
+        assign += [(v, 0, offsets[r], types[v].nbytes) for v in members[r]]
+    naive = sum(_align(a[0]) for a in arena)
+    return BufferPlan(tuple(sizes), tuple(assign), naive)
