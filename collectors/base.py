@@ -5,8 +5,9 @@ spec's kernel plan); ``Collector.run`` does the rest the same way for every kind
 already measured on this device (a killed collection re-run measures nothing twice), honours
 ``budget`` (candidates), ``time_s`` and ``rounds``, asks a strategy (``collectors.strategy``)
 what to measure in each round and tells it every result, prepares (code-generates) the next
-workload in a thread while the device measures the current one, and writes Workload / Candidate / Measurement rows in
-batched transactions from this (the parent) process only, inside one recorded Run.
+workload in a thread while the device measures the current one, and writes Workload / Candidate /
+Measurement rows in batched transactions from this (the parent) process only, inside one
+recorded Run.
 """
 
 from __future__ import annotations

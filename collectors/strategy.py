@@ -234,9 +234,10 @@ class ModelStrategy(RooflineStrategy):
     name = "model"
     wants_prior = True
 
-    def __init__(self, per_round: int = 8, seed: int = 0, explore: float = 0.25, ensemble: int = 4,
+    def __init__(self, per_round: int = 8, seed: int = 0, explore: float = 0.25, ensemble: int = 3,
                  retrain_every: int = 64, min_train: int = 32, kappa: float = 1.5,
-                 num_boost_round: int = 60, max_depth: int = 6, max_prior_rows: int = 200_000) -> None:
+                 num_boost_round: int = 30, max_depth: int = 5, max_prior_rows: int = 200_000,
+                 nthread: int = 1) -> None:
         super().__init__(per_round, seed)
         if not 0.0 <= explore <= 1.0:
             raise ValueError(f"explore must be in [0, 1], got {explore}")
@@ -250,6 +251,9 @@ class ModelStrategy(RooflineStrategy):
         self.num_boost_round = int(num_boost_round)
         self.max_depth = int(max_depth)
         self.max_prior_rows = int(max_prior_rows)
+        # One thread: the models are small (thousands of rows), and more threads mostly spin
+        # against the compile workers that share the host during a collection.
+        self.nthread = int(nthread)
         self.boosters: list[Any] = []
         self.trained_on = 0
         self.retrains = 0
@@ -332,7 +336,8 @@ class ModelStrategy(RooflineStrategy):
             return
         params = TrainParams(max_depth=self.max_depth, eta=0.2, num_boost_round=self.num_boost_round,
                              min_child_weight=1.0, subsample=0.9, colsample_bytree=0.8,
-                             seed=self.seed + self.retrains).xgb_params(REGRESSION)
+                             max_bin=64, nthread=self.nthread, seed=self.seed + self.retrains
+                             ).xgb_params(REGRESSION)
         params.pop("eval_metric", None)
         self.boosters = []
         # Bootstrap resamples of the rows: the members agree where the data pins the answer and

@@ -188,8 +188,8 @@ def run_plan(lib: ctypes.CDLL, plan, bufs: dict[str, np.ndarray]) -> None:
         keep = []
         ptrs = (ctypes.c_void_p * len(k.args))()
         for i, a in enumerate(k.args):
-            if a in ("R", "C"):
-                v = ctypes.c_longlong(plan.R if a == "R" else plan.C)
+            if not isinstance(a, str):
+                v = ctypes.c_longlong(int(a))
                 keep.append(v)
                 ptrs[i] = ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
             else:
@@ -201,3 +201,72 @@ def run_plan(lib: ctypes.CDLL, plan, bufs: dict[str, np.ndarray]) -> None:
         err = fn(ptrs, gx, gy, gz, k.block[0], k.shared_bytes)
         if err:
             raise RuntimeError(f"kernel {k.name} made a misaligned vector access")
+
+
+# --- inputs and checking against the float64 reference ------------------------------------------
+
+TOL = {"float32": 2e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def bf16_round(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(raw uint16 bits, float32 value) of ``a`` rounded to bfloat16 (nearest even)."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    r = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return r, (r.astype(np.uint32) << 16).view(np.float32)
+
+
+def make_inputs(graph, C: int, seed: int = 0) -> tuple[dict, dict]:
+    """Device-layout and reference inputs: normal floats (positive for names starting with
+    'rstd'), gather indices in [0, C), bool masks."""
+    rng = np.random.default_rng(seed)
+    dev, ref = {}, {}
+    for v in graph.inputs:
+        t = graph.type_of(v)
+        if t.dtype in ("int32", "int64"):
+            a = rng.integers(0, C, size=t.shape).astype(t.dtype)
+            dev[v], ref[v] = a, a
+        elif t.dtype == "bool":
+            a = rng.random(t.shape) < 0.7
+            dev[v], ref[v] = a.astype(np.uint8), a
+        else:
+            x = rng.standard_normal(t.shape).astype(np.float32)
+            if v.startswith("rstd"):
+                x = np.abs(x) + 0.5
+            if t.dtype == "float32":
+                dev[v], ref[v] = x, x
+            elif t.dtype == "float16":
+                h = x.astype(np.float16)
+                dev[v], ref[v] = h, h
+            else:
+                dev[v], ref[v] = bf16_round(x)
+    return dev, ref
+
+
+def poisoned_output(t) -> np.ndarray:
+    if t.dtype == "float32":
+        return np.full(t.shape, np.nan, np.float32)
+    if t.dtype == "float16":
+        return np.full(t.shape, np.nan, np.float16)
+    if t.dtype == "bfloat16":
+        return np.full(t.shape, 0x7FC0, np.uint16)
+    return np.full(t.shape, 0x55, {"bool": np.uint8, "int64": np.int64, "int32": np.int32}[t.dtype])
+
+
+def as_f64(a: np.ndarray, t) -> np.ndarray:
+    if t.dtype == "bfloat16":
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def max_error(graph, bufs: dict, want: dict) -> tuple[str, float]:
+    """The worst output and its error |got - want| / (|want| + 1) relative to its tolerance (>1 fails)."""
+    worst = ("", 0.0)
+    for v in graph.outputs:
+        t = graph.type_of(v)
+        got = as_f64(bufs[v], t)
+        if not np.all(np.isfinite(got)):
+            return v, float("inf")
+        err = float(np.max(np.abs(got - want[v]) / (np.abs(want[v]) + 1.0))) / TOL.get(t.dtype, 1e-12)
+        if err > worst[1]:
+            worst = (v, err)
+    return worst

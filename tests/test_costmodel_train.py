@@ -89,6 +89,16 @@ def test_train_tries_ranking_and_keeps_the_better(data):
     assert np.all(us > 0) and 0.1 < np.median(us) / np.median(y) < 10
 
 
+def test_big_data_compares_objectives_on_a_workload_subsample(data):
+    X, y, g, _ = data
+    r = train_booster(X, y, g, TrainParams(**{**FAST.to_json(), "select_rows": 300}))
+    assert set(r.tried) == {"reg:squarederror", "rank:pairwise"}
+    assert all(v["train_rows"] < r.n_train / 2 for v in r.tried.values())
+    # The winner is then trained on every training row.
+    assert r.n_train + r.n_valid == len(y) and r.n_train > 1000
+    assert r.booster.num_boosted_rounds() == r.best_iteration + 1
+
+
 def test_train_rejects_bad_input(data):
     X, y, g, _ = data
     with pytest.raises(TrainError, match="finite and positive"):

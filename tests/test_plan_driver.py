@@ -96,6 +96,30 @@ def test_a_slow_measurement_makes_the_search_split_the_group(tmp_path):
     assert sum(s.kind == "fused" for s in p.steps) >= 2
 
 
+def test_measuring_the_top_schedules_on_a_replay_device(tmp_path):
+    from tunedb.kernels.schedule import schedule_space
+
+    g = small_graph()
+    fused = next(s for s in compile(g, device="generic").steps if s.kind == "fused")
+    configs = [s.to_config() for s in schedule_space(fused.graph)[0]]
+    wl = Workload.from_graph(fused.graph, "softmax", "bias_softmax")
+    times = {Candidate(wl.hash, "fusion", c).hash: 3.0 + (i * 7919 % 13) / 4 for i, c in enumerate(configs)}
+    run = Run("r1", "fusion", "0.1.0", "", "host", "{}", "2026-01-01T00:00:00Z")
+    db = tmp_path / "replay.duckdb"
+    with TuningStore.open(db) as store:
+        store.add_devices([H200])
+        store.add_runs([run])
+        store.add_workloads([wl])
+        store.add_candidates([Candidate(wl.hash, "fusion", c, "src") for c in configs])
+        store.add_measurements([Measurement(h, H200.id, run.id, "ok", (t,)) for h, t in times.items()])
+    p = compile(g, device="generic", measure_top=8, measure_device=f"replay:{db}")
+    step = next(s for s in p.steps if s.kind == "fused")
+    chosen = times[Candidate(wl.hash, "fusion", step.config_dict).hash]
+    assert step.measured_us == chosen
+    assert chosen <= times[Candidate(wl.hash, "fusion", fused.config_dict).hash]  # the first-ranked one
+    assert "meas" in p.explain()
+
+
 def make_cost_model_dir(path: Path) -> Path:
     import xgboost as xgb
 
@@ -196,3 +220,16 @@ def test_import_tunedb_stays_light():
             "print(sorted(m for m in sys.modules if m.startswith(('tunedb.', 'xgboost', 'duckdb', 'onnx'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_cli_plan_reports_a_bad_cost_model_and_missing_gpu(tmp_path):
+    path = small_onnx(tmp_path / "small.onnx")
+    (tmp_path / "nomodel").mkdir()
+    res = invoke("plan", str(path), "--device", "generic", "--model", str(tmp_path / "nomodel"),
+                 tmp_path=tmp_path)
+    assert res.exit_code == 1 and res.output.startswith("error:") and "model" in res.output
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        res = invoke("plan", str(path), "--measure-top", "2", tmp_path=tmp_path)
+        assert res.exit_code == 1 and "no CUDA device" in res.output

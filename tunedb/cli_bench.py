@@ -93,18 +93,12 @@ def load_cases(suite: str) -> list[Any]:
         from tunedb.kernels import suites
     except ImportError as e:
         raise BenchError(f"workload suites are not available: {' '.join(str(e).split())}") from None
-    cases = getattr(suites, "ANCHOR_CASES", None) if suite == "anchors" else None
-    if cases is not None:
-        cases = list(cases.values()) if isinstance(cases, dict) else list(cases)
-        if cases and isinstance(cases[0], str):
-            names = set(cases)
-            cases = [c for c in suites.suite("full") if c.name in names]
-        return cases
+    if suite == "anchors" and hasattr(suites, "ANCHOR_CASES"):
+        return list(suites.ANCHOR_CASES)
     try:
         return list(suites.suite(suite))
     except (KeyError, ValueError) as e:
         raise BenchError(f"unknown suite {suite!r}: {' '.join(str(e).split())}") from None
-
 
 
 def _database(db: Path | None) -> Path | None:
@@ -147,7 +141,7 @@ def register(app: typer.Typer) -> None:
         max_search: Annotated[int, typer.Option("--max-search", min=0, help="Schedules tried per case "
                                                 "without database hits (0: all legal).")] = 0,
         workers: Annotated[int | None, typer.Option("--workers", min=0, help="Compile processes "
-                                                    "[default: CPU cores - 2].")] = None,
+                                                    "[default: CPU cores - 4].")] = None,
         json_out: JsonOption = False,
     ) -> None:
         """tunedb's fused kernels next to torch eager, torch.compile and JAX on the same inputs.

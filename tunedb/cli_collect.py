@@ -52,14 +52,25 @@ def register(app: typer.Typer) -> None:
                                                          "[default: CPU cores - 2].")] = None,
         timeout: Annotated[float, typer.Option("--timeout", min=1.0,
                                                help="Seconds before a hung candidate is killed.")] = 60.0,
+        strategy: Annotated[str, typer.Option("--strategy", help="Order of measurement: exhaustive (suite "
+                                              "order), random, roofline or model (cost-model guided, "
+                                              "retrained as data arrives).")] = "exhaustive",
+        rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="Stop after N rounds (random, "
+                                                   "roofline, model: a round measures --per-round "
+                                                   "candidates of every workload).")] = None,
+        per_round: Annotated[int, typer.Option("--per-round", min=1,
+                                               help="Candidates per workload per round.")] = 8,
+        seed: Annotated[int, typer.Option("--seed", help="Seed of the random and model strategies.")] = 0,
         json_out: JsonOption = False,
     ) -> None:
         """Generate, verify and time candidates; store every measurement (resumable)."""
         from collectors.base import load_collector
+        from collectors.strategy import make_strategy
         from tunedb.runtime import open_device
 
         try:
             coll = load_collector(collector)
+            strat = make_strategy(strategy, per_round=per_round, seed=seed)
         except ValueError as e:
             fail(str(e))
         try:
@@ -69,9 +80,10 @@ def register(app: typer.Typer) -> None:
         try:
             with open_store(db) as store:
                 if json_out:
-                    summary = coll.run(store, dev, suite, budget=budget, time_s=time_s)
+                    summary = coll.run(store, dev, suite, budget=budget, time_s=time_s, strategy=strat,
+                                       rounds=rounds)
                 else:
-                    summary = _run_with_progress(coll, store, dev, suite, budget, time_s)
+                    summary = _run_with_progress(coll, store, dev, suite, budget, time_s, strat, rounds)
         finally:
             dev.close()
         if json_out:
@@ -81,7 +93,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _run_with_progress(coll: Any, store: Any, dev: Any, suite: str, budget: int | None,
-                       time_s: float | None) -> Any:
+                       time_s: float | None, strategy: Any = None, rounds: int | None = None) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(),
@@ -95,4 +107,5 @@ def _run_with_progress(coll: Any, store: Any, dev: Any, suite: str, budget: int 
             bar.update(task, completed=s.measured + s.missing, total=total or None, rate=s.rate,
                        ok=s.ok, failed=s.failed)
 
-        return coll.run(store, dev, suite, budget=budget, time_s=time_s, progress=progress)
+        return coll.run(store, dev, suite, budget=budget, time_s=time_s, progress=progress,
+                        strategy=strategy, rounds=rounds)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tunedb.cli_common import DbOption, JsonOption, default_db_path, fail, handle_errors, register_error
+from tunedb.cli_common import DbOption, JsonOption, default_db_path, fail, handle_errors
 
 
 def _bindings(items: list[str] | None) -> dict[str, int]:
@@ -24,13 +24,7 @@ def _bindings(items: list[str] | None) -> dict[str, int]:
 
 
 def register(app: typer.Typer) -> None:
-    from tunedb.costmodel.model import CostModelError
-    from tunedb.plan.record import PlanError
-    from tunedb.runtime.device import NoGPUError
-
-    for cls in (PlanError, CostModelError, NoGPUError):
-        register_error(cls)
-
+    # Nothing heavy is imported here: every tunedb command pays for what registration imports.
     @app.command("plan")
     @handle_errors
     def plan(
@@ -45,7 +39,10 @@ def register(app: typer.Typer) -> None:
                                           help="States kept per node by the fusion search.")] = 4,
         measure_top: Annotated[int, typer.Option(
             "--measure-top", min=0, help="Measure the N best-ranked schedules of each fused kernel "
-                                         "on this GPU (needs one).")] = 0,
+                                         "on --measure-device.")] = 0,
+        measure_device: Annotated[str, typer.Option(
+            "--measure-device", help="cuda (this GPU), or replay:PATH to look the schedules up in "
+                                     "stored measurements.")] = "cuda",
         bind: Annotated[list[str] | None, typer.Option(
             "--bind", help="Size of a symbolic input dim, NAME=INT (repeatable).")] = None,
         json_out: JsonOption = False,
@@ -57,14 +54,21 @@ def register(app: typer.Typer) -> None:
 
         Example: tunedb plan data/graphs/bert_layer.onnx --db h200.duckdb --model models/
         """
+        from tunedb.costmodel.model import CostModelError
         from tunedb.plan.driver import compile as compile_plan
+        from tunedb.plan.record import PlanError
+        from tunedb.runtime import NoGPUError, ReplayError
 
         if not model.exists():
             fail(f"no such model file: {model}")
         if db is None and default_db_path().is_file():
             db = default_db_path()
-        result = compile_plan(str(model), db=db, cost_model=cost_model, device=device,
-                              measure_top=measure_top, beam=beam, bindings=_bindings(bind))
+        try:
+            result = compile_plan(str(model), db=db, cost_model=cost_model, device=device,
+                                  measure_top=measure_top, beam=beam, bindings=_bindings(bind),
+                                  measure_device=measure_device)
+        except (PlanError, CostModelError, NoGPUError, ReplayError) as e:
+            fail(str(e))
         if json_out:
             typer.echo(result.dumps())
         else:

@@ -29,8 +29,8 @@ def report(
         "--device", help="Device id or name for the model sections (default: the one with the most "
         "ok measurements).")] = None,
     folds: Annotated[int, typer.Option("--folds", help="GroupKFold folds over workloads.")] = 5,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the metrics' tie-breaks and the "
-                                      "random baseline.")] = 0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the metrics' tie-breaks and the "
+                                             "random baseline (default: the training seed).")] = None,
     lofo: Annotated[bool, typer.Option("--lofo", help="Also evaluate leave-one-family-out "
                                        "(trains once per family).")] = False,
     json_out: JsonOption = False,

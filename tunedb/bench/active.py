@@ -127,7 +127,8 @@ def load_dataset(path: str | Path, kind: str = "fusion", device_id: str | None =
             true_best[c.workload_hash] = min(true_best.get(c.workload_hash, math.inf), t)
     if not specs:
         raise ActiveError(f"{p} holds no {kind!r} measurements on device {dev.info.name} ({dev.info.id})")
-    jobs = [Job(workloads[h], sorted(s, key=lambda x: canonical_json(x[0]))) for h, s in sorted(specs.items())]
+    jobs = [Job(workloads[h], sorted(s, key=lambda x: canonical_json(x[0])))
+            for h, s in sorted(specs.items())]
     return Dataset(dev, jobs, kind, true_best, n)
 
 
@@ -149,8 +150,11 @@ class DataCollector(Collector):
 
 # ---- simulation and curves ------------------------------------------------------------------
 
+History = list[tuple[str, str, str, float | None]]  # (workload, candidate, status, median µs)
+
+
 def simulate(data: Dataset, strategy: str, seed: int = 0, per_round: int = 4,
-             budget_per_workload: int | None = None, **options: Any) -> list[tuple[str, str, str, float | None]]:
+             budget_per_workload: int | None = None, **options: Any) -> History:
     """One collection on the replay device; the strategy's history in measurement order."""
     from tunedb.store import TuningStore
 
@@ -162,7 +166,7 @@ def simulate(data: Dataset, strategy: str, seed: int = 0, per_round: int = 4,
     return strat.history
 
 
-def curves(history: list[tuple[str, str, str, float | None]], true_best: dict[str, float],
+def curves(history: History, true_best: dict[str, float],
            tolerance: float = 0.03) -> dict[str, np.ndarray]:
     """Per-measurement curves (index t = after t+1 measurements) over the workloads that have a
     true best."""
@@ -301,17 +305,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", type=int, default=None, metavar="N",
                     help="write N synthetic workloads to --data first (when it does not exist)")
     args = ap.parse_args(argv)
+    from tunedb.store import StoreError
+
     try:
         names = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
         bad = [s for s in names if s not in STRATEGIES]
         if bad or not names:
-            raise ActiveError(f"unknown strategy {bad[0] if bad else '(none)'!r}; expected {', '.join(STRATEGIES)}")
+            raise ActiveError(f"unknown strategy {bad[0] if bad else '(none)'!r}; "
+                              f"expected {', '.join(STRATEGIES)}")
         if args.synthetic and not Path(args.data).exists():
             write_synthetic(args.data, args.synthetic)
         data = load_dataset(args.data, args.kind, args.device_id)
         result = run_experiment(data, names, max(1, args.seeds), args.per_round, args.budget_per_workload,
                                 args.step, args.tolerance)
-    except ValueError as e:  # ActiveError, ReplayError, StoreError
+    except (ValueError, StoreError) as e:  # ActiveError, ReplayError, StoreError: one line
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     result["data"] = Path(args.data).name

@@ -1,20 +1,16 @@
 """``tunedb bench fusion``: tunedb's fused kernels next to torch eager, torch.compile and JAX/XLA.
 
-Per suite case (the 12 ANCHORS.md cases by default), in one process on one GPU:
-
-1. tunedb's candidates: the top-K measured ones of that workload on this device from the tuning
-   database, else every legal schedule of ``schedule_space`` (generated and compiled ahead in a
-   process pool, verified, ranked by a quick CUDA-event timing, the best K kept);
-2. each finalist verified on fresh random inputs against the float64 reference (the collector's
-   check), then timed in throughput mode (``peers.throughput_us``: back-to-back launches, wall
-   clock around them with a sync, median of 5 batches after 3 warm-ups); the best one reported;
-3. the peers on the same input values: torch eager, torch.compile (dynamic=False), jax.jit, each
-   checked against the reference (relative L2 error) and timed the same way;
-4. the floor: fewest bytes (each input read once, each output written once) / the copy bandwidth
-   (1 GiB device-to-device copy, read + write counted), measured once at the start.
-
-A peer that fails is recorded as null with its error. The result is written as JSON after every
-case, so a run cut short still leaves every finished case on disk.
+Per case (the 12 ANCHORS.md cases by default), in one process on one GPU: (1) tunedb's
+candidates: the top-K measured ones of the workload on this device from the tuning database,
+else every legal schedule of ``schedule_space`` (generated and compiled ahead in a process pool,
+verified, ranked by a quick CUDA-event timing, the best K kept); (2) each finalist verified on
+random inputs against the float64 reference (the collector's check) and timed in throughput
+mode (``peers.throughput_us``: back-to-back launches, wall clock around them with a sync, median
+of 5 batches after 3 warm-ups), the best reported; (3) the peers on the same input values:
+torch eager, torch.compile (dynamic=False), jax.jit, each checked against the reference
+(relative L2 error) and timed the same way; (4) the floor: fewest bytes (each input read once,
+each output written once) / the copy bandwidth (1 GiB device-to-device copy, read + write).
+A failing peer is recorded as null with its error; the JSON is rewritten after every case.
 """
 
 from __future__ import annotations
@@ -53,11 +49,8 @@ def _one_line(exc: BaseException, limit: int = 400) -> str:
 
 
 def _finite(x: Any) -> float | None:
-    """JSON has no NaN/inf: non-finite numbers are stored as null."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
+    """JSON has no NaN/inf: non-finite numbers (and non-numbers) are stored as null."""
+    v = float(x) if isinstance(x, (int, float, np.floating, np.integer)) else math.nan
     return v if math.isfinite(v) else None
 
 
@@ -152,16 +145,14 @@ def prepare(graph_json: dict, config: dict, sm_count: int, compile_now: bool = T
     from tunedb.kernels.schedule import Schedule
     from tunedb.runtime.cuda import plan_to_wire
 
+    label, what = "?", "bad config"
     try:
         s = Schedule.from_config(config)
-        label = s.label()
-    except Exception as e:  # noqa: BLE001
-        return {"label": "?", "error": f"bad config: {_one_line(e)}", "status": "compile_error"}
-    try:
+        label, what = s.label(), "codegen"
         plan = generate(Graph.from_json(graph_json), s, sm_count=sm_count)
         wire = plan_to_wire(plan)
     except Exception as e:  # noqa: BLE001
-        return {"label": label, "error": f"codegen: {_one_line(e)}", "status": "compile_error"}
+        return {"label": label, "error": f"{what}: {_one_line(e)}", "status": "compile_error"}
     for k in wire["kernels"]:  # the trailing "R", "C" of codegen's args are int64 scalars
         if k["args"][-2:] == ["R", "C"]:
             k["args"][-2:] = [{"type": "int64", "value": int(v)} for v in (plan.R, plan.C)]
@@ -549,8 +540,9 @@ def run_bench(cases: list[Any], out: Path | None, db: Path | None = None, top: i
                    "inputs": {n: str(g.type_of(n)) for n in g.inputs},
                    "outputs": {n: str(g.type_of(n)) for n in g.outputs}, "floor_bytes": floor_bytes(g),
                    "floor_us": _finite(floor_us(floor_bytes(g), bw)) if bw > 0 else None, "peers": {}}
-            dev, refs = host.get(i - 1)
+            dev = refs = None
             try:
+                dev, refs = host.get(i - 1)
                 rec["tunedb"] = search.run_case(wl.hash, g, dev, refs)
             except ContextLost as e:
                 rec["tunedb"] = {"us": None, "error": str(e)}
@@ -558,8 +550,11 @@ def run_bench(cases: list[Any], out: Path | None, db: Path | None = None, top: i
                 result["stopped"] = f"CUDA context lost: {e}"
                 say(result["stopped"])
                 break
+            except Exception as e:  # noqa: BLE001 - one broken case must not end the run
+                rec["tunedb"] = {"us": None, "error": f"case failed: {_one_line(e)}"}
             for p in PEERS:
-                rec["peers"][p] = _peer(fw, p, g, dev, refs)
+                rec["peers"][p] = (_peer(fw, p, g, dev, refs) if dev is not None else
+                                   {"us": None, "rel_err": None, "error": rec["tunedb"]["error"]})
             del dev, refs
             _free(cp, fw)
             rec["elapsed_s"] = round(time.monotonic() - tc, 1)
@@ -583,5 +578,8 @@ def _free(cp: Any, fw: Any) -> None:
 
     gc.collect()  # the peers' closures hold device arrays
     cp.get_default_memory_pool().free_all_blocks()
-    if fw.torch is not None:
-        fw.torch.cuda.empty_cache()
+    try:
+        if fw.torch is not None:
+            fw.torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - only memory hygiene
+        pass

@@ -11,7 +11,7 @@ it carries an affine calibration ``log(us) = a * cost + b`` fitted on its traini
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,8 @@ class TrainParams:
     # in training, so that the model also predicts well before a candidate is compiled.
     mask_measured: float = 0.5
     rank_pairs_per_sample: int = 8
+    # "auto" compares the objectives on at most about this many training rows (whole workloads).
+    select_rows: int = 200_000
 
     def __post_init__(self) -> None:
         if self.objective != "auto" and self.objective not in OBJECTIVES:
@@ -201,21 +203,33 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
     mask_measured(Xtr, params.mask_measured, params.seed)
     mask_measured(Xva, params.mask_measured, params.seed + 1)
     # Dense 0..G-1 codes per side, in the same (sorted) order as the rows.
-    gtr = np.unique(g_all[tr], return_inverse=True)[1].reshape(-1)
-    gva = np.unique(g_all[va], return_inverse=True)[1].reshape(-1)
+    gtr, gva = _dense(g_all[tr]), _dense(g_all[va])
 
     objectives = [REGRESSION, *params.rank_objectives] if params.objective == "auto" else [params.objective]
     tried: dict[str, dict[str, float]] = {}
     best: tuple[float, str, xgb.Booster, int] | None = None
+    # On big data the objectives are compared on a workload subsample and only the winner is
+    # trained on everything: the comparison needs a fair race, not the full data.
+    subsample = len(objectives) > 1 and len(tr) > params.select_rows
+    a_tr = _workload_subset(gtr, params.select_rows, params.seed) if subsample else None
+    a_va = _workload_subset(gva, int(params.select_rows * params.valid_fraction), params.seed + 1) \
+        if subsample else None
+    ltr, lva = log_y[tr], log_y[va]
     for obj in objectives:
-        booster, it = _fit_one(obj, params, Xtr, log_y[tr], gtr, Xva, log_y[va], gva)
-        acc = pairwise_accuracy(y[va], to_cost(predict_margin(booster, Xva), obj), gva)
-        tried[obj] = {"pairwise_accuracy": acc, "best_iteration": float(it)}
+        booster, it = _fit_one(obj, params, _rows(Xtr, a_tr), _rows(ltr, a_tr), _dense(_rows(gtr, a_tr)),
+                               _rows(Xva, a_va), _rows(lva, a_va), _dense(_rows(gva, a_va)))
+        pred = to_cost(predict_margin(booster, _rows(Xva, a_va)), obj)
+        acc = pairwise_accuracy(_rows(lva, a_va), pred, _rows(gva, a_va))
+        tried[obj] = {"pairwise_accuracy": acc, "best_iteration": float(it),
+                      "train_rows": float(len(tr) if a_tr is None else len(a_tr))}
         # Regression is tried first and wins ties: it answers in comparable microseconds.
         if best is None or acc > best[0] + 1e-3:
             best = (acc, obj, booster, it)
     assert best is not None
     acc, obj, booster, it = best
+    if a_tr is not None or a_va is not None:
+        booster, it = _fit_one(obj, params, Xtr, ltr, gtr, Xva, lva, gva)
+        acc = pairwise_accuracy(lva, to_cost(predict_margin(booster, Xva), obj), gva)
     if obj == REGRESSION:
         calib = (1.0, 0.0)
     else:
@@ -225,6 +239,21 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
                        n_train=len(tr), n_valid=len(va))
 
 
-def fixed_objective(params: TrainParams, objective: str) -> TrainParams:
-    """The same parameters with the objective pinned (cross-validation reuses the winner)."""
-    return replace(params, objective=objective)
+def _rows(a: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
+    return a if idx is None else a[idx]
+
+
+def _dense(codes: np.ndarray) -> np.ndarray:
+    """Sorted group codes -> 0..G-1 in the same order."""
+    return np.unique(codes, return_inverse=True)[1].reshape(-1)
+
+
+def _workload_subset(codes: np.ndarray, max_rows: int, seed: int) -> np.ndarray | None:
+    """Rows of a random set of whole workloads holding about ``max_rows`` rows (in row order),
+    or None when all rows fit anyway."""
+    if len(codes) <= max_rows:
+        return None
+    counts = np.bincount(codes)
+    order = np.random.default_rng(seed).permutation(len(counts))
+    take = order[: max(2, int(np.searchsorted(np.cumsum(counts[order]), max_rows)) + 1)]
+    return np.flatnonzero(np.isin(codes, take))

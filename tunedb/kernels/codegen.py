@@ -15,13 +15,14 @@ to the workload's shapes. Launching a plan with CuPy::
         fn = cp.RawModule(code=k.source, options=("-std=c++17",)).get_function(k.name)
         if k.shared_bytes > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = k.shared_bytes
-        args = [np.int64(plan.R) if a == "R" else np.int64(plan.C) if a == "C" else bufs[a]
-                for a in k.args]
+        args = [bufs[a] if isinstance(a, str) else a for a in k.args]  # scalars: np.int64
         fn(k.grid, k.block, tuple(args), shared_mem=k.shared_bytes)
 
-``k.args`` is: graph inputs in ``graph.inputs`` order, graph outputs in ``graph.outputs`` order
-(a value listed twice is passed once), scratch buffers, then the scalars ``R`` and ``C`` (int64;
-the kernels are specialised to those shapes and take them for uniformity). Kernels of one plan
+``k.args`` is: graph inputs in ``graph.inputs`` order, graph outputs in ``graph.outputs`` order,
+scratch buffer names, then the scalars R and C as ``numpy.int64`` values (the kernels are
+specialised to the shapes and take them for uniformity; pass them with exactly that width).
+``split_row`` kernels carry ``__cluster_dims__`` (thread-block clusters, sm_90): a plain launch
+works, the grid is a multiple of the cluster size. Kernels of one plan
 run in order on one stream. Every output element is written by every plan, so outputs may be
 poisoned (NaN) beforehand to catch unwritten elements.
 """
@@ -29,6 +30,9 @@ poisoned (NaN) beforehand to catch unwritten elements.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from tunedb.graph.ir import Graph
 from tunedb.kernels.analysis import Analysis, analyze
@@ -45,7 +49,7 @@ class KernelSpec:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int
-    args: tuple[str, ...]
+    args: tuple[Any, ...]   # buffer names (str), then the scalars R and C as numpy.int64
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ class KernelPlan:
 
     def to_json(self) -> dict:
         return {"kernels": [{"name": k.name, "grid": list(k.grid), "block": list(k.block),
-                             "shared_bytes": k.shared_bytes, "args": list(k.args),
+                             "shared_bytes": k.shared_bytes,
+                             "args": [a if isinstance(a, str) else int(a) for a in k.args],
                              "source": k.source} for k in self.kernels],
                 "scratch": [list(s) for s in self.scratch], "source_hash": self.source_hash,
                 "R": self.R, "C": self.C, "pattern": self.pattern, "zeroed": list(self.zeroed)}
@@ -105,7 +110,8 @@ def generate(graph: Graph | Analysis, schedule: Schedule, sm_count: int = 132) -
     for j, t in enumerate(texts):
         name = f"{prefix}_k{j}"
         src = (head + "\n" + t.body).replace("@K@", name).replace(PH, prefix)
-        args = tuple(g.inputs) + tuple(out_names[p] for p in outs) + tuple(t.scratch) + ("R", "C")
+        args = (tuple(g.inputs) + tuple(out_names[p] for p in outs) + tuple(t.scratch)
+                + (np.int64(a.R), np.int64(a.C)))
         kernels.append(KernelSpec(name, src, tuple(t.grid), tuple(t.block), int(t.smem), args))
     return KernelPlan(tuple(kernels), tuple(scratch), sha256_hex("\0".join(k.source for k in kernels)),
                       a.R, a.C, a.pattern)

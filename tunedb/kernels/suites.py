@@ -102,7 +102,7 @@ def xent(R: int, C: int, dt: str, kind: str) -> Graph:
     """softmax_xent: logsumexp(x, row) - x[row, label[row]]; nll: -log_softmax(x)[row, label]."""
     b = GraphBuilder(f"{kind}_{R}x{C}_{_dt(dt)}")
     x = b.input("x", (R, C), dt)
-    lab = b.unsqueeze(b.input("label", (R,), "int64"), axes=(1,))
+    lab = b.input("label", (R, 1), "int64")  # a graph input used directly as gather indices
     if kind == "softmax_xent":
         m = b.reduce_max(x, axes=(1,), keepdims=True)
         lse = b.add(b.log(b.reduce_sum(b.exp(b.sub(x, m)), axes=(1,), keepdims=True)), m)
@@ -257,7 +257,8 @@ QUICK = [("bias_act", "gelu_tanh", 32, 768, "float32"), ("bias_act", "silu", 64,
          ("xent", "softmax_xent", 64, 1000, "float32"), ("col_reduce", "col_center", 96, 768, "float32"),
          ("col_reduce", "bias_grad", 200, 333, "float16"),
          ("norm_backward", "layernorm_backward", 64, 768, "float32"),
-         ("permute", "transpose_add", 96, 160, "float32"), ("broadcast", "row_col_affine", 37, 768, "bfloat16"),
+         ("permute", "transpose_add", 96, 160, "float32"),
+         ("broadcast", "row_col_affine", 37, 768, "bfloat16"),
          ("eltwise_chain", "eltwise_chain8", 33, 1001, "float32")]
 
 # Shapes span 32x768 (96 KB) to 16384x8192 fp32 (512 MB); odd sizes on both axes.

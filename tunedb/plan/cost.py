@@ -75,7 +75,8 @@ def compute_flops(sub: Graph) -> tuple[float, str]:
     return 0.0, out.dtype
 
 
-def _stitch_pairs(config: dict | None) -> tuple[tuple[str, str], ...]:
+def stitch_of(config: dict | None) -> tuple[tuple[str, str], ...]:
+    """(value, scheme) pairs of a schedule config's ``stitch`` text ("value:scheme;...")."""
     text = (config or {}).get("stitch", "") or ""
     return tuple(tuple(p.rsplit(":", 1)) for p in str(text).split(";") if ":" in p)
 
@@ -164,18 +165,23 @@ class Coster:
         self._by_key[key] = cost
         return cost
 
-    def _db(self, nodes: Sequence[int], key: tuple) -> tuple[float, dict] | None:
+    def _db(self, nodes: Sequence[int], key: tuple, fused: bool = False) -> tuple[float, dict] | None:
+        """(best measured µs, its config) on this device, if the database has the workload. A
+        fused step must be able to run the config, so only schedule configs count for it."""
         if not self._measured:
             return None
         h = self.workload_hash(nodes, key)
         if h not in self._measured:
             return None
-        best = self.store.top_k(h, self.device_id, 1)
-        if not best:
-            return None
-        self.stats["db_hits"] += 1
-        cand, us = best[0]
-        return us, cand.config_dict
+        for cand, us in self.store.top_k(h, self.device_id, 8):
+            if fused:
+                try:
+                    Schedule.from_config(cand.config_dict)
+                except (ValueError, TypeError):
+                    continue
+            self.stats["db_hits"] += 1
+            return us, cand.config_dict
+        return None
 
     def _roofline_us(self, sub: Graph) -> float:
         return max(MIN_KERNEL_US, floor_bytes(sub) / self.device.bandwidth_bytes_per_s * 1e6)
@@ -193,7 +199,7 @@ class Coster:
             if len(nodes) > 1:
                 return None
             return self._single(nodes, key, "the fused-kernel generator cannot take this op")
-        hit = self._db(nodes, key)
+        hit = self._db(nodes, key, fused=True)
         if hit is not None:
             us, cfg = hit
             return GroupCost("fused", us, "db", launches=_launches(cfg), config=cfg)
@@ -319,6 +325,3 @@ def _launches(config: dict | None) -> int:
         return int(config.get("kernels", 1) or 1)
     return 2 if s.mapping == "col_tiled" and s.split > 1 else 1
 
-
-def stitch_of(config: dict | None) -> tuple[tuple[str, str], ...]:
-    return _stitch_pairs(config)

@@ -110,7 +110,7 @@ def _measure(steps: list[KernelStep], costs: list[GroupCost], top: int, gpu: Any
     fastest correct one (``measured_us``)."""
     from tunedb.kernels.codegen import generate
     from tunedb.kernels.schedule import Schedule
-    from tunedb.records import Workload
+    from tunedb.records import Candidate, Workload
     from tunedb.runtime.cuda import plan_to_wire
 
     out = []
@@ -119,17 +119,20 @@ def _measure(steps: list[KernelStep], costs: list[GroupCost], top: int, gpu: Any
         if step.kind != "fused" or not configs:
             out.append(step)
             continue
+        wl = Workload.from_graph(step.graph, "plan", step.workload_hash[:12])
         wires = []
         for cfg in configs:
             try:
-                wires.append(plan_to_wire(generate(step.graph, Schedule.from_config(cfg), gpu.info.sm_count)))
+                wire = plan_to_wire(generate(step.graph, Schedule.from_config(cfg), gpu.info.sm_count))
             except ValueError as e:  # UnsupportedFusion is a ValueError too
-                wires.append({"kernels": [], "scratch": [], "error": str(e)})
-        wl = Workload.from_graph(step.graph, "plan", step.workload_hash[:12])
+                wire = {"kernels": [], "scratch": [], "error": str(e)}
+            # A replay device answers by candidate hash.
+            wires.append({**wire, "candidate_hash": Candidate(wl.hash, "fusion", cfg).hash})
         best: tuple[float, dict] | None = None
         for i, res in gpu.measure(wl, wires):
-            samples = sorted((res or {}).get("samples_us") or [])
-            if (res or {}).get("status") == "ok" and samples:
+            res = res or {}  # None: a replay device has no data for this candidate
+            samples = sorted(res.get("samples_us") or [])
+            if res.get("status") == "ok" and samples:
                 med = samples[len(samples) // 2]
                 if best is None or med < best[0]:
                     best = (med, configs[i])
@@ -143,13 +146,15 @@ def _measure(steps: list[KernelStep], costs: list[GroupCost], top: int, gpu: Any
 
 def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any = "cuda",
             measure_top: int = 0, beam: int = 4, horizontal: bool = True,
-            bindings: dict[str, int] | None = None, fill_initializers: bool = True) -> Plan:
+            bindings: dict[str, int] | None = None, fill_initializers: bool = True,
+            measure_device: str = "cuda") -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path (opened read-only) for exact hits; ``cost_model``:
     a CostModel or a model directory / registry root; ``measure_top``: measure that many of
-    each fused kernel's best-ranked schedules on the local GPU (needs one); ``beam``: states
-    kept per node by the fusion search; ``horizontal``: pack small independent kernels."""
+    each fused kernel's best-ranked schedules on ``measure_device`` (``"cuda"``: the local GPU,
+    or ``"replay:PATH"``: stored measurements); ``beam``: states kept per node by the fusion
+    search; ``horizontal``: pack small independent kernels."""
     t0 = time.perf_counter()
     if measure_top < 0:
         raise PlanError(f"measure_top must be >= 0, got {measure_top}")
@@ -157,7 +162,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     if measure_top > 0:
         from tunedb.runtime import open_device
 
-        gpu_ctx = open_device("cuda")  # raises NoGPUError here, before any planning work
+        gpu_ctx = open_device(measure_device)  # NoGPUError here, before any planning work
     graph = load_graph(model, bindings, fill_initializers)
     with _store(db) as store, (gpu_ctx if measure_top == 0 else _closing(gpu_ctx)) as gpu:
         info = gpu.info if gpu is not None else resolve_device(device, store)

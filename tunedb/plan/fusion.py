@@ -108,9 +108,9 @@ class Explorer:
         return beam[0]
 
     def _open(self, state: _State, g: int) -> bool:
-        """Whether group ``g`` may grow: every member is an op the generator may fuse."""
-        ix = self.ix
-        return all(ix.fusable[m] for m in state.members.get(g, (g,)))
+        """Whether group ``g`` may grow: every member is an op the generator may fuse. Only
+        fusable nodes ever join a group, so a multi-node group always is."""
+        return g in state.members or self.ix.fusable[g]
 
     def _options(self, state: _State, v: int) -> list[tuple[int, ...]]:
         ix = self.ix
@@ -275,10 +275,14 @@ class Explorer:
         both (same domain) and it is cheaper than two launches."""
         groups = list(groups)
         done: set[tuple[int, ...]] = set()  # groups that found no partner
+        is_small: dict[tuple[int, ...], bool] = {}
         while True:
             order = self._topo(groups)
             desc = self._reach(groups, order)
-            small = [k for k in order if self._small(groups[k])]
+            for g in groups:
+                if g not in is_small:
+                    is_small[g] = self._small(g)
+            small = [k for k in order if is_small[groups[k]]]
             merged = False
             for i, a in enumerate(small):
                 if groups[a] in done:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import html
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import tunedb
 from tunedb.costmodel.features import DeviceFacts
 from tunedb.costmodel.model import CostModel
 from tunedb.costmodel.registry import CARD_FILE, find_model, load_model
-from tunedb.costmodel.train import TrainParams, fixed_objective
+from tunedb.costmodel.train import TrainParams
 from tunedb.records import KINDS
 from tunedb.report import plots
 from tunedb.report.data import ReportError, anchor_rows, fetch, pick_device, prepare, summarize
@@ -65,8 +65,9 @@ def _params(model: CostModel | None, params: TrainParams | None) -> tuple[TrainP
     if model is None:
         return TrainParams(), "defaults"
     p = TrainParams.from_json(model.card.get("hyperparameters", {}))
-    # Cross-validate the configuration that was deployed: the objective the model ended up with.
-    return fixed_objective(p, model.objective), "from the model card"
+    # Cross-validate what was deployed: the objective the model ended up with (as ``tunedb train``
+    # pins it for its own cross-validation, whose numbers the card holds).
+    return replace(p, objective=model.objective), "from the model card"
 
 
 def _geomean(values: list[float | None]) -> float | None:
@@ -142,7 +143,8 @@ def _baselines_section(ev: Evaluation | None, why: str) -> str:
                  "random: seeded log-normal latencies.")
             + table("baselines", ["predictor", *(METRIC_LABELS[k] for k in BASELINE_KEYS)], rows)
             + image(plots.baseline_bars(cv, ("pairwise_accuracy", "pairwise_accuracy_per_workload",
-                                             "top1_score", "top5_score", "spearman")), "baseline comparison"))
+                                             "top1_score", "top5_score", "spearman"), METRIC_LABELS),
+                    "baseline comparison"))
 
 
 def _data_section(s: dict[str, Any]) -> str:
@@ -161,12 +163,13 @@ def _data_section(s: dict[str, Any]) -> str:
 
 def build_report(store: Any, kind: str = "fusion", device: str | None = None,
                  model: str | os.PathLike[str] | None = None, params: TrainParams | None = None,
-                 folds: int = 5, seed: int = 0, lofo: bool = False,
+                 folds: int = 5, seed: int | None = None, lofo: bool = False,
                  hide_measured_facts: bool = True) -> Report:
     """The report for the ``kind`` measurements of an open TuningStore. ``device``: id or name
     for the model sections (default: the device with the most ok measurements). ``model``: a
     model directory or registry root whose card gives the training parameters and device
-    facts; ``params`` overrides them. Raises ReportError with a one-line message."""
+    facts; ``params`` overrides them. ``seed`` (default: the training seed) seeds the metrics'
+    tie-breaks and the random baseline. Raises ReportError with a one-line message."""
     if kind not in KINDS:
         raise ReportError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
     if folds < 2:
@@ -179,8 +182,9 @@ def build_report(store: Any, kind: str = "fusion", device: str | None = None,
     cost_model = load_report_model(model, dev.name, kind) if model is not None else None
     facts = cost_model.device if cost_model is not None else DeviceFacts.from_device_info(dev)
     train_params, params_from = _params(cost_model, params)
+    seed = train_params.seed if seed is None else seed
 
-    ds = prepare(frame, graphs, dev, facts)
+    ds = prepare(frame, dev, facts)
     anchors = anchor_rows(frame, dev.id, facts)
     ev: Evaluation | None = None
     why = ""

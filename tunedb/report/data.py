@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tunedb.costmodel.features import DeviceFacts, featurize_frame
+from tunedb.costmodel.fit import clean_frame
 from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.records import DeviceInfo
@@ -49,8 +50,8 @@ def _strings(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def fetch(store: Any, kind: str) -> tuple[pa.Table, dict[str, str]]:
-    """Every measurement of ``kind`` (all statuses, all devices) and the graph JSON of each of
-    their workloads, by workload hash."""
+    """Every measurement of ``kind`` (all statuses, all devices) with a graph_json column, and
+    the graph JSON of each of their workloads, by workload hash."""
     frame = store.training_frame(kind=kind, device_id=None, status=None, include_graph=False)
     if frame.num_rows == 0:
         where = f" {store.path}" if store.path is not None else ""
@@ -58,7 +59,7 @@ def fetch(store: Any, kind: str) -> tuple[pa.Table, dict[str, str]]:
                           f"(tunedb collect)")
     wanted = set(frame["workload_hash"].to_pylist())
     graphs = {w.hash: w.graph_json for w in store.workloads() if w.hash in wanted}
-    return frame, graphs
+    return with_graphs(frame, graphs), graphs
 
 
 def pick_device(frame: pa.Table, devices: list[DeviceInfo], wanted: str | None) -> DeviceInfo:
@@ -133,32 +134,6 @@ def summarize(frame: pa.Table, graphs: dict[str, str], devices: list[DeviceInfo]
     }
 
 
-def _median_per_candidate(t: pa.Table) -> pa.Table:
-    """One row per candidate: a candidate measured in several runs gets the median of its runs'
-    medians (as ``TuningStore.top_k`` ranks it)."""
-    cand = _strings(t["candidate_hash"])
-    uniq, first, codes = np.unique(cand, return_index=True, return_inverse=True)
-    if len(uniq) == len(cand):
-        return t
-    y = t["median_us"].to_numpy(zero_copy_only=False).astype(np.float64)
-    codes = codes.reshape(-1)
-    order = np.argsort(codes, kind="stable")
-    starts = np.r_[0, np.flatnonzero(np.diff(codes[order])) + 1]
-    med = np.array([np.median(v) for v in np.split(y[order], starts[1:])])
-    # Keep the frame's row order (first occurrence of each candidate): training samples rows,
-    # so the same rows in another order would give another model.
-    keep = np.sort(first)
-    out = t.take(pa.array(keep))
-    med = med[codes[keep]]
-    return out.set_column(out.schema.get_field_index("median_us"), "median_us", pa.array(med))
-
-
-def _timed(t: pa.Table) -> pa.ChunkedArray:
-    """Rows that are ok and have a positive latency (the only ones with a label)."""
-    y = pc.fill_null(pc.cast(t["median_us"], pa.float64()), 0.0)
-    return pc.and_(pc.equal(t["status"], "ok"), pc.greater(y, 0.0))
-
-
 def with_graphs(t: pa.Table, graphs: dict[str, str]) -> pa.Table:
     """``t`` plus a dictionary-encoded graph_json column (each graph's text stored once)."""
     wl = _strings(t["workload_hash"])
@@ -171,12 +146,12 @@ def with_graphs(t: pa.Table, graphs: dict[str, str]) -> pa.Table:
     return t.append_column("graph_json", pa.DictionaryArray.from_arrays(codes, texts))
 
 
-def prepare(frame: pa.Table, graphs: dict[str, str], device: DeviceInfo, facts: DeviceFacts) -> Dataset:
-    """The ok rows of ``device`` with a positive latency, one per candidate, featurised."""
-    t = frame.filter(pc.and_(pc.equal(frame["device_id"], device.id), _timed(frame)))
+def prepare(frame: pa.Table, device: DeviceInfo, facts: DeviceFacts) -> Dataset:
+    """The ok rows of ``device`` with a positive latency, one per candidate (as ``tunedb train``
+    cleans them), featurised."""
+    t = clean_frame(frame.filter(pc.equal(frame["device_id"], device.id)))
     if t.num_rows == 0:
         raise ReportError(f"device {device.name} ({device.id}) has no ok measurements with a latency")
-    t = with_graphs(_median_per_candidate(t), graphs)
     try:
         X = featurize_frame(t, facts)
     except GraphError:
@@ -201,15 +176,15 @@ def anchor_rows(frame: pa.Table, device_id: str, facts: DeviceFacts) -> list[dic
         rows = on_dev.filter(pa.array(wl == h))
         if rows.num_rows == 0:
             continue
-        ok = rows.filter(_timed(rows))
-        ok = _median_per_candidate(ok) if ok.num_rows else ok
+        ok = clean_frame(rows)
         lat = ok["median_us"].to_numpy(zero_copy_only=False).astype(np.float64)
         floor_us = case.floor_bytes / facts.bandwidth_bytes_per_s * 1e6
         best = float(lat.min()) if len(lat) else None
         out.append({
             "case": case.name, "family": case.family, "workload_hash": h,
             "floor_bytes": int(case.floor_bytes), "floor_us": floor_us,
-            "candidates": int(len(lat)), "failed": int(rows.num_rows - ok.num_rows),
+            "candidates": int(len(lat)),
+            "failed": int(pc.sum(pc.not_equal(rows["status"], "ok")).as_py() or 0),
             "best_us": best, "median_us": float(np.median(lat)) if len(lat) else None,
             "floor_fraction": floor_us / best if best else None,
             "latencies_us": [float(v) for v in lat],

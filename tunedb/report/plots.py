@@ -109,23 +109,22 @@ def family_bars(families: dict[str, dict[str, Any]]) -> str:
         ax.set_title(title, fontsize=9)
         if key != "mape":
             ax.set_ylim(0, 1.05)
+            # Pairwise accuracy of a coin is 0.5; a perfect top-1 pick scores 1.
             ax.axhline(0.5 if key == "pairwise_accuracy" else 1.0, color="black", lw=0.6, ls=":")
-        else:
-            ax.set_yscale("symlog", linthresh=1.0)
-    axes[0].legend(fontsize=8)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", ncols=2, fontsize=8)
     return data_uri(fig)
 
 
-def baseline_bars(cv: dict[str, Any], keys: tuple[str, ...]) -> str:
+def baseline_bars(cv: dict[str, Any], keys: tuple[str, ...], labels: dict[str, str]) -> str:
     """The model against the roofline and random predictors on the ranking metrics."""
     fig = _figure(7.0, 3.4)
     ax = fig.add_subplot()
     series = {"XGBoost": [cv[k] for k in keys],
               **{name: [cv["baselines"][name][k] for k in keys] for name in ("roofline", "random")}}
-    _grouped_bars(ax, list(keys), series, [_MODEL_COLOR, _ROOF_COLOR, _RANDOM_COLOR])
+    _grouped_bars(ax, [labels.get(k, k) for k in keys], series, [_MODEL_COLOR, _ROOF_COLOR, _RANDOM_COLOR])
     ax.set_ylim(min(0.0, *(v for vals in series.values() for v in vals if v is not None and np.isfinite(v))),
                 1.05)
-    ax.legend(fontsize=8, loc="lower right")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8)
     ax.set_title("held-out ranking quality: XGBoost vs baselines", fontsize=10)
     return data_uri(fig)
 
@@ -136,7 +135,9 @@ def anchor_strips(anchors: list[dict[str, Any]], colors: dict[str, Any]) -> str:
     n = len(anchors)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    fig = _figure(3.2 * cols, 2.8 * rows)
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    fig = _figure(3.2 * cols, 2.8 * rows + 0.4)
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).reshape(-1)
     rng = np.random.default_rng(0)
     for ax, a in zip(axes, anchors):
@@ -148,6 +149,14 @@ def anchor_strips(anchors: list[dict[str, Any]], colors: dict[str, Any]) -> str:
         if a.get("model_pick_us") is not None:
             ax.scatter([0.0], [a["model_pick_us"]], marker="x", s=60, color="red", label="model's pick")
         ax.set_yscale("log")
+        top = max([a["floor_us"], *lat.tolist()])
+        ax.set_ylim(a["floor_us"] / 1.15, top * 1.15)
+        # Plain numbers at 1-2-5 steps: a log axis over less than a decade gets odd labels.
+        decades = np.log10(top * 1.15 / (a["floor_us"] / 1.15))
+        subs = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if decades < 1 else (1.0, 2.0, 5.0) if decades < 3 else (1.0,)
+        ax.yaxis.set_major_locator(LogLocator(subs=subs))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlim(-0.6, 0.6)
         ax.set_xticks([])
         ax.set_ylabel("µs", fontsize=8)
@@ -158,5 +167,8 @@ def anchor_strips(anchors: list[dict[str, Any]], colors: dict[str, Any]) -> str:
         ax.grid(True, axis="y", which="both", alpha=0.2)
     for ax in axes[n:]:
         ax.set_visible(False)
-    axes[0].legend(fontsize=6, loc="upper right")
+    handles: dict[str, Any] = {}
+    for ax in axes[:n]:
+        handles.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=3, fontsize=8)
     return data_uri(fig)

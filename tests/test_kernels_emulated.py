@@ -1,0 +1,51 @@
+"""Numerics of generated kernels without a GPU: each kernel compiled as host C++ (see
+``kernel_emu``), run on small inputs and compared with the float64 reference interpreter.
+One schedule per (quick-suite case, mapping): the one with the fewest threads."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from kernel_emu import build, make_inputs, max_error, poisoned_output, run_plan
+
+from tunedb.graph.reference import run_reference
+from tunedb.kernels import analyze, generate, schedule_space, suite
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+
+
+def _pick(legal):
+    best = {}
+    for s in legal:
+        key = (s.mapping, s.split if s.mapping == "col_tiled" else 0)
+        if key not in best or (s.block, -s.vec) < (best[key].block, -best[key].vec):
+            best[key] = s
+    return list(best.values())
+
+
+def test_quick_suite_matches_reference_in_emulation(tmp_path):
+    jobs = []
+    for case in suite("quick"):
+        legal, _ = schedule_space(case.graph)
+        for s in _pick(legal):
+            jobs.append((case, s, generate(case.graph, s, sm_count=2)))
+    halves = [jobs[0::2], jobs[1::2]]
+    with ThreadPoolExecutor(2) as pool:
+        libs = list(pool.map(lambda js: build([k.source for _, _, p in js for k in p.kernels], str(tmp_path)),
+                             halves))
+    failures = []
+    for lib, half in zip(libs, halves):
+        for case, s, plan in half:
+            g = case.graph
+            dev, ref = make_inputs(g, analyze(g).C)
+            want = run_reference(g, ref)
+            bufs = dict(dev)
+            bufs.update({v: poisoned_output(g.type_of(v)) for v in g.outputs})
+            run_plan(lib, plan, bufs)
+            v, err = max_error(g, bufs, want)
+            if err > 1.0:
+                failures.append(f"{case.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
+    assert not failures, "\n".join(failures)
+    assert len(jobs) >= 30

@@ -1,0 +1,115 @@
+"""Schedule space: legality, pruning reasons, JSON round trip; generated plans: structure and
+determinism."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tunedb.graph.builder import GraphBuilder
+from tunedb.kernels import Schedule, generate, schedule_space, suite
+from tunedb.kernels.prelude import PRELUDE
+from tunedb.records import Candidate
+
+
+def _softmax(R: int, C: int, dt: str = "float32"):
+    b = GraphBuilder(f"softmax_{R}x{C}")
+    return b.build([b.softmax(b.input("x", (R, C), dt))])
+
+
+def _reasons(pruned):
+    return [why for _, why in pruned]
+
+
+def test_long_row_register_pruning_names_the_numbers():
+    legal, pruned = schedule_space(_softmax(64, 32768))
+    assert any("row of 32768 float32 needs 128 registers/thread at block 256, vec 4 > limit 64" in w
+               for w in _reasons(pruned))
+    regs = [s for s in legal if s.row_cache == "registers" and s.mapping == "block_per_row"]
+    assert {s.block for s in regs} == {512, 1024}  # 64 and 32 cache registers per thread
+    assert any(s.mapping == "split_row" for s in legal)
+
+
+def test_vector_width_must_divide_odd_rows():
+    legal, pruned = schedule_space(_softmax(32, 1001))
+    assert "vector width 4 does not divide C=1001" in _reasons(pruned)
+    assert all(s.vec == 1 for s in legal)
+
+
+def test_vector_bytes_capped_at_16():
+    legal, pruned = schedule_space(_softmax(32, 1024, "bfloat16"))
+    assert max(s.vec for s in legal) == 8
+    legal, pruned = schedule_space(_softmax(32, 1024, "float32"))
+    assert max(s.vec for s in legal) == 4
+    assert "vector width 8 of 4-byte elements exceeds 16 bytes" in _reasons(pruned)
+
+
+def test_quick_suite_spaces_are_usable_and_round_trip():
+    for case in suite("quick"):
+        legal, pruned = schedule_space(case.graph)
+        assert 10 <= len(legal) <= 150, (case.name, len(legal))
+        assert len(set(legal)) == len(legal)
+        for s in legal:
+            cfg = s.to_config()
+            back = Schedule.from_config(json.loads(json.dumps(cfg)))
+            assert back == s
+            # a Candidate config is a tuple of JSON scalars
+            cand = Candidate("w", "fusion", cfg)
+            assert Schedule.from_config(cand.config) == s
+        for s, why in pruned:
+            assert why and "\n" not in why
+
+
+def test_stitch_schemes_describe_the_schedule():
+    legal, _ = schedule_space(_softmax(256, 4096))
+    by = {s.label(): s for s in legal}
+    warp = next(s for s in legal if s.mapping == "block_per_row" and s.row_cache == "registers")
+    schemes = set(warp.stitch_map.values())
+    assert "smem" in schemes and "register" in schemes
+    split = next(s for s in legal if s.mapping == "split_row")
+    assert "dsmem" in split.stitch_map.values()
+    reread = [s for s in by.values() if s.row_cache == "reread"]
+    assert reread and all("global" in s.stitch_map.values() for s in reread)
+
+
+def test_bad_configs_are_refused():
+    with pytest.raises(ValueError, match="unknown mapping"):
+        Schedule("diagonal")
+    with pytest.raises(ValueError, match="vector width 3"):
+        Schedule("elementwise", vec=3)
+    with pytest.raises(ValueError, match="unknown schedule key"):
+        Schedule.from_config({"mapping": "elementwise", "warps": 4})
+    g = _softmax(32, 1001)
+    with pytest.raises(ValueError, match="does not divide C=1001"):
+        generate(g, Schedule("block_per_row", block=256, vec=4))
+
+
+def test_plan_structure_and_determinism():
+    case = next(c for c in suite("quick") if c.family == "norm_backward")
+    legal, _ = schedule_space(case.graph)
+    s = legal[0]
+    p1, p2 = generate(case.graph, s), generate(case.graph, s)
+    assert p1 == p2 and p1.source_hash == p2.source_hash
+    assert len(p1.kernels) == 2 and p1.scratch and p1.scratch[0][1] > 0
+    k0, k1 = p1.kernels
+    g = case.graph
+    n_buf = len(g.inputs) + len(g.outputs)
+    assert k0.args[:n_buf] == tuple(g.inputs) + tuple(g.outputs)
+    assert k0.args[n_buf] == p1.scratch[0][0]
+    assert [type(a) for a in k0.args[-2:]] == [np.int64, np.int64]
+    assert (int(k0.args[-2]), int(k0.args[-1])) == (p1.R, p1.C)
+    for k in p1.kernels:
+        assert k.source.startswith(PRELUDE) and "#include" not in k.source
+        assert f" {k.name}(" in k.source and 'extern "C"' in k.source
+        assert all(x >= 1 for x in k.grid + k.block)
+    other = generate(case.graph, legal[1])
+    assert other.source_hash != p1.source_hash
+    assert json.loads(json.dumps(p1.to_json()))["source_hash"] == p1.source_hash
+
+
+def test_grid_follows_sm_count():
+    g = _softmax(8192, 1024)
+    s = next(s for s in schedule_space(g)[0] if s.mapping == "warp_per_row")
+    assert generate(g, s, sm_count=132).kernels[0].grid[0] > generate(g, s, sm_count=16).kernels[0].grid[0]

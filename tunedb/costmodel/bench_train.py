@@ -1,0 +1,77 @@
+"""Training benchmark: synthetic fusion candidates -> features -> XGBoost, timed.
+
+    python -m tunedb.costmodel.bench_train --rows 1000000 [--device cpu|cuda] [--objective auto]
+
+Prints one JSON object: rows, workloads, seconds to generate, featurise and train, the
+objective chosen, validation pairwise accuracy and the peak resident memory of the process.
+The budget it checks: one million rows trained in at most 60 s with less than 4 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import sys
+import time
+
+import numpy as np
+
+from tunedb.costmodel.features import featurize_frame
+from tunedb.costmodel.fit import clean_frame
+from tunedb.costmodel.synthetic import synthetic_frame
+from tunedb.costmodel.train import TrainParams, train_booster
+
+BUDGET_SECONDS = 60.0
+BUDGET_BYTES = 4 * 2**30
+
+
+def _peak_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+
+
+def run(rows: int = 1_000_000, per_workload: int = 500, device: str = "cpu", objective: str = "auto",
+        seed: int = 0) -> dict:
+    t0 = time.perf_counter()
+    frame = clean_frame(synthetic_frame(n_workloads=max(3, math.ceil(rows / per_workload)),
+                                        candidates_per_workload=per_workload, seed=seed, legal_only=False,
+                                        fail_fraction=0.0))
+    t1 = time.perf_counter()
+    X = featurize_frame(frame)
+    y = frame["median_us"].to_numpy()
+    groups = frame["workload_hash"].to_numpy(zero_copy_only=False)
+    n, n_workloads = len(y), len(np.unique(groups))
+    del frame
+    t2 = time.perf_counter()
+    result = train_booster(X, y, groups, TrainParams(device=device, objective=objective, seed=seed))
+    t3 = time.perf_counter()
+    out = {
+        "rows": n, "workloads": n_workloads, "features": int(X.shape[1]),
+        "generate_s": round(t1 - t0, 2), "featurize_s": round(t2 - t1, 2), "train_s": round(t3 - t2, 2),
+        "objective": result.objective, "objectives_tried": result.tried,
+        "best_iteration": result.best_iteration,
+        "valid_pairwise_accuracy": round(result.valid_metrics["pairwise_accuracy"], 4),
+        "peak_rss_bytes": _peak_bytes(), "device": device,
+    }
+    out["within_budget"] = bool(out["train_s"] <= BUDGET_SECONDS * n / 1e6 + 1e-9
+                                and out["peak_rss_bytes"] < BUDGET_BYTES)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--per-workload", type=int, default=500, help="candidates per workload")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--objective", default="auto")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.rows < 3 or a.per_workload < 2:
+        ap.error("need --rows >= 3 and --per-workload >= 2")
+    print(json.dumps(run(a.rows, a.per_workload, a.device, a.objective, a.seed), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
