@@ -72,7 +72,9 @@ template <typename T, int V> inline void tdb_st(T* p, const tdb_vec<T, V>& x) {
   *reinterpret_cast<tdb_vec<T, V>*>(p) = x;
 }
 static inline float tdb_h2f(unsigned short h) { _Float16 f; std::memcpy(&f, &h, 2); return (float)f; }
-static inline unsigned short tdb_f2h(float x) { _Float16 f = (_Float16)x; unsigned short h; std::memcpy(&h, &f, 2); return h; }
+static inline unsigned short tdb_f2h(float x) {
+  _Float16 f = (_Float16)x; unsigned short h; std::memcpy(&h, &f, 2); return h;
+}
 static inline float tdb_bf2f(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
 static inline unsigned short tdb_f2bf(float f) {
   unsigned u; std::memcpy(&u, &f, 4);
@@ -102,7 +104,9 @@ static int emu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, int smem,
                    const std::function<void()>& fn) {
   gridDim = {gx, gy, gz}; blockDim = {bx, 1, 1};
   int err = 0;
-  for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y) for (unsigned x0 = 0; x0 < gx; x0 += cs) {
+  for (unsigned z = 0; z < gz; ++z)
+  for (unsigned y = 0; y < gy; ++y)
+  for (unsigned x0 = 0; x0 < gx; x0 += cs) {
     std::barrier<> cbar(bx * cs);
     std::vector<EmuBlock> blks(cs);
     std::vector<std::vector<unsigned char>> sms(cs);
@@ -175,7 +179,9 @@ def build(sources: list[str], workdir: str | None = None) -> ctypes.CDLL:
         src = d / f"{key}.cpp"
         src.write_text(text)
         tmp = d / f"{key}.{os.getpid()}.so"
-        subprocess.run([shutil.which("g++") or "g++", "-std=c++20", "-O1", "-fno-tree-sra", "-shared", "-fPIC", "-w",
+        # -fno-tree-sra: g++ 12 crashes (ICE) in SRA on some fully unrolled kernels
+        subprocess.run([shutil.which("g++") or "g++", "-std=c++20", "-O1", "-fno-tree-sra", "-shared",
+                        "-fPIC", "-w",
                         "-o", str(tmp), str(src), "-lpthread"], check=True, capture_output=True, text=True)
         os.replace(tmp, so)
     return ctypes.CDLL(str(so))

@@ -35,7 +35,8 @@ def test_layernorm_levels_and_classes():
     y = b.layernorm(h, g, beta)
     a = analyze(b.build([y]))
     assert (a.pattern, a.R, a.C) == ("row_reduce", 32, 64)
-    assert [(r.axis, r.level, r.op) for r in a.reductions] == [("row", 0, "reduce_mean"), ("row", 1, "reduce_mean")]
+    assert [(r.axis, r.level, r.op) for r in a.reductions] == [("row", 0, "reduce_mean"),
+                                                                ("row", 1, "reduce_mean")]
     assert a.row_levels == 2 and a.col_levels == 0
     assert all(a.cls[r.value] == ROW for r in a.reductions)
     assert a.cls["g"] == COL and a.cls[y] == FULL

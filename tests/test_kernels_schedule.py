@@ -58,7 +58,7 @@ def test_quick_suite_spaces_are_usable_and_round_trip():
             # a Candidate config is a tuple of JSON scalars
             cand = Candidate("w", "fusion", cfg)
             assert Schedule.from_config(cand.config) == s
-        for s, why in pruned:
+        for _s, why in pruned:
             assert why and "\n" not in why
 
 

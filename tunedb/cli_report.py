@@ -35,8 +35,10 @@ def report(
                                        "(trains once per family).")] = False,
     json_out: JsonOption = False,
 ) -> None:
-    """Write an HTML report: held-out predicted vs measured latency, per-family metrics, the
-    anchor cases against the roofline floor, XGBoost vs baselines, and a data summary.
+    """Write one HTML page on the data and a held-out evaluation of the cost model.
+
+    Sections: held-out predicted vs measured latency, per-family metrics, the anchor cases
+    against the roofline floor, XGBoost vs the roofline and random baselines, a data summary.
 
     Every prediction comes from a model that never saw the workload (GroupKFold by workload).
     Opens the database read-only. With --json, prints the numbers behind the page.

@@ -153,9 +153,6 @@ def prepare(graph_json: dict, config: dict, sm_count: int, compile_now: bool = T
         wire = plan_to_wire(plan)
     except Exception as e:  # noqa: BLE001
         return {"label": label, "error": f"{what}: {_one_line(e)}", "status": "compile_error"}
-    for k in wire["kernels"]:  # the trailing "R", "C" of codegen's args are int64 scalars
-        if k["args"][-2:] == ["R", "C"]:
-            k["args"][-2:] = [{"type": "int64", "value": int(v)} for v in (plan.R, plan.C)]
     zeroed = getattr(plan, "zeroed", None)
     if zeroed is not None:  # only these scratch buffers need a memset before each launch
         for sc in wire["scratch"]:

@@ -9,6 +9,7 @@ The frame has the columns of ``TuningStore.training_frame``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 
@@ -42,25 +43,28 @@ def make_graph(family: str, rows: int, cols: int, dtype: str, rng: np.random.Gen
     return build(rows, cols, dtype, str(rng.choice(variants)))
 
 
-def _grid_configs(pattern: str) -> list[dict]:
-    """Every combination of schedule fields a pattern's mappings use; legal or not (the
-    features do not need legality, and the benchmark needs many candidates per workload)."""
+@functools.cache
+def _grid_configs(pattern: str) -> tuple[str, ...]:
+    """Every combination of schedule fields a pattern's mappings use, as config JSON; legal or
+    not (features do not need legality, and the benchmark needs many candidates per workload)."""
     out = []
     for mapping in _PATTERN_MAPPINGS[pattern]:
         groups = {"rows_per_block": (4, 8, 16), "col_tiled": (8, 16, 32)}.get(mapping, (0,))
         caches = ("registers", "smem", "reread") if mapping in ("warp_per_row", "block_per_row",
                                                                "rows_per_block") else ("registers",)
-        for block, vec, unroll, group, rc in itertools.product(
-                (128, 256, 512, 1024), (1, 2, 4, 8), (1, 2, 4), groups, caches):
+        tiles = (32, 64) if mapping == "transpose_tiled" else (32,)
+        for block, vec, unroll, group, rc, tile, fast in itertools.product(
+                (64, 128, 256, 512, 1024), (1, 2, 4, 8), (1, 2, 4), groups, caches, tiles, (False, True)):
             for split in ((1, 2, 4, 8) if mapping == "col_tiled" else (1,)):
-                out.append({"mapping": mapping, "block": block, "vec": vec, "unroll": unroll,
-                            "group": group, "split": split, "row_cache": rc})
-    return out
+                out.append(json.dumps({"mapping": mapping, "block": block, "vec": vec, "unroll": unroll,
+                                       "group": group, "split": split, "row_cache": rc, "tile": tile,
+                                       "fast_math": fast}, sort_keys=True))
+    return tuple(out)
 
 
-def _configs(g: Graph, legal_only: bool, sm_count: int) -> list[dict]:
+def _configs(g: Graph, legal_only: bool, sm_count: int) -> tuple[str, ...]:
     if legal_only:
-        return [s.to_config() for s in schedule_space(g, sm_count)[0]]
+        return tuple(json.dumps(s.to_config(), sort_keys=True) for s in schedule_space(g, sm_count)[0])
     return _grid_configs(analyze(g).pattern)
 
 
@@ -125,10 +129,10 @@ def synthetic_frame(n_workloads: int = 60, candidates_per_workload: int = 40, se
         hashes.append(h)
         meta.append((family, g.name))
         wl_rows.append(np.full(len(pick), len(graphs) - 1))
-        cfg_rows.extend(json.dumps(configs[i], sort_keys=True) for i in pick)
+        cfg_rows.extend(configs[i] for i in pick)
     widx = np.concatenate(wl_rows)
     n = len(widx)
-    X = featurize({h: gj for h, gj in zip(hashes, graphs)}, [hashes[i] for i in widx], cfg_rows, dev)
+    X = featurize(dict(zip(hashes, graphs)), [hashes[i] for i in widx], cfg_rows, dev)
     lat = hidden_latency_us(X, dev, rng, noise)
     regs_est = X[:, FEATURE_NAMES.index("regs_est")]
     regs = np.minimum(255, np.round(regs_est + rng.integers(-4, 5, n))).astype(np.int32)
@@ -140,16 +144,24 @@ def synthetic_frame(n_workloads: int = 60, candidates_per_workload: int = 40, se
     cand = [sha256_hex(hashes[w] + c) for w, c in zip(widx, cfg_rows)]
     dev_id = sha256_hex(dev.name)[:16]
     idx = pa.array(widx.astype(np.int32))
+    zeros = pa.array(np.zeros(n, dtype=np.int32))
+
+    def per_workload(values: list[str]) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(idx, pa.array(values)).dictionary_decode()
+
+    def constant(value: str) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(zeros, pa.array([value])).dictionary_decode()
+
     return pa.table({
-        "workload_hash": pa.array([hashes[i] for i in widx]),
-        "family": pa.array([meta[i][0] for i in widx]),
-        "workload_name": pa.array([meta[i][1] for i in widx]),
+        "workload_hash": per_workload(hashes),
+        "family": per_workload([m[0] for m in meta]),
+        "workload_name": per_workload([m[1] for m in meta]),
         "graph_json": pa.DictionaryArray.from_arrays(idx, pa.array(graphs)),
         "candidate_hash": pa.array(cand),
-        "kind": pa.array(["fusion"] * n),
+        "kind": constant("fusion"),
         "config_json": pa.array(cfg_rows),
-        "device_id": pa.array([dev_id] * n),
-        "device_name": pa.array([dev.name] * n),
+        "device_id": constant(dev_id),
+        "device_name": constant(dev.name),
         "status": pa.array(status.tolist()),
         "median_us": lat_or_null,
         "p20_us": pa.array(np.where(failed, np.nan, lat * 0.98), mask=failed),

@@ -126,7 +126,8 @@ class Frame:
         for p, dt in self.out_params[v]:
             t = f"sv_{p}"
             out.append(f"tdb_vec<{STORAGE[dt]}, {V}> {t};")
-            out.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {t}.v[k] = {store_conv(dt, f'{vals}[k]')};")
+            conv = store_conv(dt, f"{vals}[k]")
+            out.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {t}.v[k] = {conv};")
             out.append(f"tdb_st<{STORAGE[dt]}, {V}>({p} + ({index}), {t});")
         return out
 

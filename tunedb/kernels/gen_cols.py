@@ -34,7 +34,8 @@ def _sweep(f: Frame, env: dict[str, str], targets: list[str], reds: list[Reducti
     e.update(_leaf_loads(f, lc, V, lines))
     for r in reds:
         lines.append(f"float acc{f.names.idx[r.value]}[{V}];")
-        lines.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) acc{f.names.idx[r.value]}[k] = {RED_INIT[r.op]};")
+        lines.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) "
+                     f"acc{f.names.idx[r.value]}[k] = {RED_INIT[r.op]};")
     if reverse:
         lines.append(f"for (long long r0 = rend - 1 - ty; r0 >= rbeg; r0 -= {TY * U}) {{")
         rexpr, okexpr = f"r0 - u * {TY}", "r >= rbeg"
@@ -92,7 +93,8 @@ def _combine(f: Frame, reds: list[Reduction], allreds: list[Reduction], TX: int,
     for kk, r in enumerate(reds):
         a = f"a{f.names.idx[r.value]}"
         inner.append(f"float {a} = sred[{kk * TY * strip} + tid];")
-        inner.append(f"for (int t = 1; t < {TY}; ++t) {a} = {red_comb(r.op, a, f'sred[({kk * TY} + t) * {strip} + tid]')};")
+        part = red_comb(r.op, a, f"sred[({kk * TY} + t) * {strip} + tid]")
+        inner.append(f"for (int t = 1; t < {TY}; ++t) {a} = {part};")
         if dst == "scol":
             if r.op == "reduce_mean":
                 inner.append(f"{a} = {a} * {flit(1.0 / f.R)};")
@@ -150,7 +152,8 @@ def _finished_env(f: Frame, reds: list[Reduction], TX: int, V: int, lines: list[
             continue
         cr = f"cr{f.names.idx[r.value]}"
         lines.append(f"float {cr}[{V}];")
-        lines.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {cr}[k] = scol[{kk * strip} + tx * {V} + k];")
+        lines.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) "
+                     f"{cr}[k] = scol[{kk * strip} + tx * {V} + k];")
         env[r.value] = f"{cr}[k]"
     return env
 

@@ -61,7 +61,7 @@ class _Row:
                     name = f.n(v, "r")
                     lines.append(f"const {f.ct(v)} {name} = rv ? {f.conv(v, f'{f.param[v]}[row]')} : 0;")
                     self.renv[v] = name
-            for v, c in a.graph.constants:
+            for v, _c in a.graph.constants:
                 if cls.get(v) == ROW:
                     name = f.n(v, "r")
                     lines.append(f"const {f.ct(v)} {name} = rv ? {f.conv(v, f'{f.param[v]}[row]')} : 0;")
@@ -110,7 +110,7 @@ class _Row:
 
     # -- passes over the row ----------------------------------------------------------------
     def emit_pass(self, p: int, lines: list[str]) -> None:
-        f, a, V, T = self.f, self.a, self.V, self.T
+        f, a, V = self.f, self.a, self.V
         reds = [r for r in self.rowreds if r.level == p]
         final = p == self.nlev
         outs = (self.pre_outs if p == 0 else []) + (self.post_outs if final else [])
@@ -141,7 +141,8 @@ class _Row:
         e = self.renv_all()
         if not preload:
             for v in lc[FULL]:
-                inner.append(f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {f.vec_load(v, 'rbase + col', V)};")
+                ld = f.vec_load(v, "rbase + col", V)
+                inner.append(f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {ld};")
         for v in lc[COL]:
             inner.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
         for v in outs:
@@ -209,8 +210,8 @@ class _Row:
                 for r, sl in zip(reds, slots):
                     acc = f"acc{f.names.idx[r.value]}"
                     lines.append(f"{acc} = tdb_dsmem_ld(red + {32 * nred + sl}, 0);")
-                    lines.append(f"#pragma unroll\nfor (unsigned q = 1; q < {self.S}; ++q) "
-                                 f"{acc} = {red_comb(r.op, acc, f'tdb_dsmem_ld(red + {32 * nred + sl}, q)')};")
+                    peer = red_comb(r.op, acc, f"tdb_dsmem_ld(red + {32 * nred + sl}, q)")
+                    lines.append(f"#pragma unroll\nfor (unsigned q = 1; q < {self.S}; ++q) {acc} = {peer};")
         for r in reds:
             acc = f"acc{f.names.idx[r.value]}"
             val = f"{acc} * {flit(1.0 / self.a.C)}" if r.op == "reduce_mean" else acc
@@ -286,7 +287,7 @@ class _Row:
 
     def col_partials(self, P: int) -> list[str]:
         """Per-block column partials -> colpart[(k * P + block) * C + col]."""
-        f, a, T, V, G, C = self.f, self.a, self.T, self.V, self.G, self.a.C
+        f, T, V, G, C = self.f, self.T, self.V, self.G, self.a.C
         out: list[str] = []
         for kk, r in enumerate(self.colreds):
             ca = f"ca{f.names.idx[r.value]}"

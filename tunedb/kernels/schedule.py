@@ -142,7 +142,8 @@ def row_smem_bytes(a: Analysis, s: Schedule) -> int:
     n_col = sum(r.axis == "col" for r in a.reductions)
     b = (4 * 33 * max(1, n_row) + 15) // 16 * 16 if t > 32 else 0
     if s.row_cache == "smem":
-        b += 4 * groups * len(cache_values(a, s.cache)) * row_iters(a.C, t * s.row_split, s.vec) * s.vec * t
+        per_group = row_iters(a.C, t * s.row_split, s.vec) * s.vec * t
+        b += 4 * groups * len(cache_values(a, s.cache)) * per_group
     b += 4 * n_col * a.C
     return b
 
@@ -270,8 +271,8 @@ def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
     if pat in ("row_reduce", "multi"):
         top = [v for v in (8, 4, 2, 1)][:4]
         legal = [v for v in top if v in vecs_c][:2] or [1]
-        modes = ["boundary"] + (["inputs"] if set(cache_values(a, "inputs")) != set(cache_values(a, "boundary"))
-                                else [])
+        differ = set(cache_values(a, "inputs")) != set(cache_values(a, "boundary"))
+        modes = ["boundary"] + (["inputs"] if differ else [])
         shapes = ([("rows_per_block", b, t) for t in (4, 8, 16) for b in (128, 256)]
                   + [("warp_per_row", b, 32) for b in (128, 256, 512)]
                   + [("block_per_row", b, b) for b in (128, 256, 512, 1024)]

@@ -1,0 +1,198 @@
+"""Collection strategies on the replay device: coverage without repeats, rounds, budget, resume,
+warm start from stored data, and ``tunedb collect --strategy``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from collectors import base
+from collectors.base import CollectError, Collector
+from collectors.strategy import STRATEGIES, ModelStrategy, RooflineStrategy, make_strategy
+from tunedb.bench.active import load_dataset, write_synthetic
+from tunedb.runtime import ReplayDevice
+from tunedb.store import TuningStore
+
+W, C = 6, 10  # workloads, candidates per workload
+
+
+class StoredCollector(Collector):
+    """The suite is a stored dataset (its path): its workloads and candidate configs."""
+
+    name = "stored"
+    kind = "fusion"
+
+    def jobs(self, suite: str) -> Any:
+        return iter(load_dataset(suite).jobs)
+
+    def build(self, workload: Any, spec: Any) -> tuple[str, dict]:
+        return "", {}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("strategy") / "export"
+    info = write_synthetic(path, W, C, seed=3)
+    assert info == {"workloads": W, "candidates": W * C}
+    return path
+
+
+def _store_rows(db: TuningStore) -> list[str]:
+    return [m.candidate_hash for m in db.measurements()]
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_every_strategy_measures_each_candidate_once(data: Path, name: str) -> None:
+    dev = ReplayDevice(data)
+    strat = make_strategy(name, per_round=3, seed=1)
+    with TuningStore.open(":memory:") as db:
+        s = StoredCollector().run(db, dev, str(data), strategy=strat)
+        rows = _store_rows(db)
+        runs = db.runs()
+    assert s.measured == W * C == len(rows) == len(set(rows)) and s.missing == 0 and s.stopped == ""
+    hashes = [h[1] for h in strat.history]
+    assert len(hashes) == len(set(hashes)) == W * C and set(hashes) == set(rows)
+    assert json.loads(runs[0].config_json)["strategy"] == name
+    if name == "exhaustive":  # suite order, workload by workload
+        wl = [h[0] for h in strat.history]
+        assert wl == sorted(wl, key=[j.workload.hash for j in load_dataset(data).jobs].index)
+    else:  # round-robin: the first round touches every workload
+        assert {h[0] for h in strat.history[:3 * W]} == {j.workload.hash for j in load_dataset(data).jobs}
+
+
+def test_rounds_budget_and_resume_never_repeat(data: Path) -> None:
+    dev = ReplayDevice(data)
+    coll = StoredCollector()
+    with TuningStore.open(":memory:") as db:
+        s1 = coll.run(db, dev, str(data), strategy=make_strategy("model", per_round=2, seed=0), rounds=2)
+        assert s1.measured == 2 * 2 * W and s1.stopped == "rounds"
+        s2 = coll.run(db, dev, str(data), strategy=make_strategy("random", per_round=4), budget=9)
+        assert s2.already == s1.measured and s2.measured == 9 and s2.stopped == "budget"
+        strat = make_strategy("model", per_round=5, seed=0, min_train=8)
+        s3 = coll.run(db, dev, str(data), strategy=strat)
+        assert s3.already == s1.measured + s2.measured and s3.measured == W * C - s3.already
+        earlier_ok = {m.candidate_hash for m in db.measurements()
+                      if m.status == "ok" and m.run_id in (s1.run_id, s2.run_id)}
+        rows = _store_rows(db)
+    assert len(rows) == len(set(rows)) == W * C
+    # The earlier ok measurements were training rows from the start (warm start), never re-measured.
+    assert strat.retrains >= 1 and not earlier_ok & {h[1] for h in strat.history}
+    assert all(np.isfinite(strat.latency[strat.index[h]]) for h in earlier_ok)
+
+
+def test_budget_is_spread_over_workloads(data: Path) -> None:
+    strat = make_strategy("random", per_round=8, seed=2)
+    with TuningStore.open(":memory:") as db:
+        s = StoredCollector().run(db, ReplayDevice(data), str(data), strategy=strat, budget=W * 2)
+    assert s.measured == W * 2
+    counts: dict[str, int] = {}
+    for wh, *_ in strat.history:
+        counts[wh] = counts.get(wh, 0) + 1
+    assert sorted(counts.values()) == [2] * W
+
+
+def test_roofline_order_and_model_exploration(data: Path) -> None:
+    ds = load_dataset(data)
+    dev = ReplayDevice(data)
+    r = RooflineStrategy(per_round=3, seed=0)
+    r.start(ds.jobs, set(), dev.info, "fusion")
+    first = r.propose()
+    assert len(first) == W and all(len(j.specs) == 3 for j in first)
+    for sub in first:  # the three lowest roofline times of each workload
+        idx = r.by_job[[job.workload.hash for job in ds.jobs].index(sub.workload.hash)]
+        best = sorted(r.roofline[idx])[:3]
+        picked = [r.roofline[r.index[_hash(sub.workload.hash, cfg)]] for cfg, _ in sub.specs]
+        assert picked == pytest.approx(best)
+    m = ModelStrategy(per_round=4, seed=0, explore=0.5, min_train=4)
+    m.start(ds.jobs, set(), dev.info, "fusion")
+    m.propose()  # cold start: nothing to train on yet
+    assert not m.boosters
+    for h, status, lat in _replay(dev, m):
+        m.observe(h, status, lat)
+    before = ~m.done
+    second = m.propose()  # trained on the first round; predicts every unmeasured candidate
+    assert len(m.boosters) == 3 and np.isfinite(m.mu[before]).all()
+    assert (m.sigma[before] >= 0).all() and m.sigma[before].max() > 0  # the members disagree
+    job_of = {job.workload.hash: j for j, job in enumerate(ds.jobs)}
+    for sub in second:  # exploitation share: the two best predicted come first
+        j = job_of[sub.workload.hash]
+        picked = [m.index[_hash(sub.workload.hash, cfg)] for cfg, _ in sub.specs]
+        rem = [i for i in m.by_job[j] if before[i]]
+        assert sorted(m.mu[picked[:2]]) == sorted(sorted(m.mu[rem])[:2])
+
+
+def _hash(wh: str, cfg: dict) -> str:
+    from tunedb.records import Candidate
+
+    return Candidate(wh, "fusion", cfg).hash
+
+
+def _replay(dev: ReplayDevice, strat: Any) -> list[tuple[str, str, float | None]]:
+    """Stored results of every candidate the strategy has proposed so far."""
+    out = []
+    for i in np.flatnonzero(strat.done):
+        h = strat.cand_hash[i]
+        res = dev.lookup(h)
+        lat = float(np.median(res["samples_us"])) if res["status"] == "ok" else None
+        out.append((h, res["status"], lat))
+    return out
+
+
+def test_strategy_errors() -> None:
+    with pytest.raises(ValueError, match="unknown strategy 'best'; expected one of exhaustive"):
+        make_strategy("best")
+    with pytest.raises(ValueError, match="per_round must be >= 1"):
+        make_strategy("random", per_round=0)
+    with pytest.raises(ValueError, match="takes no options"):
+        make_strategy("random", explore=0.5)
+    with pytest.raises(ValueError, match="explore must be in"):
+        make_strategy("model", explore=2.0)
+
+
+def test_rounds_must_be_positive(data: Path) -> None:
+    with TuningStore.open(":memory:") as db, pytest.raises(CollectError, match="rounds must be >= 1"):
+        StoredCollector().run(db, ReplayDevice(data), str(data), rounds=0)
+
+
+def _cli() -> typer.Typer:
+    from tunedb.cli_collect import register
+
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:
+        """tunedb"""
+
+    register(app)
+    return app
+
+
+def test_collect_cli_strategy_flag_with_replay(data: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("tunedb.cli_common")
+    monkeypatch.setitem(base.BUILTIN_COLLECTORS, "stored-test", f"{__name__}:StoredCollector")
+    db = tmp_path / "c.duckdb"
+    common = ["collect", "--collector", "stored-test", "--suite", str(data), "--device", f"replay:{data}",
+              "--db", str(db)]
+    r = CliRunner().invoke(_cli(), [*common, "--strategy", "model", "--rounds", "2", "--per-round", "3",
+                                    "--json"])
+    assert r.exit_code == 0, r.output
+    first = json.loads(r.output.strip().splitlines()[-1])
+    assert first["measured"] == 2 * 3 * W and first["stopped"] == "rounds"
+    r = CliRunner().invoke(_cli(), [*common, "--strategy", "random", "--seed", "5"])
+    assert r.exit_code == 0, r.output
+    assert f"already measured {2 * 3 * W}" in r.output and f"measured {W * C - 2 * 3 * W} " in r.output
+    r = CliRunner().invoke(_cli(), [*common, "--strategy", "best"])
+    assert r.exit_code == 1 and r.output.strip().startswith("error: unknown strategy 'best'")
+    assert "\n" not in r.output.strip()
+    with TuningStore.open(db, read_only=True) as s:
+        rows = [m.candidate_hash for m in s.measurements()]
+        configs = [json.loads(run.config_json) for run in s.runs()]
+    assert len(rows) == len(set(rows)) == W * C
+    assert sorted((c["strategy"], c["rounds"]) for c in configs) == [("model", 2), ("random", None)]
