@@ -16,15 +16,16 @@ def test_model_needs_fewer_measurements_than_random(tmp_path: Path) -> None:
     path = tmp_path / "syn.duckdb"
     write_synthetic(path, n_workloads=24, candidates_per_workload=30, seed=0)
     data = load_dataset(path)
-    assert len(data.jobs) == 24 and data.candidates == 720
+    n = data.candidates
+    assert len(data.jobs) == 24 and n == sum(len(j.specs) for j in data.jobs) > 24 * 15
     res = run_experiment(data, ("random", "model"), seeds=1, per_round=3)
     rnd, mdl = res["strategies"]["random"], res["strategies"]["model"]
     for s in (rnd, mdl):
-        assert s["total_measured"] == 720  # no budget: everything, each candidate once
+        assert s["total_measured"] == n  # no budget: everything, each candidate once
         w = np.array(s["within"])
         assert (np.diff(w) >= 0).all() and w[-1] == 1.0
         assert s["mean_ratio"][-1] == pytest.approx(1.0) and min(s["mean_ratio"]) >= 1.0
-        assert s["measurements"][0] == res["step"] == 24 and s["measurements"][-1] == 720
+        assert s["measurements"][0] == res["step"] == 24 and s["measurements"][-1] == n
     to90 = mdl["to_target"]["0.9"]["mean"], rnd["to_target"]["0.9"]["mean"]
     to100 = mdl["to_target"]["1"]["mean"], rnd["to_target"]["1"]["mean"]
     assert to90[0] < 0.8 * to90[1], to90
