@@ -12,7 +12,11 @@ strategy has nothing left, the budget, time or round limit is reached.
   small bootstrap ensemble: candidates the ensemble disagrees on and might be fast). The ensemble
   is retrained as measurements arrive (every ``retrain_every`` new ok ones; small boosters, so a
   retrain takes well under a second on thousands of rows). Cold start (fewer than ``min_train``
-  ok measurements): roofline order plus a random exploration share.
+  ok measurements): roofline order plus a random exploration share. ``allocate="ei"`` instead
+  gives each workload only its exploitation share and spends the rest of the round on the
+  candidates of any workload with the highest expected improvement (ensemble spread plus the
+  model's measured held-out error); on synthetic data it did no better than the even split, so
+  it is an option to try on real data (``python -m tunedb.bench.active --allocate ei``).
 
 Every strategy proposes a candidate at most once per run and never one already measured on
 the device, so a collection never measures a candidate twice.
@@ -20,7 +24,6 @@ the device, so a collection never measures a candidate twice.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -109,18 +112,29 @@ class Strategy:
             n = max(1, min(n, math.ceil(limit / len(active))))
         # Rotate the starting workload so that a budget cut does not always hit the same ones.
         shift = self.rounds_done % len(active)
+        plan = self.plan(active[shift:] + active[:shift], n, limit)
+        self.rounds_done += 1
         out: list[Job] = []
+        for j, picks in plan:
+            if not len(picks):
+                continue
+            self.done[picks] = True
+            job = self.jobs[j]
+            out.append(Job(job.workload, [job.specs[self.spec_of[int(i)]] for i in picks]))
+        return out
+
+    def plan(self, order: list[int], n: int, limit: int | None) -> list[tuple[int, np.ndarray]]:
+        """(workload, candidate indices) of one round: ``n`` of each workload in ``order``,
+        ``limit`` in all."""
+        out = []
         total = 0
-        for j in active[shift:] + active[:shift]:
+        for j in order:
             k = n if limit is None else min(n, limit - total)
             if k <= 0:
                 break
-            picks = [int(i) for i in self.pick(j, self.remaining(j), k)]
-            self.done[picks] = True
+            picks = np.asarray(self.pick(j, self.remaining(j), k), dtype=np.int64)
             total += len(picks)
-            job = self.jobs[j]
-            out.append(Job(job.workload, [job.specs[self.spec_of[i]] for i in picks]))
-        self.rounds_done += 1
+            out.append((j, picks))
         return out
 
     def before_round(self) -> None:
@@ -237,8 +251,11 @@ class ModelStrategy(RooflineStrategy):
     def __init__(self, per_round: int = 8, seed: int = 0, explore: float = 0.25, ensemble: int = 3,
                  retrain_every: int = 64, min_train: int = 32, kappa: float = 1.5,
                  num_boost_round: int = 30, max_depth: int = 5, max_prior_rows: int = 200_000,
-                 nthread: int = 1) -> None:
+                 nthread: int = 1, allocate: str = "even") -> None:
         super().__init__(per_round, seed)
+        if allocate not in ("ei", "even"):
+            raise ValueError(f"allocate must be 'ei' or 'even', got {allocate!r}")
+        self.allocate = allocate
         if not 0.0 <= explore <= 1.0:
             raise ValueError(f"explore must be in [0, 1], got {explore}")
         if ensemble < 1 or retrain_every < 1 or min_train < 1 or num_boost_round < 1:
@@ -255,13 +272,15 @@ class ModelStrategy(RooflineStrategy):
         # against the compile workers that share the host during a collection.
         self.nthread = int(nthread)
         self.boosters: list[Any] = []
+        self.residuals: list[float] = []  # held-out errors: label - prediction at pick time
         self.trained_on = 0
         self.retrains = 0
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "explore": self.explore, "ensemble": self.ensemble,
                 "retrain_every": self.retrain_every, "min_train": self.min_train, "kappa": self.kappa,
-                "num_boost_round": self.num_boost_round, "max_depth": self.max_depth}
+                "num_boost_round": self.num_boost_round, "max_depth": self.max_depth,
+                "allocate": self.allocate}
 
     def prepare(self, prior: Any) -> None:
         super().prepare(prior)
@@ -374,6 +393,73 @@ class ModelStrategy(RooflineStrategy):
         return remaining[np.concatenate([first, rest[:n_explore]])]
 
 
+    def observe(self, candidate_hash: str, status: str, median_us: float | None) -> None:
+        super().observe(candidate_hash, status, median_us)
+        i = self.index.get(candidate_hash)
+        if i is not None and np.isfinite(self.latency[i]) and np.isfinite(self.mu[i]):
+            # The candidate was not in the training set: an honest sample of the model's error.
+            self.residuals.append(float(np.log(self.latency[i]) - self.log_floor[i] - self.mu[i]))
+            del self.residuals[:-512]
+
+    def model_error(self) -> float:
+        """Typical error of a prediction (log units): RMS of recent held-out residuals."""
+        if len(self.residuals) < 8:
+            return 0.1
+        return float(np.sqrt(np.mean(np.square(self.residuals))))
+
+    def expected_improvement(self, idx: np.ndarray) -> np.ndarray:
+        """E[max(0, best - y)] of each candidate's log-latency label y ~ N(mu, sigma^2 + err^2)
+        below its workload's best measured label (or, with none yet, its best prediction)."""
+        from scipy.special import ndtr
+
+        label = np.log(self.latency) - self.log_floor
+        best = np.full(len(self.jobs), np.inf)
+        ok = np.flatnonzero(np.isfinite(label))
+        np.minimum.at(best, self.job_of_arr[ok], label[ok])
+        mu = self.mu[idx]
+        b = best[self.job_of_arr[idx]]
+        if not np.isfinite(b).all():
+            pred_best = np.full(len(self.jobs), np.inf)
+            np.minimum.at(pred_best, self.job_of_arr[idx], np.where(np.isfinite(mu), mu, np.inf))
+            b = np.where(np.isfinite(b), b, pred_best[self.job_of_arr[idx]])
+        sd = np.sqrt(self.sigma[idx] ** 2 + self.model_error() ** 2)
+        z = (b - mu) / sd
+        ei = sd * (z * ndtr(z) + np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi))
+        return np.where(np.isfinite(ei), ei, 0.0)
+
+    def plan(self, order: list[int], n: int, limit: int | None) -> list[tuple[int, np.ndarray]]:
+        """With a model and ``allocate='ei'``: every workload gets its best predicted candidates
+        (the exploitation share, at least one), and the exploration share of the round goes to
+        the candidates of *any* workload with the highest expected improvement over their
+        workload's best so far. Workloads whose best is settled give their share to those where
+        the model still expects a gain (novel ones, hard ones)."""
+        if not self.boosters or self.allocate != "ei" or self.explore == 0.0:
+            return super().plan(order, n, limit)
+        round_total = n * len(order) if limit is None else min(limit, n * len(order))
+        n_exploit = max(1, n - int(round(n * self.explore)))
+        picks: dict[int, list[int]] = {}
+        used = 0
+        for j in order:
+            k = min(n_exploit, round_total - used)
+            if k <= 0:
+                break
+            rem = self.remaining(j)
+            got = rem[np.lexsort((self.tiebreak[rem], np.where(np.isfinite(self.mu[rem]), self.mu[rem],
+                                                                   np.inf)))[:k]]
+            picks[j] = [int(i) for i in got]
+            used += len(got)
+        left = round_total - used
+        if left > 0:
+            taken = {i for v in picks.values() for i in v}
+            pool = np.array([i for j in order for i in self.remaining(j) if int(i) not in taken],
+                            dtype=np.int64)
+            if len(pool):
+                ei = self.expected_improvement(pool)
+                for i in pool[np.lexsort((self.tiebreak[pool], -ei))[:left]]:
+                    picks.setdefault(int(self.job_of_arr[i]), []).append(int(i))
+        return [(j, np.array(picks[j], dtype=np.int64)) for j in order if j in picks]
+
+
 def make_strategy(name: str, per_round: int = 8, seed: int = 0, **options: Any) -> Strategy:
     """A strategy by name; ``options`` go to ModelStrategy (explore, ensemble, retrain_every, ...)."""
     classes: Mapping[str, type[Strategy]] = {"exhaustive": ExhaustiveStrategy, "random": RandomStrategy,
@@ -386,7 +472,3 @@ def make_strategy(name: str, per_round: int = 8, seed: int = 0, **options: Any) 
     if cls is ExhaustiveStrategy:
         return cls()
     return cls(per_round, seed, **options)
-
-
-def describe_json(strategy: Strategy) -> str:
-    return json.dumps(strategy.describe(), sort_keys=True)

@@ -83,7 +83,7 @@ static inline unsigned short tdb_f2bf(float f) {
 }
 static inline float tdb_sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 static inline float tdb_sigmoid_fast(float x) { return tdb_sigmoid(x); }
-static inline float tdb_tanh_fast(float x) { return std::tanh(x); }
+static inline float tdb_tanh_fast(float x) { return 1.0f - 2.0f / (expf(2.0f * x) + 1.0f); }
 static inline float tdb_fmod_floor(float a, float b) {
   float r = std::fmod(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
 }

@@ -167,6 +167,12 @@ def test_measured_resources_and_frames(workloads):
         "local_bytes": pa.array([0] * n, type=pa.int64()),
     })
     assert featurize_frame(frame).tobytes() == X.tobytes()
+    # Without the repeated graph_json column, graphs come once per workload.
+    slim = frame.drop(["graph_json"])
+    assert featurize_frame(slim, graphs=uniq).tobytes() == X.tobytes()
+    wl_mod._cache.clear()
+    with pytest.raises(ValueError, match="no graph given for workload"):
+        featurize_frame(slim, graphs={keys[0]: uniq[keys[0]]})
 
 
 def test_workloads_are_analysed_once(workloads):

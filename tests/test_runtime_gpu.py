@@ -21,7 +21,11 @@ WRONG = GOOD.replace("v > 0.f ? v : 0.f", "v")                      # forgets th
 PARTIAL = GOOD.replace("if (i < n)", "if (i < n - 7)")               # leaves poisoned elements
 BROKEN = GOOD.replace("float v", "flot v")                           # does not compile
 ILLEGAL = GOOD.replace("y[i] = v > 0.f ? v : 0.f;", "((float*)0x10)[i] = v;")  # illegal address
-HANG = GOOD.replace("if (i < n)", "volatile int spin = 1; while (spin) {} if (i < n)")
+# Spins on a volatile *global* load (b[0] is a normal sample, never 12345): a volatile local
+# (`volatile int spin = 1; while (spin) {}`) lives in registers/local memory, where the compiler
+# may drop the volatile and then delete the side-effect-free loop (C++ forward progress), so the
+# kernel finished and verified "ok" instead of hanging.
+HANG = GOOD.replace("if (i < n)", "while (*(const volatile float*)b != 12345.0f) {} if (i < n)")
 
 
 def _workload() -> Workload:

@@ -49,11 +49,13 @@ def _store_rows(db: TuningStore) -> list[str]:
     return [m.candidate_hash for m in db.measurements()]
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
-def test_every_strategy_measures_each_candidate_once(stored: tuple[Path, int], name: str) -> None:
+@pytest.mark.parametrize("name,options", [(s, {}) for s in STRATEGIES]
+                         + [("model", {"allocate": "ei", "min_train": 8, "explore": 0.5})])
+def test_every_strategy_measures_each_candidate_once(stored: tuple[Path, int], name: str,
+                                                      options: dict) -> None:
     data, n = stored
     dev = ReplayDevice(data)
-    strat = make_strategy(name, per_round=3, seed=1)
+    strat = make_strategy(name, per_round=3, seed=1, **options)
     with TuningStore.open(":memory:") as db:
         s = StoredCollector().run(db, dev, str(data), strategy=strat)
         rows = _store_rows(db)
@@ -67,6 +69,8 @@ def test_every_strategy_measures_each_candidate_once(stored: tuple[Path, int], n
         assert wl == sorted(wl, key=[j.workload.hash for j in load_dataset(data).jobs].index)
     else:  # round-robin: the first round touches every workload
         assert {h[0] for h in strat.history[:3 * W]} == {j.workload.hash for j in load_dataset(data).jobs}
+    if options:
+        assert strat.retrains >= 1 and len(strat.residuals) > 0 and strat.model_error() > 0
 
 
 def test_rounds_budget_and_resume_never_repeat(stored: tuple[Path, int]) -> None:
@@ -159,6 +163,8 @@ def test_strategy_errors() -> None:
         make_strategy("random", explore=0.5)
     with pytest.raises(ValueError, match="explore must be in"):
         make_strategy("model", explore=2.0)
+    with pytest.raises(ValueError, match="allocate must be"):
+        make_strategy("model", allocate="greedy")
 
 
 def test_rounds_must_be_positive(stored: tuple[Path, int]) -> None:

@@ -198,6 +198,7 @@ _COMMAND_MODULES = [
     "tunedb.cli_models",
     "tunedb.cli_plan",
     "tunedb.cli_bench",
+    "tunedb.cli_bench_plan",
     "tunedb.cli_report",
 ]
 

@@ -110,18 +110,21 @@ def train(
     """
     params = TrainParams(objective=objective, device=device, seed=seed)
     with open_store(db, read_only=True) as store:
-        frame = store.training_frame(kind=kind)
+        # Graphs once per workload, not once per measurement row.
+        frame = store.training_frame(kind=kind, include_graph=False)
         if frame.num_rows == 0:
             fail(f"no ok measurements of kind {kind!r} in {store.path}")
         dev_id = _pick_device(frame, device_id)
         if len(set(frame["device_id"].to_pylist())) > 1:
-            frame = store.training_frame(kind=kind, device_id=dev_id)
+            frame = store.training_frame(kind=kind, device_id=dev_id, include_graph=False)
         devices = store.devices()
+        wanted = set(frame["workload_hash"].to_pylist())
+        graphs = {w.hash: w.graph_json for w in store.workloads() if w.hash in wanted}
     facts = device_facts_for(frame, devices)
     err = Console(stderr=True)
     say = None if json_out or not err.is_terminal else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     model, metrics, where = fit_frame(frame, kind=kind, out_root=out, device=facts, params=params,
-                                      folds=folds, lofo=lofo, progress=say)
+                                      folds=folds, lofo=lofo, progress=say, graphs=graphs)
     card_json = canonical_json(model.card)
     model_id = sha256_hex(card_json)[:16]
     with open_store(db) as store:

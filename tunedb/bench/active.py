@@ -10,7 +10,8 @@ every ``--step`` measurements:
 
 - ``within``: the fraction of workloads whose best so far is within ``--tolerance`` (3 %) of the
   workload's true best (the fastest ok measurement in the data);
-- ``mean_ratio``: the mean of best_so_far / true_best over workloads with an ok measurement yet;
+- ``mean_ratio``: the mean of best_so_far / true_best over the workloads (null until every
+  workload has an ok measurement: before that the ratio of the others is infinite);
 - ``mean_score``: the mean of true_best / best_so_far, 0 for workloads without one (bounded).
 
 and, per strategy, the number of measurements needed to get ``within`` to each target (90 % and
@@ -190,7 +191,7 @@ def curves(history: History, true_best: dict[str, float],
             sum_ratio += lat / tb
             sum_score += tb / lat
         within[t] = n_within / W
-        ratio[t] = sum_ratio / len(best) if best else np.nan
+        ratio[t] = sum_ratio / W if len(best) == W else np.nan
         score[t] = sum_score / W
     return {"within": within, "mean_ratio": ratio, "mean_score": score}
 
@@ -266,7 +267,6 @@ def plot(result: dict[str, Any], png: str | Path) -> bool:
     a.set_ylabel(f"workloads within {result['tolerance']:.0%} of best")
     b.set_xlabel("measurements")
     b.set_ylabel("mean best so far / true best")
-    b.set_yscale("log")
     for ax in (a, b):
         ax.grid(alpha=0.3)
         ax.legend()
@@ -300,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=int, default=None, help="curve point every N measurements "
                     "[default: the number of workloads]")
     ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--explore", type=float, default=None, help="model strategy: exploration share")
+    ap.add_argument("--allocate", choices=("even", "ei"), default=None,
+                    help="model strategy: split each round evenly, or by expected improvement")
     ap.add_argument("--kind", default="fusion")
     ap.add_argument("--device-id", default=None)
     ap.add_argument("--synthetic", type=int, default=None, metavar="N",
@@ -316,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.synthetic and not Path(args.data).exists():
             write_synthetic(args.data, args.synthetic)
         data = load_dataset(args.data, args.kind, args.device_id)
+        options = {k: v for k, v in (("explore", args.explore), ("allocate", args.allocate)) if v is not None}
         result = run_experiment(data, names, max(1, args.seeds), args.per_round, args.budget_per_workload,
-                                args.step, args.tolerance)
+                                args.step, args.tolerance, **options)
     except (ValueError, StoreError) as e:  # ActiveError, ReplayError, StoreError: one line
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1

@@ -10,131 +10,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tunedb.bench.peer_ops import JAX_OPS, TORCH_DTYPES, TORCH_OPS, jax_op, torch_op
 from tunedb.graph.ir import Graph, Node
 
-_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
-                 "int32": "int32", "int64": "int64", "bool": "bool"}
+_TORCH_DTYPES = TORCH_DTYPES
+__all__ = ["JAX_OPS", "PEER_KINDS", "TORCH_OPS", "Frameworks", "jax_function", "outputs_float64", "peer_call",
+           "throughput_us", "torch_function"]
 
 
-def _axes(node: Node, rank: int) -> tuple[int, ...]:
-    axes = node.attr("axes")
-    return tuple(range(rank)) if axes is None else tuple(a % rank for a in axes)
+def _torch_op(torch: Any, node: Node, args: list[Any], graph: Graph) -> Any:
+    """One node in PyTorch (the table ``peer_ops.TORCH_OPS``)."""
+    return torch_op(torch, node, args, graph)
 
 
-def _torch_op(torch: Any, node: Node, args: list[Any], graph: Graph) -> Any:  # noqa: C901
-    op, a = node.op, node.attr
-    x = args[0] if args else None
-    unary = {
-        "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-        "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "sin": torch.sin, "cos": torch.cos,
-        "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "erf": torch.erf,
-        "floor": torch.floor, "ceil": torch.ceil, "sign": torch.sign, "not": torch.logical_not,
-        "identity": lambda t: t,
-    }
-    binary = {
-        "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
-        "max": torch.maximum, "min": torch.minimum, "mod": torch.fmod, "eq": torch.eq, "ne": torch.ne,
-        "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "and": torch.logical_and,
-        "or": torch.logical_or,
-    }
-    if op in unary:
-        return unary[op](x)
-    if op in binary:
-        return binary[op](args[0], args[1])
-    if op == "gelu":
-        return torch.nn.functional.gelu(x, approximate=a("approximate"))
-    if op == "clip":
-        return torch.clamp(x, a("min"), a("max"))
-    if op == "leaky_relu":
-        return torch.nn.functional.leaky_relu(x, a("alpha"))
-    if op == "cast":
-        return x.to(getattr(torch, _TORCH_DTYPES[a("to")]))
-    if op == "where":
-        return torch.where(args[0], args[1], args[2])
-    if op.startswith("reduce_"):
-        dims = _axes(node, x.dim())
-        keep = bool(a("keepdims"))
-        if op == "reduce_sum":
-            return torch.sum(x, dim=dims, keepdim=keep)
-        if op == "reduce_mean":
-            return torch.mean(x, dim=dims, keepdim=keep)
-        if op == "reduce_max":
-            return torch.amax(x, dim=dims, keepdim=keep)
-        if op == "reduce_min":
-            return torch.amin(x, dim=dims, keepdim=keep)
-    if op == "transpose":
-        perm = a("perm") or tuple(reversed(range(x.dim())))
-        return x.permute(*perm)
-    if op in ("reshape", "expand"):
-        shape = graph.type_of(node.outputs[0]).shape
-        return x.reshape(shape) if op == "reshape" else x.expand(*shape)
-    if op in ("squeeze", "unsqueeze"):
-        return x.reshape(graph.type_of(node.outputs[0]).shape)
-    if op == "gather_elements":  # torch.gather takes int64 indices only
-        return torch.gather(x, a("axis") % x.dim(), args[1].long())
-    if op == "gather":
-        return torch.index_select(x, a("axis") % x.dim(), args[1].reshape(-1)).reshape(
-            graph.type_of(node.outputs[0]).shape)
-    if op == "concat":
-        return torch.cat(args, dim=a("axis"))
-    if op == "matmul":
-        return torch.matmul(args[0], args[1])
-    raise NotImplementedError(f"torch peer has no translation for op {op!r}")
-
-
-def _jax_op(jnp: Any, jax: Any, node: Node, args: list[Any], graph: Graph) -> Any:  # noqa: C901
-    op, a = node.op, node.attr
-    x = args[0] if args else None
-    unary = {
-        "neg": jnp.negative, "abs": jnp.abs, "exp": jnp.exp, "log": jnp.log, "sqrt": jnp.sqrt,
-        "rsqrt": jax.lax.rsqrt, "reciprocal": jnp.reciprocal, "sin": jnp.sin, "cos": jnp.cos,
-        "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "relu": jax.nn.relu, "erf": jax.scipy.special.erf,
-        "floor": jnp.floor, "ceil": jnp.ceil, "sign": jnp.sign, "not": jnp.logical_not,
-        "identity": lambda t: t,
-    }
-    binary = {
-        "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
-        "pow": jnp.power, "max": jnp.maximum, "min": jnp.minimum, "mod": jnp.fmod, "eq": jnp.equal,
-        "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal, "gt": jnp.greater,
-        "ge": jnp.greater_equal, "and": jnp.logical_and, "or": jnp.logical_or,
-    }
-    if op in unary:
-        return unary[op](x)
-    if op in binary:
-        return binary[op](args[0], args[1])
-    if op == "gelu":
-        return jax.nn.gelu(x, approximate=a("approximate") == "tanh")
-    if op == "clip":
-        return jnp.clip(x, a("min"), a("max"))
-    if op == "leaky_relu":
-        return jax.nn.leaky_relu(x, a("alpha"))
-    if op == "cast":
-        return x.astype(jnp.dtype(a("to")))
-    if op == "where":
-        return jnp.where(args[0], args[1], args[2])
-    if op.startswith("reduce_"):
-        axes = _axes(node, x.ndim)
-        keep = bool(a("keepdims"))
-        fn = {"reduce_sum": jnp.sum, "reduce_mean": jnp.mean, "reduce_max": jnp.max,
-              "reduce_min": jnp.min}[op]
-        if op in ("reduce_sum", "reduce_mean") and x.dtype != jnp.float32:
-            return fn(x, axis=axes, keepdims=keep, dtype=jnp.float32).astype(x.dtype)
-        return fn(x, axis=axes, keepdims=keep)
-    if op == "transpose":
-        return jnp.transpose(x, a("perm"))
-    if op in ("reshape", "squeeze", "unsqueeze"):
-        return jnp.reshape(x, graph.type_of(node.outputs[0]).shape)
-    if op == "expand":
-        return jnp.broadcast_to(x, graph.type_of(node.outputs[0]).shape)
-    if op == "gather_elements":
-        return jnp.take_along_axis(x, args[1], axis=a("axis"))
-    if op == "gather":
-        return jnp.take(x, args[1], axis=a("axis"))
-    if op == "concat":
-        return jnp.concatenate(args, axis=a("axis"))
-    if op == "matmul":
-        return jnp.matmul(args[0], args[1])
-    raise NotImplementedError(f"jax peer has no translation for op {op!r}")
+def _jax_op(jnp: Any, jax: Any, node: Node, args: list[Any], graph: Graph) -> Any:
+    """One node in JAX (the table ``peer_ops.JAX_OPS``)."""
+    return jax_op(jnp, jax, node, args, graph)
 
 
 def _interpret(graph: Graph, make_const: Callable[[Any], Any],
@@ -207,7 +98,9 @@ def throughput_us(run: Callable[[], Any], sync: Callable[[], None], target_s: fl
 
 
 # -- running a peer on given host arrays (used by ``tunedb.bench.fusion``) ---------------------
-PEER_KINDS = ("torch_eager", "torch_compile", "jax")
+PEER_KINDS = ("torch_eager", "torch_compile", "jax", "torch_compile_ro")
+# torch_compile_ro: torch.compile(mode="reduce-overhead"), i.e. with CUDA graphs; a call's outputs
+# live in torch's graph pool and are overwritten by the next call.
 
 
 class Frameworks:
@@ -248,7 +141,7 @@ def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any], d
     import numpy as np
 
     types = [graph.type_of(n) for n in graph.inputs]
-    if kind in ("torch_eager", "torch_compile"):
+    if kind in ("torch_eager", "torch_compile", "torch_compile_ro"):
         torch = fw.torch
         if torch is None:
             raise RuntimeError(fw.errors.get("torch", "torch unavailable"))
@@ -258,11 +151,12 @@ def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any], d
             ins.append(torch.from_numpy(a.view(np.int16)).to(device).view(torch.bfloat16)
                        if t.dtype == "bfloat16" else torch.from_numpy(a).to(device))
         fn = torch_function(graph, device)
-        if kind == "torch_compile":
+        if kind in ("torch_compile", "torch_compile_ro"):
             # The interpreted functions of all graphs share one code object: without a reset,
             # dynamo's recompile limit would silently turn later graphs into eager runs.
             torch._dynamo.reset()
-            fn = torch.compile(fn, dynamic=False)
+            mode = "reduce-overhead" if kind == "torch_compile_ro" else None
+            fn = torch.compile(fn, dynamic=False, mode=mode)
         sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
         return (lambda: fn(*ins)), sync
     if kind != "jax":

@@ -28,7 +28,25 @@ BUDGET_SECONDS = 60.0
 BUDGET_BYTES = 4 * 2**30
 
 
+def _reset_peak() -> bool:
+    """Restart the peak-RSS counter (Linux), so that training is measured without the data
+    generation before it; False where the kernel does not offer it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _peak_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
 
 
@@ -52,6 +70,8 @@ def run(rows: int = 1_000_000, per_workload: int = 500, device: str = "cpu", obj
     groups = frame["workload_hash"].to_numpy(zero_copy_only=False)
     n, n_workloads = len(y), len(np.unique(groups))
     del frame
+    peak_before = _peak_bytes()
+    separate = _reset_peak()
     t2, c2 = time.perf_counter(), time.process_time()
     result = train_booster(X, y, groups, TrainParams(device=device, objective=objective, seed=seed))
     t3, c3 = time.perf_counter(), time.process_time()
@@ -63,10 +83,12 @@ def run(rows: int = 1_000_000, per_workload: int = 500, device: str = "cpu", obj
         "objective": result.objective, "objectives_tried": result.tried,
         "best_iteration": result.best_iteration,
         "valid_pairwise_accuracy": round(result.valid_metrics["pairwise_accuracy"], 4),
-        "peak_rss_bytes": _peak_bytes(), "device": device,
+        # Peak memory of generating + featurising, and of training alone (it holds the features).
+        "prepare_peak_rss_bytes": peak_before,
+        "train_peak_rss_bytes": _peak_bytes() if separate else None, "device": device,
     }
-    out["within_budget"] = bool(out["train_s"] <= BUDGET_SECONDS * n / 1e6 + 1e-9
-                                and out["peak_rss_bytes"] < BUDGET_BYTES)
+    train_peak = out["train_peak_rss_bytes"] or _peak_bytes()
+    out["within_budget"] = bool(out["train_s"] <= BUDGET_SECONDS and train_peak < BUDGET_BYTES)
     return out
 
 

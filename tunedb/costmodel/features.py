@@ -44,13 +44,14 @@ _CONFIG_FEATURES: tuple[str, ...] = (
 _DERIVED_FEATURES: tuple[str, ...] = (
     "threads_per_row", "rows_per_block", "row_iters", "cached_values", "cache_regs", "kernels",
     "grid", "elems_per_thread", "lane_utilization", "regs_est", "smem_est", "blocks_per_sm",
-    "occupancy", "waves", "wave_efficiency", "extra_bytes", "est_bytes", "traffic_ratio",
+    "occupancy", "waves", "wave_efficiency", "stride_iters", "stride_efficiency", "access_bytes",
+    "inflight_bytes_per_sm", "extra_bytes", "est_bytes", "traffic_ratio",
     "floor_us", "roofline_us",
     "regs_measured", "smem_measured", "local_bytes_measured", "occupancy_measured",
 )
 _LOG_OF: tuple[str, ...] = ("floor_bytes", "est_bytes", "flops", "transcendental_ops", "rows",
                             "row_len", "grid", "waves", "roofline_us", "elems_per_thread", "block",
-                            "smem_est")
+                            "smem_est", "inflight_bytes_per_sm")
 FEATURE_NAMES: tuple[str, ...] = (
     *WORKLOAD_FEATURES, *_CONFIG_FEATURES, *_DERIVED_FEATURES, *(f"log2_{n}" for n in _LOG_OF))
 ROOFLINE_FEATURE = "roofline_us"
@@ -60,6 +61,7 @@ MEASURED_FEATURES: tuple[str, ...] = ("regs_measured", "smem_measured", "local_b
                                       "occupancy_measured")
 
 _INDEX = {n: i for i, n in enumerate(FEATURE_NAMES)}
+_BLOCK_ROWS = 65536
 
 
 def feature_index(name: str) -> int:
@@ -229,6 +231,16 @@ def assemble(wl: np.ndarray, cf: np.ndarray, dev: DeviceFacts, registers: np.nda
     occ = bps * B / dev.max_threads_per_sm
     waves = grid / resident
     wave_eff = waves / np.ceil(np.maximum(waves, 1e-9))
+    # Grid-stride loops: trips per block, and how evenly the last trip is filled.
+    units = np.select([m["elementwise"], rowmap], [np.ceil(work / (V * B * U)), np.ceil(R / G)], default=grid)
+    stride = np.ceil(units / grid)
+    stride_eff = units / (grid * np.maximum(stride, 1.0))
+    # Little's law: HBM needs enough bytes in flight per SM to hide its latency.
+    eb = np.nan_to_num(w["vec_elem_bytes"], nan=4.0)
+    access = V * eb
+    full_inputs = np.maximum(w["full_in_bytes"] / (work * eb), 1.0)  # full-size arrays read per element
+    blocks_on_sm = np.minimum(bps, np.ceil(grid / dev.sm_count))
+    inflight = blocks_on_sm * B * access * np.where(m["elementwise"], U, 1.0) * full_inputs
 
     regs_m = _nan_array(registers, len(wl))
     smem_m = _nan_array(shared, len(wl))
@@ -256,7 +268,9 @@ def assemble(wl: np.ndarray, cf: np.ndarray, dev: DeviceFacts, registers: np.nda
         "threads_per_row": T, "rows_per_block": G, "row_iters": nit, "cached_values": cached_vals,
         "cache_regs": cache_regs, "kernels": kernels, "grid": grid, "elems_per_thread": ept,
         "lane_utilization": lane, "regs_est": regs, "smem_est": smem, "blocks_per_sm": bps,
-        "occupancy": occ, "waves": waves, "wave_efficiency": wave_eff, "extra_bytes": extra,
+        "occupancy": occ, "waves": waves, "wave_efficiency": wave_eff, "stride_iters": stride,
+        "stride_efficiency": stride_eff, "access_bytes": access, "inflight_bytes_per_sm": inflight,
+        "extra_bytes": extra,
         "est_bytes": est, "traffic_ratio": est / np.maximum(w["floor_bytes"], 1.0), "floor_us": floor_us,
         "roofline_us": roofline, "regs_measured": regs_m, "smem_measured": smem_m,
         "local_bytes_measured": local_m, "occupancy_measured": occ_m,
@@ -302,8 +316,13 @@ def _featurize(hashes: Any, graph_of: Any, configs: Any, device: DeviceFacts | N
         configs = [c if isinstance(c, str) else json.dumps(c, sort_keys=True) for c in configs]
     cf_keys, cf_idx = _encode(configs)
     cf = np.stack([config_vector(_parse_config(k)) for k in cf_keys])
-    return assemble(wl[wl_idx], cf[cf_idx], dev, _measured(registers, n), _measured(shared_bytes, n),
-                    _measured(local_bytes, n))
+    regs, smem, local = _measured(registers, n), _measured(shared_bytes, n), _measured(local_bytes, n)
+    # Row blocks bound the float64 temporaries: the float32 result is the only full-size array.
+    out = np.empty((n, len(FEATURE_NAMES)), dtype=np.float32)
+    for lo in range(0, n, _BLOCK_ROWS):
+        sl = slice(lo, lo + _BLOCK_ROWS)
+        out[sl] = assemble(wl[wl_idx[sl]], cf[cf_idx[sl]], dev, regs[sl], smem[sl], local[sl])
+    return out
 
 
 def featurize(graphs: Sequence[Any] | Mapping[str, Any], workload_hashes: Sequence[str],
@@ -325,20 +344,33 @@ def featurize(graphs: Sequence[Any] | Mapping[str, Any], workload_hashes: Sequen
     return _featurize(hashes, lambda r: graphs[r], configs, device, registers, shared_bytes, local_bytes)
 
 
-def featurize_frame(frame: Any, device: DeviceFacts | None = None) -> np.ndarray:
-    """Features for a training frame (pyarrow Table) with at least workload_hash, graph_json,
-    config_json; registers/shared_bytes/local_bytes are used when present."""
+def featurize_frame(frame: Any, device: DeviceFacts | None = None,
+                    graphs: Mapping[str, Any] | None = None) -> np.ndarray:
+    """Features for a training frame (pyarrow Table) with at least workload_hash, config_json
+    and graph_json, or without graph_json given ``graphs`` (workload hash -> graph or its JSON;
+    the store's ``training_frame(include_graph=False)`` saves repeating it on every row).
+    registers/shared_bytes/local_bytes are used when present."""
     if not isinstance(frame, pa.Table):
         frame = pa.table(frame)
     cols = set(frame.column_names)
-    missing = [c for c in ("workload_hash", "graph_json", "config_json") if c not in cols]
+    need = ("workload_hash", "config_json") + (() if graphs is not None else ("graph_json",))
+    missing = [c for c in need if c not in cols]
     if missing:
         raise ValueError(f"frame lacks column(s) {', '.join(missing)} needed for features")
-    # Only one graph_json per workload is ever read: the column repeats it on every row.
-    gcol = frame["graph_json"]
+    hashes = frame["workload_hash"]
+    if graphs is not None:
+        def graph_of(r: int) -> Any:
+            h = hashes[r].as_py()
+            if h not in graphs:
+                raise ValueError(f"no graph given for workload {h}")
+            return graphs[h]
+    else:
+        gcol = frame["graph_json"]  # only one graph_json per workload is ever read
+
+        def graph_of(r: int) -> Any:
+            return gcol[r].as_py()
     resources = (frame[c] if c in cols else None for c in ("registers", "shared_bytes", "local_bytes"))
-    return _featurize(frame["workload_hash"], lambda r: gcol[r].as_py(), frame["config_json"], device,
-                      *resources)
+    return _featurize(hashes, graph_of, frame["config_json"], device, *resources)
 
 
 def featurize_candidates(graph: Any, configs: Sequence[Mapping[str, Any]], device: DeviceFacts | None = None,

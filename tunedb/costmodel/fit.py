@@ -8,7 +8,7 @@ card -> ``<out>/<device>/<kind>/``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from tunedb.costmodel.model import CostModel, CostModelError
 from tunedb.costmodel.registry import data_snapshot_hash, make_card, model_dir, save_model
 from tunedb.costmodel.train import TrainParams, train_booster
 
-REQUIRED_COLUMNS = ("workload_hash", "graph_json", "candidate_hash", "config_json", "device_id", "median_us")
+REQUIRED_COLUMNS = ("workload_hash", "candidate_hash", "config_json", "device_id", "median_us")
 
 
 def clean_frame(frame: pa.Table) -> pa.Table:
@@ -84,10 +84,11 @@ def _jsonable(v: Any) -> Any:
 
 def fit_frame(frame: pa.Table, *, kind: str = "fusion", out_root: str | Path | None = None,
               device: DeviceFacts | None = None, params: TrainParams | None = None, folds: int = 5,
-              lofo: bool = True, progress: Callable[[str], None] | None = None
-              ) -> tuple[CostModel, dict[str, Any], Path | None]:
+              lofo: bool = True, progress: Callable[[str], None] | None = None,
+              graphs: Mapping[str, Any] | None = None) -> tuple[CostModel, dict[str, Any], Path | None]:
     """Train, evaluate on held-out workloads and (with ``out_root``) save. Returns the model,
-    the metrics (the card's ``metrics``) and the model directory."""
+    the metrics (the card's ``metrics``) and the model directory. ``graphs`` (workload hash ->
+    graph JSON) stands in for a frame without the graph_json column."""
     params = params or TrainParams()
     say = progress or (lambda _msg: None)
     t = clean_frame(frame)
@@ -95,7 +96,12 @@ def fit_frame(frame: pa.Table, *, kind: str = "fusion", out_root: str | Path | N
         raise CostModelError(f"no ok measurements of kind {kind!r} to train on")
     dev = device or device_facts_for(t)
     say(f"features for {t.num_rows:,} candidates")
-    X = featurize_frame(t, dev)
+    if graphs is None and "graph_json" not in t.column_names:
+        raise CostModelError("training frame has no graph_json column and no graphs were given")
+    try:
+        X = featurize_frame(t, dev, graphs)
+    except ValueError as e:
+        raise CostModelError(str(e)) from None
     y = t["median_us"].to_numpy(zero_copy_only=False).astype(np.float64)
     groups = np.asarray(t["workload_hash"].to_pylist())
     families = np.asarray(t["family"].to_pylist() if "family" in t.column_names else ["?"] * t.num_rows)

@@ -71,7 +71,12 @@ def _configs(g: Graph, legal_only: bool, sm_count: int) -> tuple[str, ...]:
 def hidden_latency_us(X: np.ndarray, dev: DeviceFacts, rng: np.random.Generator,
                       noise: float = 0.03) -> np.ndarray:
     """The synthetic ground truth, from the features of each candidate."""
-    f = {n: X[:, i].astype(np.float64) for i, n in enumerate(FEATURE_NAMES)}
+    class _Cols(dict):  # columns as float64 on first use only (1M rows x 100 features is big)
+        def __missing__(self, name: str) -> np.ndarray:
+            v = self[name] = X[:, FEATURE_NAMES.index(name)].astype(np.float64)
+            return v
+
+    f = _Cols()
     access = np.minimum(f["vec"] * f["dtype_bytes"], 16.0)
     eff = (np.minimum(1.0, 0.3 + 0.7 * np.sqrt(f["occupancy"]))
            * (0.55 + 0.45 * access / 16.0)

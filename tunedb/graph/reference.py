@@ -56,14 +56,31 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))  # never overflows
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    e = np.abs(x)
+    np.negative(e, out=e)
+    np.exp(e, out=e)  # exp(-|x|) never overflows
+    # 1/(1+e) for x >= 0, e/(1+e) otherwise; in place, as the oracle runs on 100M-element inputs.
+    num = np.where(x >= 0, 1.0, e)
+    e += 1.0
+    num /= e
+    return num
 
 
 def _gelu(x: np.ndarray, a: dict) -> np.ndarray:
     if a["approximate"] == "tanh":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # A constant exponent 2 as a product: np.power calls pow() per element, ~10x slower, and
+    # pow(x, 2) is x*x bit for bit. (x*x*x is not pow(x, 3): up to 2 ulps apart, more after
+    # cancellation downstream, so other exponents stay with np.power.)
+    if a.dtype.kind == "f" and b.size == 1 and np.broadcast_shapes(a.shape, b.shape) == a.shape:
+        v = float(b.reshape(()))
+        if v == 2.0:
+            return a * a
+    return np.power(a, b)
 
 
 def _clip(x: np.ndarray, a: dict) -> np.ndarray:
@@ -111,7 +128,7 @@ _UNARY: dict[str, Callable[..., np.ndarray]] = {
     "leaky_relu": lambda x, a: np.where(x >= 0, x, a["alpha"] * x),
 }
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div, "pow": np.power,
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div, "pow": _pow,
     "max": np.maximum, "min": np.minimum,
     "mod": lambda a, b: np.mod(a, np.where(b == 0, 1, b)) * (b != 0) if a.dtype.kind == "i"
     else np.mod(a, b),
@@ -284,10 +301,60 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                          + (f"unknown input(s) {', '.join(map(repr, extra))}" if extra else ""))
     env = {v: to_reference(inputs[v], types[v], f"input {v!r}") for v in graph.inputs}
     env.update({v: to_reference(c.array, c.type, f"constant {v!r}") for v, c in graph.constants})
+    # The caller's arrays and the graph's constants (``to_reference`` may pass them through
+    # uncopied) are never written to.
+    given = [np.asarray(inputs[v]) for v in graph.inputs] + [np.asarray(c.array) for _, c in graph.constants]
+    foreign = [a for a in env.values() if any(np.may_share_memory(a, g) for g in given)]
+    # Each value is dropped after its last use, and a dead intermediate's buffer is reused by the
+    # next elementwise op: on 100M-element workloads fresh float64 temporaries (page faults) and
+    # dozens of live ones dominated the oracle's time and memory. Values are unchanged.
+    last = {v: i for i, node in enumerate(graph.nodes) for v in node.inputs}
+    keep = set(graph.outputs)
+    owned: set[str] = set()
     with np.errstate(all="ignore"):  # inf/nan are results like any other here
-        for node in graph.nodes:
+        for i, node in enumerate(graph.nodes):
             _, attrs = check_node(node, [types[v] for v in node.inputs])
-            outs = eval_node(node, [env[v] for v in node.inputs], attrs)
+            args = [env[v] for v in node.inputs]
+            dead = [v for v in dict.fromkeys(node.inputs) if last.get(v) == i and v not in keep]
+            outs = None
+            if node.op in _INPLACE:
+                out = _reusable(dead, owned, env, foreign, args)
+                if out is not None:
+                    outs = [_INPLACE[node.op](*args, out=out)]
+            if outs is None:
+                outs = eval_node(node, args, attrs)
+            del args
+            for v in dead:
+                del env[v]
+                owned.discard(v)
             for v, y in zip(node.outputs, outs):
                 env[v] = to_reference(np.asarray(y), types[v], f"{node.op} {v!r} (reference bug)")
+                owned.add(v)
     return {v: env[v].copy() for v in graph.outputs}
+
+
+# Float elementwise ops that may write into a dead input's buffer (NumPy computes the same
+# values with ``out=``; it handles an ``out`` that aliases an input).
+_INPLACE: dict[str, Callable[..., np.ndarray]] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
+    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+    "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+}
+
+
+def _reusable(dead: list[str], owned: set[str], env: dict[str, np.ndarray],
+              foreign: list[np.ndarray], args: list[np.ndarray]) -> np.ndarray | None:
+    """A dead, node-produced float64 buffer with the op's output shape that no live value (nor a
+    caller's array) shares memory with; None if there is none (or the inputs are not floats)."""
+    if not dead or any(a.dtype != np.float64 for a in args):
+        return None
+    shape = np.broadcast_shapes(*(a.shape for a in args))
+    for v in dead:
+        buf = env[v]
+        if (v not in owned or buf.shape != shape or not buf.flags.c_contiguous
+                or not buf.flags.owndata or not buf.flags.writeable):
+            continue
+        others = [a for k, a in env.items() if k not in dead] + foreign
+        if not any(np.may_share_memory(buf, a) for a in others):
+            return buf
+    return None

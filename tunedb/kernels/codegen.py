@@ -72,6 +72,7 @@ class KernelPlan:
 
 
 def _texts(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
+    from tunedb.kernels.gen_colcluster import gen_col_cluster
     from tunedb.kernels.gen_cols import gen_col_tiled
     from tunedb.kernels.gen_rows import gen_rows
     from tunedb.kernels.gen_simple import gen_elementwise, gen_transpose
@@ -83,6 +84,8 @@ def _texts(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
         return gen_transpose(f), []
     if m == "col_tiled":
         return gen_col_tiled(f)
+    if m == "col_cluster":
+        return gen_col_cluster(f)
     return gen_rows(f)
 
 

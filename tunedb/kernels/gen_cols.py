@@ -107,16 +107,17 @@ def _combine(f: Frame, reds: list[Reduction], allreds: list[Reduction], TX: int,
     lines.append("__syncthreads();")
 
 
-def _col_outputs(f: Frame, reds: list[Reduction], strip: int, env: dict[str, str], lines: list[str]) -> None:
-    """Per-column outputs, by threads tid < strip from the finished values in scol."""
+def _col_outputs(f: Frame, reds: list[Reduction], strip: int, env: dict[str, str], lines: list[str],
+                 arr: str = "scol", who: str = "blockIdx.y == 0", strip_id: str = "blockIdx.x") -> None:
+    """Per-column outputs, by threads tid < strip from the finished values in ``arr``."""
     outs = f.outputs_of(COL)
     if not outs:
         return
-    lines.append(f"if (tid < {strip} && blockIdx.y == 0) {{")
-    inner = [f"const long long c = (long long)blockIdx.x * {strip} + tid;", f"if (c < {f.C}LL) {{"]
+    lines.append(f"if (tid < {strip} && {who}) {{")
+    inner = [f"const long long c = (long long)({strip_id}) * {strip} + tid;", f"if (c < {f.C}LL) {{"]
     e = dict(env)
     for kk, r in enumerate(reds):
-        e[r.value] = f"scol[{kk * strip} + tid]"
+        e[r.value] = f"{arr}[{kk * strip} + tid]"
     nodes, leaves = f.leaves_of(outs, set(e))
     for v in leaves:
         if f.cls.get(v) == COL:
@@ -144,7 +145,7 @@ def _head(f: Frame, TX: int, V: int, RS: int) -> list[str]:
 
 
 def _finished_env(f: Frame, reds: list[Reduction], TX: int, V: int, lines: list[str],
-                  only: list[Reduction] | None = None) -> dict[str, str]:
+                  only: list[Reduction] | None = None, arr: str = "scol") -> dict[str, str]:
     env = {}
     strip = TX * V
     for kk, r in enumerate(reds):
@@ -153,7 +154,7 @@ def _finished_env(f: Frame, reds: list[Reduction], TX: int, V: int, lines: list[
         cr = f"cr{f.names.idx[r.value]}"
         lines.append(f"float {cr}[{V}];")
         lines.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) "
-                     f"{cr}[k] = scol[{kk * strip} + tx * {V} + k];")
+                     f"{cr}[k] = {arr}[{kk * strip} + tx * {V} + k];")
         env[r.value] = f"{cr}[k]"
     return env
 

@@ -15,7 +15,9 @@ producer to consumer (the *stitch* scheme, after FusionStitching/AStitch):
 
 ``split_row`` splits each row across ``split`` blocks (2, 4 or 8) of one thread-block cluster;
 the blocks exchange reduction partials through distributed shared memory and synchronise with
-cluster barriers, so it is one kernel and the row is still read once.
+cluster barriers, so it is one kernel and the row is still read once. ``col_cluster`` does the
+same for column reductions: a cluster of ``split`` blocks owns a column strip, each block a
+range of rows kept in registers, so x - mean(x, 0) reads x once.
 """
 
 from __future__ import annotations
@@ -24,10 +26,19 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from tunedb.graph.ir import DTYPE_BYTES, Graph
-from tunedb.kernels.analysis import COL, FULL, ROW, TRANS, Analysis, analyze, cache_values
+from tunedb.kernels.analysis import (
+    COL,
+    FULL,
+    ROW,
+    TRANS,
+    TRANSCENDENTAL,
+    Analysis,
+    analyze,
+    cache_values,
+)
 
 MAPPINGS = ("elementwise", "warp_per_row", "block_per_row", "rows_per_block", "split_row",
-            "col_tiled", "transpose_tiled")
+            "col_tiled", "col_cluster", "transpose_tiled")
 ROW_MAPPINGS = ("warp_per_row", "block_per_row", "rows_per_block", "split_row")
 ROW_CACHES = ("registers", "smem", "reread")
 CACHE_MODES = ("boundary", "inputs")
@@ -46,7 +57,7 @@ class Schedule:
     unroll: int = 1             # independent vector accesses per thread per loop trip
     group: int = 0              # row mappings: threads per row; col_tiled: threads across columns
     split: int = 1              # col_tiled: row splits (>1: partials through global, two kernels);
-                                # split_row: blocks per row (one cluster)
+                                # split_row / col_cluster: blocks per cluster
     tile: int = 32              # transpose_tiled: square tile edge
     row_cache: str = "registers"
     cache: str = "boundary"     # what a row cache holds: boundary values or the full-size inputs
@@ -105,10 +116,14 @@ class Schedule:
                 parts.append(f"s{self.split}")
         if self.mapping == "col_tiled":
             parts += [f"tx{self.group}", f"s{self.split}", f"u{self.unroll}"]
+        if self.mapping == "col_cluster":
+            parts += [f"tx{self.group}", f"s{self.split}", self.cache]
         if self.mapping == "transpose_tiled":
             parts += [f"tile{self.tile}"]
         if self.mapping == "elementwise":
             parts += [f"u{self.unroll}"]
+        if self.fast_math:
+            parts.append("fast")
         return "_".join(parts)
 
 
@@ -180,6 +195,16 @@ def stitch_of(a: Analysis, s: Schedule) -> str:
     elif s.mapping == "col_tiled":
         for r in a.reductions:
             out[r.value] = "smem" if s.split == 1 else "global"
+        for v in cache_values(a, "boundary"):
+            out[v] = "global"  # re-read in the second sweep or the second kernel
+    elif s.mapping == "col_cluster":
+        for r in a.reductions:
+            out[r.value] = "dsmem"
+        cached = cache_values(a, s.cache)
+        for v in cache_values(a, "boundary"):
+            out[v] = "register" if v in cached else "recompute"
+        for v in cached:
+            out.setdefault(v, "register")
     elif s.mapping == "transpose_tiled":
         for v in a.transposed_inputs:
             out[v] = "smem"
@@ -197,7 +222,8 @@ def check(a: Analysis, s: Schedule) -> str:
     m = s.mapping
     pat = a.pattern
     allowed = {"elementwise": ("elementwise",), "transpose": ("transpose_tiled", "elementwise"),
-               "row_reduce": ROW_MAPPINGS, "multi": ROW_MAPPINGS, "col_reduce": ("col_tiled",)}[pat]
+               "row_reduce": ROW_MAPPINGS, "multi": ROW_MAPPINGS,
+               "col_reduce": ("col_tiled", "col_cluster")}[pat]
     if m not in allowed:
         return f"mapping {m} does not fit a {pat} subgraph (use {', '.join(allowed)})"
     eb = full_bytes(a)
@@ -241,6 +267,21 @@ def check(a: Analysis, s: Schedule) -> str:
         smem = row_smem_bytes(a, s)
         if smem > MAX_SMEM:
             return f"needs {smem} bytes of shared memory > {MAX_SMEM}"
+    if m == "col_cluster":
+        tx = s.group
+        if s.split not in (2, 4, 8):
+            return f"col_cluster needs a cluster of 2, 4 or 8 blocks, not {s.split}"
+        if tx < 1 or s.block % tx:
+            return f"{tx} threads across columns does not tile block {s.block}"
+        nj = math.ceil(math.ceil(a.R / s.split) / (s.block // tx))
+        if nj > MAX_UNROLLED:
+            return f"{nj} rows per thread > {MAX_UNROLLED}"
+        n_full = sum(1 for v in a.graph.inputs if cls.get(v) == FULL)
+        regs = nj * s.vec * max(len(cache_values(a, s.cache)), n_full)
+        limit = min(MAX_CACHE_REGS, 65536 // s.block - 32)
+        if regs > limit:
+            return (f"{nj} rows x vec {s.vec} per thread need {regs} registers at block {s.block} "
+                    f"> limit {limit}; R={a.R} is too tall for a cluster of {s.split}")
     if m == "col_tiled":
         tx = s.group
         if tx < 1 or s.block % tx or s.block // tx < 1:
@@ -296,7 +337,14 @@ def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
                             continue
                         out.append(s)
     if pat == "col_reduce":
-        for tx, ty in ((8, 32), (16, 16), (32, 8), (16, 32), (32, 16), (8, 16)):
+        differ = set(cache_values(a, "inputs")) != set(cache_values(a, "boundary"))
+        for sp in (2, 4, 8):
+            for tx, ty in ((4, 128), (8, 64), (8, 128), (16, 32), (16, 64), (32, 32)):
+                for v in [v for v in (8, 4, 2, 1) if v in vecs_c][:2] or [1]:
+                    for mode in ("boundary", "inputs") if differ else ("boundary",):
+                        out.append(Schedule("col_cluster", block=tx * ty, vec=v, group=tx, split=sp,
+                                            cache=mode))
+        for tx, ty in ((8, 32), (16, 16), (32, 8), (16, 32), (32, 16), (8, 16), (4, 64), (8, 64)):
             for v in (8, 4, 2, 1):
                 strips = math.ceil(a.C / (tx * v))
                 auto = max(1, min(math.ceil(2 * sm_count / strips), math.ceil(a.R / (8 * ty))))
@@ -314,7 +362,14 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
     legal: list[Schedule] = []
     pruned: list[tuple[Schedule, str]] = []
     seen: set[Schedule] = set()
-    for s in _candidates(a, sm_count):
+    cands = _candidates(a, sm_count)
+    if any(n.op in TRANSCENDENTAL for n in a.nodes):
+        # exp/tanh/erf chains can cost more ALU time than their bytes take at full bandwidth:
+        # offer the fast-math variant of the configurations most likely to be fastest
+        cands += [replace(s, fast_math=True) for s in cands
+                  if s.mapping in ("elementwise", "split_row", "col_cluster")
+                  or (s.row_cache == "registers" and s.cache == "boundary" and s.mapping in ROW_MAPPINGS)]
+    for s in cands:
         if s in seen:
             continue
         seen.add(s)

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict
@@ -17,6 +22,7 @@ from typing import Any
 
 from tunedb.records import DeviceInfo, Protocol, Workload
 from tunedb.runtime.device import CUPY_MISSING, NoGPUError, clocks
+from tunedb.runtime.inputs import prepare_workload
 from tunedb.runtime.worker import Worker, WorkerError
 
 MEASURE_TASK = "tunedb.runtime.measure:gpu_task"
@@ -123,13 +129,33 @@ def plan_to_wire(plan: Any) -> dict:
     return {"kernels": kernels, "scratch": scratch}
 
 
+PREP_AHEAD = 4  # workloads whose inputs/references may be prepared ahead (each up to ~1 GB on disk)
+
+
+def _caller_workload() -> Workload | None:
+    """The workload of the collector's current ``job``, read from ``prefetch``'s caller: the
+    collector calls ``prefetch(wires)`` without the workload. A fallback only: callers should
+    pass ``prefetch(wires, workload=...)``."""
+    try:
+        job = sys._getframe(2).f_locals.get("job")
+    except (ValueError, AttributeError):
+        return None
+    w = getattr(job, "workload", None)
+    return w if isinstance(w, Workload) else None
+
+
 class CudaDevice:
-    """Measures candidates on the local GPU; see the module docstring."""
+    """Measures candidates on the local GPU; see the module docstring.
+
+    Two CPU process pools feed the GPU worker: one compiles candidate sources (CuPy's disk
+    cache), one prepares each workload's random inputs and float64 reference a few workloads
+    ahead (``inputs.prepare_workload``; handed over as ``.npy`` files in a temporary directory),
+    so the GPU never waits for NumPy. ``stats()`` says where the wall time went."""
 
     kind = "cuda"
 
     def __init__(self, workers: int | None = None, timeout_s: float = 60.0,
-                 protocol: Protocol | None = None) -> None:
+                 protocol: Protocol | None = None, prep_workers: int | None = None) -> None:
         import importlib.util
 
         if importlib.util.find_spec("cupy") is None:  # fail fast, before spawning anything
@@ -146,13 +172,27 @@ class CudaDevice:
         self.info = DeviceInfo(**hello["device"])
         self.uuid = str(hello.get("uuid", ""))
         self.clocks_at_start = hello.get("clocks", {})
-        n = (os.cpu_count() or 2) - 2 if workers is None else workers
+        cpus = os.cpu_count() or 2
+        n_prep = (2 if cpus >= 8 else 1) if prep_workers is None else max(0, prep_workers)
+        # The worker and the parent (code generation, DB writes) keep a core each.
+        n = max(0, cpus - 3) if workers is None else workers
+        import multiprocessing as mp
+
         self._pool: ProcessPoolExecutor | None = None
         if n > 0:
-            import multiprocessing as mp
-
             self._pool = ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"))
+        self._prep_pool: ProcessPoolExecutor | None = None
+        if n_prep > 0:
+            self._prep_pool = ProcessPoolExecutor(max_workers=n_prep, mp_context=mp.get_context("spawn"))
         self._futures: dict[str, Future] = {}
+        self._tmp = tempfile.mkdtemp(prefix="tunedb-prep-")
+        self._preps: dict[str, tuple[Future, str]] = {}  # workload hash -> (future, dir)
+        self._manifests: dict[str, dict | None] = {}
+        self._current = ""
+        self._serial = 0
+        self._lock = threading.Lock()  # prefetch runs in the collector's producer thread
+        self._stats: dict[str, float] = dict.fromkeys(_STAT_KEYS, 0.0)
+        self._stats.update(compile_pool=n, prep_pool=n_prep)
 
     def clocks(self) -> dict[str, float]:
         return clocks(self.uuid)
@@ -161,12 +201,20 @@ class CudaDevice:
     def _key(wire: dict) -> str:
         return "\x00".join(k["source"] for k in wire.get("kernels", ()))
 
-    def prefetch(self, wires: list[dict]) -> None:
-        """Start compiling these plans in the pool (called a workload ahead of ``measure``)."""
+    # -- look-ahead: inputs/references and compiles ---------------------------------------
+    def prefetch(self, wires: list[dict], workload: Workload | None = None) -> None:
+        """Start preparing ``workload`` (inputs + reference) and compiling these plans in the
+        pools; called a workload ahead of ``measure``."""
+        if workload is None:
+            workload = _caller_workload()
+        if workload is not None:
+            self._submit_prep(workload)
         if self._pool is None:
             return
         from tunedb.runtime.measure import precompile
 
+        # One task per candidate (not per workload): NVRTC takes ~0.1 s a kernel, the pool's IPC
+        # well under 1 ms, and the first candidates of a workload are ready soonest this way.
         for w in wires:
             key = self._key(w)
             if w.get("error") or not key or key in self._futures:
@@ -177,33 +225,152 @@ class CudaDevice:
                 self._pool = None
                 return
 
-    def _compile_error(self, wire: dict) -> str:
-        fut = self._futures.pop(self._key(wire), None)
+    def _submit_prep(self, workload: Workload) -> None:
+        h = workload.hash
+        with self._lock:
+            if self._prep_pool is None or h in self._preps:
+                return
+            if h != self._current and sum(k != self._current for k in self._preps) >= PREP_AHEAD:
+                return  # far enough ahead; ``measure`` submits it when its turn comes
+            self._serial += 1
+            out_dir = os.path.join(self._tmp, f"w{self._serial}-{h[:16]}")
+            try:
+                fut = self._prep_pool.submit(prepare_workload, _graph_json(workload), h, out_dir)
+            except Exception:  # noqa: BLE001 - a broken pool: the worker prepares its inputs itself
+                self._prep_pool = None
+                return
+            self._manifests.pop(h, None)
+            self._preps[h] = (fut, out_dir)
+
+    def _manifest(self, workload: Workload) -> dict | None:
+        h = workload.hash
+        if h != self._current:
+            with self._lock:
+                old = self._preps.pop(self._current, None)
+                self._manifests.pop(self._current, None)
+                self._current = h
+            if old is not None:  # the previous workload is done (a re-visit prepares it again)
+                old[0].cancel()
+                shutil.rmtree(old[1], ignore_errors=True)
+            self._stats["workloads"] += 1
+        if h in self._manifests:
+            return self._manifests[h]
+        self._submit_prep(workload)
+        with self._lock:
+            entry = self._preps.get(h)
+        if entry is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            man = entry[0].result(timeout=3600)
+        except Exception:  # noqa: BLE001 - pool crashed: the worker computes them itself
+            man = None
+        self._stats["prep_wait_s"] += time.perf_counter() - t0
+        if man is not None:
+            self._stats["prep_s"] += float(man.get("seconds", 0.0))
+        self._manifests[h] = man
+        return man
+
+    def _ready(self, wire: dict, wait: bool) -> dict | None:
+        """The wire with its pool compile error, if any; ``None`` if not compiled yet and
+        ``wait`` is false."""
+        if wire.get("error"):
+            return wire
+        key = self._key(wire)
+        fut = self._futures.get(key)
         if fut is None:
-            return ""
+            return wire
+        if not wait and not fut.done():
+            return None
+        del self._futures[key]
+        t0 = time.perf_counter()
         try:
             res = fut.result(timeout=600)
         except Exception:  # noqa: BLE001 - pool crashed or hung on this one; the worker will tell
-            return ""
-        return "" if res.get("ok") else str(res.get("error", "compile error"))
+            res = {"ok": True}
+        self._stats["compile_wait_s"] += time.perf_counter() - t0
+        err = "" if res.get("ok") else str(res.get("error", "compile error"))
+        return {**wire, "error": err} if err else wire
 
+    # -- measuring ----------------------------------------------------------------------------
     def measure(self, workload: Workload, wires: list[dict]) -> Iterator[tuple[int, dict | None]]:
-        """Yield ``(index, result dict)`` for every wire plan, in order."""
-        items = []
-        for w in wires:
-            err = w.get("error") or self._compile_error(w)
-            items.append({**w, "error": err} if err else w)
+        """Yield ``(index, result dict)`` for every wire plan, in order. Candidates go to the
+        worker as soon as they are compiled (in runs of ready ones), not a whole chunk at once."""
+        t_in = time.perf_counter()
         context = {"workload_hash": workload.hash, "graph": _graph_json(workload),
                    "protocol": asdict(self.protocol)}
-        yield from self.worker.run(context, items)
+        man = self._manifest(workload)
+        if man is not None:
+            context["prep"] = man
+        pos = 0
+        try:
+            while pos < len(wires):
+                batch = [self._ready(wires[pos], wait=True)]
+                pos += 1
+                while pos < len(wires):
+                    item = self._ready(wires[pos], wait=False)
+                    if item is None:
+                        break
+                    batch.append(item)
+                    pos += 1
+                base = pos - len(batch)
+                for i, res in self.worker.run(context, batch):
+                    self._account(res)
+                    t_out = time.perf_counter()
+                    self._stats["measure_s"] += t_out - t_in
+                    t_in = t_out
+                    yield base + i, res
+                    t_in = time.perf_counter()
+                    self._stats["outside_s"] += t_in - t_out
+        finally:
+            self._stats["measure_s"] += time.perf_counter() - t_in
+
+    def _account(self, res: dict) -> None:
+        st = self._stats
+        st["candidates"] += 1
+        status = str(res.get("status", "?"))
+        st[f"status_{status}"] = st.get(f"status_{status}", 0) + 1
+        ph = res.get("phases") or {}
+        for src, dst in (("setup_s", "worker_setup_s"), ("compile_s", "worker_compile_s"),
+                         ("verify_s", "verify_s"), ("time_s", "timing_s")):
+            v = ph.get(src)
+            if isinstance(v, (int, float)):
+                st[dst] += float(v)
+        if ph.get("setup_local"):
+            st["setup_local"] += 1
+
+    def stats(self) -> dict:
+        """Where the wall time went, in seconds (and counts): ``prep_wait_s`` / ``compile_wait_s``
+        (``measure`` waited on the pools), ``worker_setup_s`` (loading a workload onto the GPU),
+        ``worker_compile_s`` (module load; a compile on a cache miss), ``verify_s``, ``timing_s``,
+        ``other_s`` (IPC, restarts, timeouts), ``outside_s`` (the caller between results: DB
+        writes, strategy), ``prep_s`` (CPU seconds the prep pool spent), ``rate_per_s``."""
+        counts = ("candidates", "workloads", "setup_local", "compile_pool", "prep_pool")
+        st = {k: (int(v) if k in counts or k.startswith("status_") else round(float(v), 3))
+              for k, v in self._stats.items()}
+        busy = sum(self._stats[k] for k in ("prep_wait_s", "compile_wait_s", "worker_setup_s",
+                                              "worker_compile_s", "verify_s", "timing_s"))
+        st["other_s"] = round(max(0.0, self._stats["measure_s"] - busy), 3)
+        wall = self._stats["measure_s"] + self._stats["outside_s"]
+        st["rate_per_s"] = round(self._stats["candidates"] / wall, 2) if wall > 0 else 0.0
+        st["restarts"] = self.worker.restarts
+        return st
 
     def close(self) -> None:
         self.worker.close()
-        if self._pool is not None:
-            for f in self._futures.values():
-                f.cancel()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        for pool in (self._pool, self._prep_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        for f in self._futures.values():
+            f.cancel()
+        self._pool = self._prep_pool = None
+        self._futures, self._preps = {}, {}
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+_STAT_KEYS = ("candidates", "workloads", "measure_s", "outside_s", "prep_wait_s", "prep_s",
+              "compile_wait_s", "worker_setup_s", "worker_compile_s", "verify_s", "timing_s",
+              "setup_local")
 
 
 def _graph_json(workload: Workload) -> dict:

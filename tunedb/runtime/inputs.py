@@ -4,6 +4,8 @@ reference, poison values and tolerances. Kept apart from ``measure`` so they are
 from __future__ import annotations
 
 import math
+import os
+import time
 
 import numpy as np
 
@@ -32,11 +34,17 @@ def storage_dtype(dtype: str) -> np.dtype:
 
 def bf16_bits(a: np.ndarray) -> np.ndarray:
     """Round float values to bfloat16 (nearest even) and return the raw uint16 bits."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    out = rounded.astype(np.uint16)
-    nan = np.isnan(np.asarray(a, dtype=np.float32))
-    out[nan] = BF16_NAN_BITS
+    f = np.ascontiguousarray(a, dtype=np.float32)
+    bits = f.view(np.uint32)
+    # uint32 arithmetic (in place, no 64-bit temporaries): only NaN bit patterns can wrap
+    # around, and those are overwritten below.
+    lsb = bits >> 16
+    lsb &= 1
+    lsb += 0x7FFF
+    lsb += bits
+    lsb >>= 16
+    out = lsb.astype(np.uint16)
+    out[np.isnan(f)] = BF16_NAN_BITS
     return out
 
 
@@ -176,3 +184,37 @@ def check_host(out: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> tu
         err = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
         bad = err > atol + rtol * np.abs(np.where(np.isfinite(r), r, 0.0))
     return (not bool(bad.any())), (float(err.max()) if err.size else 0.0)
+
+
+# -- ahead-of-time preparation (a CPU process pool, see ``CudaDevice``) --------------------------
+def prepare_workload(graph_json: dict, workload_hash: str, out_dir: str) -> dict:
+    """Pool task: the workload's device inputs and float32 references as ``.npy`` files in
+    ``out_dir``. Returns a JSON manifest ``{"dir", "inputs": {name: file}, "refs": {name: file},
+    "seconds"}``, or ``{"error": one line}`` when the graph cannot be evaluated."""
+    t0 = time.perf_counter()
+    try:
+        graph = Graph.from_json(graph_json)
+        dev, ref = make_inputs(graph, workload_seed(workload_hash))
+        refs = reference_outputs(graph, ref)
+        del ref
+        os.makedirs(out_dir, exist_ok=True)
+        manifest: dict = {"dir": out_dir, "inputs": {}, "refs": {}}
+        # Files are named by position: value names may hold characters no file name can.
+        for kind, arrays in (("inputs", dev), ("refs", refs)):
+            for i, (name, a) in enumerate(arrays.items()):
+                fname = f"{kind}{i}.npy"
+                np.save(os.path.join(out_dir, fname), np.ascontiguousarray(a), allow_pickle=False)
+                manifest[kind][name] = fname
+    except Exception as e:  # noqa: BLE001 - the worker reports it for every candidate
+        text = " ".join(str(e).split())
+        return {"error": f"{type(e).__name__}: {text}"[:1500], "seconds": time.perf_counter() - t0}
+    manifest["seconds"] = time.perf_counter() - t0
+    return manifest
+
+
+def load_prepared(manifest: dict) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(device inputs, references)`` written by ``prepare_workload`` (no pickles are loaded)."""
+    d = str(manifest["dir"])
+    dev = {k: np.load(os.path.join(d, f), allow_pickle=False) for k, f in manifest["inputs"].items()}
+    refs = {k: np.load(os.path.join(d, f), allow_pickle=False) for k, f in manifest["refs"].items()}
+    return dev, refs

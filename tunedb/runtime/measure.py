@@ -16,6 +16,7 @@ CuPy is imported lazily (``gpu_init``): this module imports on machines without 
 from __future__ import annotations
 
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -26,6 +27,7 @@ import numpy as np
 from tunedb.records import Protocol
 from tunedb.runtime.inputs import (
     BOOL_POISON,
+    load_prepared,
     make_inputs,
     poison_value,
     reference_outputs,
@@ -62,17 +64,25 @@ def gpu_init(state: dict) -> dict:
 
 
 def gpu_task(state: dict, context: dict, items: list) -> Iterator[dict]:
-    """Worker task: ``context`` = {workload_hash, graph (JSON), protocol}; items = wire plans."""
+    """Worker task: ``context`` = {workload_hash, graph (JSON), protocol, optional prep (the
+    manifest of ``inputs.prepare_workload``: inputs and references computed ahead, off the GPU's
+    critical path)}; items = wire plans. Every result carries ``phases`` (seconds spent here)."""
     from tunedb.graph.ir import Graph
 
     cp = state["cp"]
     wl = state.get("workload")
+    setup_s = 0.0
     if wl is None or wl.hash != context.get("workload_hash"):
+        t0 = time.perf_counter()
         if wl is not None:
             wl.free()
             state["workload"] = None
         try:
-            wl = WorkloadBuffers(cp, Graph.from_json(context["graph"]), context.get("workload_hash", ""))
+            prep = context.get("prep") or None
+            if prep and prep.get("error"):
+                raise RuntimeError(str(prep["error"]))
+            wl = WorkloadBuffers(cp, Graph.from_json(context["graph"]), context.get("workload_hash", ""),
+                                 prep)
             state["workload"] = wl
         except Exception as e:  # noqa: BLE001 - one failure text for every item of this workload
             restart = not context_ok(cp)
@@ -83,10 +93,15 @@ def gpu_task(state: dict, context: dict, items: list) -> Iterator[dict]:
                 if restart:
                     return
             return
+        setup_s = time.perf_counter() - t0
     yield {"_heartbeat": True}
     proto = Protocol(**context.get("protocol", {}))
     for item in items:
         res = measure_item(state, wl, item, proto)
+        if setup_s:
+            res["phases"]["setup_s"] = setup_s
+            res["phases"]["setup_local"] = wl.local_setup
+            setup_s = 0.0
         yield res
         if res.get("_restart"):
             return
@@ -96,10 +111,19 @@ def gpu_task(state: dict, context: dict, items: list) -> Iterator[dict]:
 class WorkloadBuffers:
     """Inputs, float32 references and output buffers of one workload on the GPU."""
 
-    def __init__(self, cp: Any, graph: Any, workload_hash: str) -> None:
+    def __init__(self, cp: Any, graph: Any, workload_hash: str, prep: dict | None = None) -> None:
         self.cp, self.graph, self.hash = cp, graph, workload_hash
-        dev, ref_in = make_inputs(graph, workload_seed(workload_hash))
-        refs = reference_outputs(graph, ref_in)  # once per workload, float64 oracle
+        dev = refs = None
+        if prep and prep.get("dir"):
+            try:
+                dev, refs = load_prepared(prep)
+            except (OSError, ValueError, KeyError):
+                dev = refs = None  # files gone (e.g. cleaned up): compute them here instead
+        self.local_setup = dev is None
+        if dev is None or refs is None:
+            dev, ref_in = make_inputs(graph, workload_seed(workload_hash))
+            refs = reference_outputs(graph, ref_in)  # once per workload, float64 oracle
+            del ref_in
         self.inputs = {k: cp.asarray(v) for k, v in dev.items()}
         # A wrong kernel may scribble over its inputs; restore them before every verify launch so
         # one bad candidate cannot fail (or pass) the next ones.
@@ -145,11 +169,11 @@ class WorkloadBuffers:
             err = cp.where(same, 0.0, cp.where(cp.isnan(diff), cp.inf, diff))
             tol = atol + rtol * cp.abs(cp.where(cp.isfinite(ref), ref, 0.0))
             nbad = int((err > tol).sum())
-            e = float(err.max()) if err.size else 0.0
-            if nbad:
+            if nbad:  # the error size only matters for the message: no second sync when ok
+                e = float(err.max()) if err.size else 0.0
+                if ok or e > worst_err:
+                    worst_err, worst_name = e, name
                 ok = False
-            if nbad or e > worst_err:
-                worst_err, worst_name = max(worst_err, e), name
         return ok, worst_err, worst_name
 
 
@@ -254,25 +278,39 @@ def _graph_runner(cp: Any, stream: Any, launch: Any, batch: int) -> Any:
     return lambda: graph.launch(stream)
 
 
-def time_plan(state: dict, launch: Any, proto: Protocol) -> tuple[list[float], Protocol]:
-    cp, stream = state["cp"], state["stream"]
-    flush = state["flush"] if proto.flush_l2 else None
-    start, end = cp.cuda.Event(), cp.cuda.Event()
+def _events(state: dict, n: int) -> list[tuple[Any, Any]]:
+    """``n`` reusable (start, end) event pairs of this worker (creating events per sample costs)."""
+    cp = state["cp"]
+    evs = state.setdefault("events", [])
+    while len(evs) < n:
+        evs.append((cp.cuda.Event(), cp.cuda.Event()))
+    return evs[:n]
 
-    def sample(run: Any, batch: int) -> float:
+
+def timed_samples(state: dict, run: Any, batch: int, n: int, flush: Any) -> list[float]:
+    """``n`` samples of ``run`` (us per launch): every sample is enqueued first (flush, start
+    event, run, end event), then one host sync; the GPU never waits for the host in between."""
+    cp, stream = state["cp"], state["stream"]
+    evs = _events(state, n)
+    for start, end in evs:
         if flush is not None:
             # Also hides the host's enqueue latency: the GPU is busy flushing meanwhile.
             flush.data.memset_async(0, flush.nbytes, stream)
         start.record(stream)
         run()
         end.record(stream)
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) * 1000.0 / batch
+    evs[-1][1].synchronize()
+    return [cp.cuda.get_elapsed_time(start, end) * 1000.0 / batch for start, end in evs]
 
+
+def time_plan(state: dict, launch: Any, proto: Protocol) -> tuple[list[float], Protocol]:
+    cp, stream = state["cp"], state["stream"]
+    flush = state["flush"] if proto.flush_l2 else None
     for _ in range(max(1, proto.warmup)):
         launch()
     run, batch = launch, max(1, proto.batch)
-    probe = min(sample(launch, 1) for _ in range(3))
+    probe = min(timed_samples(state, launch, 1, 3, flush))
+    # CUDA-graph batches only for short plans: a capture costs ~ms, a long plan needs none.
     if probe < SHORT_US and proto.batch <= 1:
         batch = min(MAX_BATCH, max(2, math.ceil(TARGET_US / max(probe, 0.2))))
     if batch > 1:
@@ -285,18 +323,20 @@ def time_plan(state: dict, launch: Any, proto: Protocol) -> tuple[list[float], P
                     launch()
         for _ in range(max(1, proto.warmup)):
             run()
-    samples = [sample(run, batch) for _ in range(max(1, proto.samples))]
+    samples = timed_samples(state, run, batch, max(1, proto.samples), flush)
     return samples, Protocol(proto.warmup, len(samples), proto.flush_l2, batch)
 
 
 def measure_item(state: dict, wl: WorkloadBuffers, item: dict, proto: Protocol) -> dict:
     """One candidate through the protocol; never raises."""
     cp = state["cp"]
+    phases: dict = {}
     res: dict = {"status": "ok", "samples_us": [], "error": "", "registers": -1, "shared_bytes": -1,
-                 "local_bytes": -1, "protocol": asdict(proto)}
+                 "local_bytes": -1, "protocol": asdict(proto), "phases": phases}
     if item.get("error"):
         res.update(status="compile_error", error=str(item["error"])[:1500])
         return res
+    t0 = time.perf_counter()
     try:
         funcs = [get_function(state, k) for k in item["kernels"]]
         res["registers"] = max(int(f.num_regs) for f in funcs)
@@ -309,6 +349,9 @@ def measure_item(state: dict, wl: WorkloadBuffers, item: dict, proto: Protocol) 
         if status == "runtime_error" and not context_ok(cp):
             res["_restart"] = True
         return res
+    finally:
+        phases["compile_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     try:
         scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8)
                    for s in item.get("scratch", [])}
@@ -318,10 +361,13 @@ def measure_item(state: dict, wl: WorkloadBuffers, item: dict, proto: Protocol) 
         launch()
         state["stream"].synchronize()
         ok, err, name = wl.verify()
+        t1 = time.perf_counter()
+        phases["verify_s"] = t1 - t0
         if not ok:
             res.update(status="incorrect", error=f"max abs error {err:.6g} in output {name!r}")
             return res
         samples, used = time_plan(state, launch, proto)
+        phases["time_s"] = time.perf_counter() - t1
         bad = [s for s in samples if not math.isfinite(s) or s <= 0]
         if bad:
             res.update(status="runtime_error", error=f"invalid timing samples {bad[:3]}")

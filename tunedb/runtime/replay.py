@@ -77,8 +77,11 @@ class ReplayDevice:
     def clocks(self) -> dict[str, float]:
         return {}
 
-    def prefetch(self, wires: list[dict]) -> None:
+    def prefetch(self, wires: list[dict], workload: Workload | None = None) -> None:
         return None
+
+    def stats(self) -> dict:
+        return {}
 
     def lookup(self, candidate_hash: str) -> dict | None:
         m = self._data.get(candidate_hash)

@@ -1,0 +1,398 @@
+"""``tunedb bench plan``: whole compiled plans on the GPU next to their peers.
+
+Per graph (an ONNX model, a tunedb graph JSON, or one of the 12 fusion anchor subgraphs), in one
+process on one GPU: (1) compile the plan (``tunedb.compile``: database hits, cost model,
+roofline) and build its executor (``PlanExecutor``: every kernel compiled once, buffers once, one
+CUDA graph); (2) run it on fresh random inputs and verify the outputs against the float64
+reference interpreter (the collector's tolerance) and, for ONNX models, against onnxruntime on
+the CPU; (3) time it in throughput mode (``peers.throughput_us`` on graph replays) next to torch
+eager, torch.compile (default mode, dynamic=False), torch.compile mode="reduce-overhead" (CUDA
+graphs) and jax.jit, all translated from the SAME tunedb Graph on the same input values, each
+checked against the reference. TF32 is off everywhere (torch ``allow_tf32 = False``, JAX
+``highest`` matmul precision, CuPy without ``CUPY_TF32``). Each graph also reports the plan's
+kernel count next to the op-by-op count (its non-view nodes). One failing graph or peer is
+recorded with its error; the JSON is rewritten after every graph.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tunedb.bench.fusion import BenchError, _finite, _one_line, _versions, geomean, rel_l2, write_json
+from tunedb.graph.ir import Graph
+
+PEERS = ("torch_eager", "torch_compile", "torch_compile_ro", "jax")
+PEER_LABELS = {"torch_eager": "torch eager", "torch_compile": "torch.compile",
+               "torch_compile_ro": "compile reduce-overhead", "jax": "jax.jit"}
+PROTOCOL = ("throughput: back-to-back runs (tunedb: CUDA graph replays of the whole plan), "
+            "synchronize, wall time / runs, median of 5 batches after 3 warm-ups; inputs on the device")
+INPUT_SEED = 20240531  # the verification inputs (the executor's own warm-up uses seed 0)
+ORT_SLACK = 4.0        # onnxruntime computes in float32 as well: tolerance x this
+
+
+@dataclass
+class Entry:
+    """One graph to benchmark: a model file, or a graph given directly (anchors)."""
+
+    name: str
+    source: str
+    path: Path | None = None
+    graph: Graph | None = None
+    bindings: dict[str, int] = field(default_factory=dict)
+    batch: int | None = None
+
+
+def _onnx_inputs(path: Path) -> list[Any]:
+    from tunedb.graph.onnx_import import load_model, stripped_names
+
+    model = load_model(path)
+    weights = set(stripped_names(model)) | {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in weights]
+
+
+def batch_bindings(path: Path, batch: int) -> dict[str, int]:
+    """Bindings that run ``path`` at ``batch``: every symbolic leading dim of its data inputs.
+    A model with static shapes only runs at its own batch (else ``BenchError``)."""
+    if path.suffix != ".onnx":
+        raise BenchError(f"--batch needs an ONNX model with a symbolic batch dim; {path.name} is not one")
+    out: dict[str, int] = {}
+    static = None
+    for vi in _onnx_inputs(path):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and dims[0].dim_param:
+            out[dims[0].dim_param] = batch
+        elif dims and static is None:
+            static = int(dims[0].dim_value)
+    if not out and static != batch:
+        raise BenchError(f"{path.name} has a static batch of {static}; --batch {batch} needs a model "
+                         "with a symbolic batch dim")
+    return out
+
+
+def collect_entries(models: Sequence[Path], graphs_dir: Path | None = None, anchors: bool = True,
+                    batches: Sequence[int] = (), bindings: dict[str, int] | None = None) -> list[Entry]:
+    """The graphs of one run: ``models``, then every ``*.onnx`` / ``*.json`` in ``graphs_dir``
+    (sorted), then (with ``graphs_dir`` and ``anchors``) the 12 fusion anchor subgraphs.
+    ``batches`` repeats each ONNX model at those batch sizes."""
+    paths = [Path(m) for m in models]
+    if graphs_dir is not None:
+        if not graphs_dir.is_dir():
+            raise BenchError(f"--graphs {graphs_dir} is not a directory")
+        found = sorted(p for p in graphs_dir.iterdir() if p.suffix in (".onnx", ".json") and p.is_file())
+        if not found:
+            raise BenchError(f"--graphs {graphs_dir} holds no .onnx or .json graph")
+        paths += [p for p in found if p not in paths]
+    out: list[Entry] = []
+    for p in paths:
+        if not p.is_file():
+            raise BenchError(f"no such model file: {p}")
+        if p.suffix not in (".onnx", ".json"):
+            raise BenchError(f"{p} is neither an ONNX model (.onnx) nor a tunedb graph JSON (.json)")
+        for b in (batches or [None]):
+            bind = dict(bindings or {})
+            name = p.stem
+            if b is not None:
+                bind.update(batch_bindings(p, b))
+                name = f"{p.stem} b{b}"
+            out.append(Entry(name, str(p), path=p, bindings=bind, batch=b))
+    if graphs_dir is not None and anchors:
+        from tunedb.kernels.suites import ANCHOR_CASES
+
+        out += [Entry(c.name, "anchor", graph=c.graph) for c in ANCHOR_CASES]
+    if not out:
+        raise BenchError("nothing to run: give MODEL files or --graphs DIR")
+    return out
+
+
+def load_entry(entry: Entry) -> tuple[Graph, Any]:
+    """The entry's graph (stripped weights filled with their seeded values) and, for ONNX, the
+    filled ``ModelProto`` onnxruntime runs."""
+    if entry.graph is not None:
+        from tunedb.graph.ops import infer_graph
+
+        return infer_graph(entry.graph), None
+    assert entry.path is not None
+    if entry.path.suffix == ".json":
+        from tunedb.plan.driver import load_graph
+
+        return load_graph(str(entry.path)), None
+    from tunedb.graph.onnx_import import fill_model, import_onnx
+
+    return (import_onnx(entry.path, entry.bindings or None, fill_initializers=True),
+            fill_model(entry.path))
+
+
+def sample_inputs(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``make_inputs`` (normal floats, gather indices in range) with every other integer input
+    drawn from {0, 1}: such inputs are masks in real models (BERT's ``attention_mask``), and a
+    mask of 7 turns ``(1 - mask) * float32.min`` into -inf in float32 (NaN after the softmax)
+    where the float64 reference stays finite."""
+    from tunedb.runtime.inputs import index_bounds, make_inputs
+
+    dev, ref = make_inputs(graph, seed)
+    rng = np.random.default_rng(seed + 1)
+    bounds = index_bounds(graph)
+    for v in graph.inputs:
+        t = graph.type_of(v)
+        if t.dtype in ("int32", "int64") and v not in bounds:
+            dev[v] = ref[v] = rng.integers(0, 2, size=t.shape).astype(t.dtype)
+    return dev, ref
+
+
+def op_by_op_count(graph: Graph) -> int:
+    """Kernels an op-by-op executor launches: every node that is not a free view."""
+    from tunedb.plan.subgraph import is_view
+
+    types = graph.type_map
+    return sum(1 for n in graph.nodes if not is_view(n, types))
+
+
+def verify(graph: Graph, outs: dict[str, np.ndarray], refs: dict[str, np.ndarray],
+           slack: float = 1.0) -> dict:
+    """Outputs against reference arrays with the collector's tolerance (times ``slack``)."""
+    from tunedb.runtime.inputs import check_host, tolerance
+
+    res: dict[str, Any] = {"ok": True, "max_abs_err": 0.0, "rel_err": 0.0, "worst_output": None}
+    for v in graph.outputs:
+        t = graph.type_of(v)
+        atol, rtol = tolerance(graph, t.dtype)
+        ok, err = check_host(outs[v], refs[v], atol * slack, rtol * slack)
+        rel = rel_l2(outs[v], refs[v])
+        if not ok:
+            res["ok"] = False
+        if not ok or err > res["max_abs_err"]:
+            res["worst_output"] = v
+        res["max_abs_err"] = max(res["max_abs_err"], err)
+        res["rel_err"] = max(res["rel_err"], rel)
+    res["max_abs_err"], res["rel_err"] = _finite(res["max_abs_err"]), _finite(res["rel_err"])
+    return res
+
+
+def onnxruntime_outputs(model: Any, graph: Graph, dev: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnxruntime (CPU) on the same input values, mapped to the graph's outputs by position."""
+    import onnxruntime as ort
+
+    if any(graph.type_of(v).dtype == "bfloat16" for v in graph.inputs):
+        raise BenchError("onnxruntime check skipped: bfloat16 inputs")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    missing = [n for n in names if n not in dev]
+    if missing:
+        raise BenchError(f"onnxruntime wants input(s) the graph does not have: {', '.join(missing)}")
+    res = sess.run(None, {n: dev[n] for n in names})
+    if len(res) != len(graph.outputs):
+        raise BenchError(f"onnxruntime gives {len(res)} outputs, the graph {len(graph.outputs)}")
+    return {v: np.asarray(r) for v, r in zip(graph.outputs, res)}
+
+
+# -- one graph on the GPU -------------------------------------------------------------------------
+def _peer(fw: Any, kind: str, graph: Graph, dev: dict, refs: dict) -> dict:
+    from tunedb.bench.peers import outputs_float64, peer_call, throughput_us
+
+    res: dict[str, Any] = {"us": None, "rel_err": None, "error": None}
+    try:
+        run, sync = peer_call(fw, kind, graph, dev)
+        outs = outputs_float64(run())  # copied out at once: reduce-overhead reuses the memory
+        sync()
+        res["rel_err"] = _finite(max(rel_l2(o, refs[v]) for o, v in zip(outs, graph.outputs)))
+        del outs
+        res["us"] = _finite(throughput_us(run, sync))
+    except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
+        res.update(us=None, error=_one_line(e))
+    return res
+
+
+def run_entry(entry: Entry, fw: Any, peers: Sequence[str], db: Any, cost_model: Any,
+              say: Callable[[str], None]) -> dict:
+    """Everything for one graph; never raises (failures become ``error`` fields)."""
+    from tunedb.bench.peers import throughput_us
+    from tunedb.graph.reference import run_reference
+    from tunedb.plan.driver import compile as compile_plan
+    from tunedb.runtime.executor import PlanExecutor
+
+    rec: dict[str, Any] = {"name": entry.name, "source": entry.source, "batch": entry.batch,
+                           "bindings": entry.bindings, "tunedb": {"us": None, "error": None}, "peers": {}}
+    try:
+        graph, model = load_entry(entry)
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = f"import failed: {_one_line(e)}"
+        return rec
+    rec["graph"] = {"nodes": len(graph.nodes), "op_by_op": op_by_op_count(graph),
+                    "inputs": {v: str(graph.type_of(v)) for v in graph.inputs},
+                    "outputs": {v: str(graph.type_of(v)) for v in graph.outputs}}
+    try:
+        dev, ref_in = sample_inputs(graph, INPUT_SEED)
+        refs = run_reference(graph, ref_in)
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = f"reference failed: {_one_line(e)}"
+        return rec
+    ex = None
+    try:
+        t0 = time.perf_counter()
+        plan = compile_plan(graph, db=db, cost_model=cost_model, device="cuda")
+        totals = plan.totals()
+        rec["plan"] = {"steps": totals["steps"], "kernels": plan.kernels,
+                       "predicted_us": totals["predicted_us"], "by_kind": totals["by_kind"],
+                       "cost_sources": totals["cost_sources"],
+                       "plan_s": round(time.perf_counter() - t0, 3)}
+        ex = PlanExecutor(plan)
+        rec["plan"].update(ex.summary())
+        say(f"{entry.name}: {plan.kernels} kernel(s) planned ({rec['graph']['op_by_op']} op by op), "
+            f"{ex.launches} launch(es), graph capture {'on' if ex.graph_capture else 'off'}"
+            + (f" ({ex.capture_error})" if ex.capture_error else ""))
+        got = _host(ex.run(dev))
+        rec["verify"] = {"reference": verify(graph, got, refs)}
+        if model is not None:
+            try:
+                ort_out = onnxruntime_outputs(model, graph, dev)
+                rec["verify"]["onnxruntime"] = verify(graph, got, ort_out, ORT_SLACK)
+                rec["verify"]["onnxruntime_vs_reference"] = verify(graph, ort_out, refs, ORT_SLACK)
+            except Exception as e:  # noqa: BLE001
+                rec["verify"]["onnxruntime"] = {"ok": None, "error": _one_line(e)}
+        rec["tunedb"]["us"] = _finite(throughput_us(ex.replay, ex.synchronize))
+    except Exception as e:  # noqa: BLE001 - recorded; the peers still run
+        rec["tunedb"]["error"] = _one_line(e)
+    finally:
+        del ex
+        _free(fw)
+    for p in peers:  # the same input values (bfloat16 as its bits, as the executor took them)
+        rec["peers"][p] = _peer(fw, p, graph, dev, refs)
+        _free(fw)
+    t = rec["tunedb"]["us"]
+    rec["speedup"] = {p: _finite(rec["peers"][p]["us"] / t) if t and rec["peers"][p]["us"] else None
+                      for p in peers}
+    return rec
+
+
+def _host(outs: dict[str, Any]) -> dict[str, np.ndarray]:
+    import cupy
+
+    return {k: cupy.asnumpy(v) for k, v in outs.items()}
+
+
+def _free(fw: Any) -> None:
+    gc.collect()  # closures of the peers and executors hold device arrays
+    try:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    except Exception:  # noqa: BLE001 - memory hygiene only
+        pass
+    try:
+        if fw is not None and fw.torch is not None:
+            fw.torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _tf32_off(fw: Any) -> dict[str, Any]:
+    """Peers in true float32, like the executor's cuBLAS GEMMs."""
+    state: dict[str, Any] = {"cupy": os.environ.get("CUPY_TF32", "0") not in ("", "0")}
+    if fw.torch is not None:
+        fw.torch.backends.cuda.matmul.allow_tf32 = False
+        fw.torch.backends.cudnn.allow_tf32 = False
+        state["torch"] = False
+    if fw.jax is not None:
+        try:
+            fw.jax.config.update("jax_default_matmul_precision", "highest")
+            state["jax"] = "highest"
+        except Exception as e:  # noqa: BLE001
+            state["jax"] = f"default ({_one_line(e, 120)})"
+    return state
+
+
+def summarize(result: dict) -> dict:
+    """Verified count and geomean speedups of tunedb over each peer (graphs where both ran)."""
+    entries = result.get("entries", [])
+    out: dict[str, Any] = {"graphs": len(entries), "timed": 0, "verified": 0, "failed": []}
+    for e in entries:
+        ok = ((e.get("verify") or {}).get("reference") or {}).get("ok")
+        out["verified"] += bool(ok)
+        out["timed"] += bool(e.get("tunedb", {}).get("us"))
+        if not ok or not e.get("tunedb", {}).get("us"):
+            out["failed"].append(e.get("name"))
+    for p in PEERS:
+        sp = [s for e in entries if (s := (e.get("speedup") or {}).get(p))]
+        out[f"speedup_vs_{p}"] = _finite(geomean(sp))
+        out[f"min_speedup_vs_{p}"] = _finite(min(sp)) if sp else None
+    return out
+
+
+def run_bench(entries: list[Entry], out: Path | None, db: Any = None, cost_model: Any = None,
+              peers: Sequence[str] = PEERS, time_limit_s: float = 0.0,
+              progress: Callable[[str], None] | None = None,
+              on_entry: Callable[[int, int, dict], None] | None = None) -> dict:
+    """Run every entry on the local GPU (``NoGPUError`` without one); returns the result dict,
+    also written to ``out`` after every graph. ``time_limit_s`` > 0: no new graph starts after."""
+    from tunedb.runtime.device import clocks, device_info, import_cupy
+
+    say = progress or (lambda _line: None)
+    cp = import_cupy()
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    bad = [p for p in peers if p not in PEERS]
+    if bad:
+        raise BenchError(f"unknown peer(s) {', '.join(bad)}; expected some of {', '.join(PEERS)}")
+    from tunedb.bench.peers import Frameworks
+    from tunedb.runtime.measure import context_ok
+
+    t0 = time.monotonic()
+    info = device_info()
+    result: dict[str, Any] = {
+        "benchmark": "plan", "protocol": PROTOCOL,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": {"id": info.id, **asdict(info)}, "env": _versions(), "clocks_before": clocks(),
+        "peers": list(peers), "entries": [], "complete": False, "stopped": "", "notes": []}
+    say(f"device {info.name} ({info.sm_count} SMs), driver {info.driver}, CUDA {info.cuda_runtime}")
+    fw = Frameworks() if peers else None
+    if fw is not None:
+        for err in fw.errors.values():
+            result["notes"].append(err)
+            say(err)
+        result["tf32"] = _tf32_off(fw)
+
+    def save() -> None:
+        result.update(summary=summarize(result), elapsed_s=round(time.monotonic() - t0, 1))
+        if out is not None:
+            write_json(result, out)
+
+    for i, entry in enumerate(entries, 1):
+        if time_limit_s > 0 and time.monotonic() - t0 > time_limit_s:
+            result["stopped"] = f"time limit {time_limit_s:g}s: skipped {len(entries) - i + 1} graph(s)"
+            say(result["stopped"])
+            break
+        te = time.monotonic()
+        try:
+            rec = run_entry(entry, fw, peers, db, cost_model, say)
+        except Exception as e:  # noqa: BLE001 - one broken graph must not end the run
+            rec = {"name": entry.name, "source": entry.source, "error": f"failed: {_one_line(e)}",
+                   "tunedb": {"us": None, "error": _one_line(e)}, "peers": {}}
+        rec["elapsed_s"] = round(time.monotonic() - te, 1)
+        result["entries"].append(rec)
+        save()
+        if on_entry is not None:
+            on_entry(i, len(entries), rec)
+        if not context_ok(cp):
+            result["stopped"] = f"CUDA context lost after {entry.name}: nothing more can run here"
+            say(result["stopped"])
+            break
+    else:
+        result["complete"] = True
+    result["clocks_after"] = clocks()
+    save()
+    return result
+
+
+def fmt(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"

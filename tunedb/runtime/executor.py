@@ -1,0 +1,542 @@
+"""Run a Plan on the GPU: every kernel compiled once, buffers allocated once, one CUDA graph.
+
+    ex = PlanExecutor(plan)            # compile, allocate, run once eagerly, capture, check
+    outs = ex.run({"x": x})            # name -> cupy array (bfloat16 widened to float32)
+    ex.replay(); ex.synchronize()      # one more run on the inputs already in place (timing)
+
+``PlanExecutor(plan)``:
+
+1. allocates the plan's ``BufferPlan`` once: one arena that the intermediates share by liveness,
+   one buffer per graph output; persistent buffers for the graph inputs; constants uploaded once.
+   Views (``layout_view`` steps) are reshapes of the same memory, no kernel.
+2. builds every step: fused steps are generated (``tunedb.kernels.codegen.generate`` with the
+   step's schedule) and compiled with NVRTC (``cupy.RawModule``, cached by source); compute and
+   layout steps use ``executor_ops`` (cuBLAS GEMMs, im2col convolutions, pool kernels, copies);
+   anything else, or a fused step the generator refuses, runs op by op in CuPy (``fallbacks``
+   says which and why).
+3. runs the plan once eagerly, then captures the whole plan ONCE as a CUDA graph on its own
+   non-default stream (temporaries of the capture come from a private memory pool that lives as
+   long as the graph), replays it once and compares with the eager outputs. If capture fails or
+   the replay differs, the executor launches eagerly and ``capture_error`` says why.
+
+float32 GEMMs stay float32: CuPy uses TF32 only with ``CUPY_TF32=1`` in the environment
+(``tf32`` reports it). CuPy is imported lazily: this module imports on machines without it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tunedb.graph.ir import FLOAT_DTYPES, Graph
+from tunedb.graph.ops import check_node
+from tunedb.runtime.executor_ops import (
+    ComputeOps,
+    Evaluator,
+    KernelSet,
+    compute_launch,
+    layout_launch,
+    load,
+    storage_dtype,
+    to_bf16_bits,
+)
+
+NVRTC_OPTIONS = ("-std=c++17",)
+ALIGN = 256
+# Single ops with a direct implementation, and the stored dtypes it takes.
+COMPUTE_DIRECT: dict[str, frozenset[str]] = {
+    "matmul": frozenset(("float32", "float16")), "gemm": frozenset(("float32", "float16")),
+    "conv2d": frozenset(("float32",)), "max_pool2d": frozenset(("float32",)),
+    "avg_pool2d": frozenset(("float32",)), "global_avg_pool": frozenset(("float32",)),
+    "global_max_pool": frozenset(("float32",)),
+}
+LAYOUT_DIRECT = frozenset(("transpose", "reshape", "squeeze", "unsqueeze", "identity", "expand",
+                           "slice", "gather", "concat", "split", "pad"))
+OP_BY_OP = "cupy op by op"
+
+
+class ExecutorError(ValueError):
+    """A plan cannot run here, or its inputs do not fit its graph (one-line message)."""
+
+
+def _one_line(exc: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(exc).split())
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
+
+
+# -- CPU side: what runs each step, and the inputs --------------------------------------------------
+def step_path(step: Any) -> str:
+    """How the executor runs ``step`` (no GPU needed): ``view``, ``generated``, ``cublas``,
+    ``conv 1x1 (cublas)``, ``conv (im2col + cublas)``, ``pool kernel``, ``cupy reduction``,
+    ``cupy copy`` or ``cupy op by op``."""
+    if step.kind == "layout_view":
+        return "view"
+    if step.kind == "fused":
+        return "generated" if step.config else OP_BY_OP
+    sub = step.graph
+    if len(sub.nodes) != 1:
+        return OP_BY_OP
+    node = sub.nodes[0]
+    types = sub.type_map
+    dtypes = {types[v].dtype for v in node.inputs} | {types[o].dtype for o in node.outputs}
+    if node.op in COMPUTE_DIRECT and dtypes <= COMPUTE_DIRECT[node.op]:
+        if node.op == "conv2d":
+            a = check_node(node, [types[v] for v in node.inputs])[1]
+            kh, kw = types[node.inputs[1]].shape[2:]
+            one = (kh, kw, *a["strides"], *a["dilations"], a["groups"]) == (1,) * 7 and not any(a["pads"])
+            return "conv 1x1 (cublas)" if one else "conv (im2col + cublas)"
+        return {"matmul": "cublas", "gemm": "cublas"}.get(
+            node.op, "cupy reduction" if node.op.startswith("global_") else "pool kernel")
+    if node.op in LAYOUT_DIRECT:
+        return "cupy copy"
+    return OP_BY_OP
+
+
+def _is_device_array(a: Any) -> bool:
+    return hasattr(a, "__cuda_array_interface__")
+
+
+def _dtype_shape(a: Any) -> tuple[np.dtype | None, tuple[int, ...]]:
+    """(dtype, shape) of a host or device array; dtype None for bfloat16 (no NumPy dtype)."""
+    if str(getattr(a, "dtype", "")) == "bfloat16":
+        return None, tuple(int(d) for d in a.shape)
+    try:
+        return np.dtype(a.dtype), tuple(int(d) for d in a.shape)
+    except TypeError:  # e.g. a torch tensor: its dtype is no NumPy dtype; the interface says
+        cai = a.__cuda_array_interface__
+        return np.dtype(cai["typestr"]), tuple(int(d) for d in cai["shape"])
+
+
+def _describe(a: Any) -> str:
+    return f"{getattr(a, 'dtype', type(a).__name__)}[{','.join(map(str, getattr(a, 'shape', ())))}]"
+
+
+def prepare_inputs(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``inputs`` against the graph and bring host arrays into stored form (bfloat16 as
+    uint16 bits). Device arrays (``__cuda_array_interface__``) are checked, not moved. bfloat16
+    inputs may be uint16 bits or float32 values (rounded to nearest even); every other dtype must
+    match exactly. Host gather indices are checked to be in range."""
+    from tunedb.runtime.inputs import bf16_bits, index_bounds
+
+    missing = [v for v in graph.inputs if v not in inputs]
+    extra = sorted(set(inputs) - set(graph.inputs))
+    name = graph.name or "<unnamed>"
+    if missing:
+        raise ExecutorError(f"plan {name}: missing input(s) {', '.join(map(repr, missing))}")
+    if extra:
+        raise ExecutorError(f"plan {name}: unknown input(s) {', '.join(map(repr, extra))}; "
+                            f"inputs are {', '.join(map(repr, graph.inputs))}")
+    bounds = index_bounds(graph)
+    out: dict[str, Any] = {}
+    for v in graph.inputs:
+        t = graph.type_of(v)
+        a = inputs[v]
+        if not _is_device_array(a):
+            a = np.asarray(a)
+        dt, shape = _dtype_shape(a)
+        want = storage_dtype(t.dtype)
+        ok_dtype = dt == want or (t.dtype == "bfloat16" and (dt is None or dt == np.float32))
+        if shape != t.shape or not ok_dtype:
+            hint = " (bfloat16 takes float32 values or uint16 bits)" if t.dtype == "bfloat16" else ""
+            raise ExecutorError(f"input {v!r}: expected {t}, got {_describe(a)}{hint}")
+        if isinstance(a, np.ndarray):
+            if t.dtype == "bfloat16" and dt is None:
+                a = a.view(np.uint16)
+            elif t.dtype == "bfloat16" and dt == np.float32:
+                a = bf16_bits(a).reshape(t.shape)
+            if v in bounds and a.size:
+                n = bounds[v]
+                lo, hi = int(a.min()), int(a.max())
+                if lo < -n or hi >= n:
+                    raise ExecutorError(f"input {v!r}: gather index out of range [{-n}, {n}) "
+                                        f"(min {lo}, max {hi})")
+            a = np.ascontiguousarray(a)
+        out[v] = a
+    return out
+
+
+def _const_storage(c: Any) -> np.ndarray:
+    if c.type.dtype == "bfloat16":
+        return np.frombuffer(c.data, dtype="<u2").reshape(c.type.shape).astype(np.uint16)
+    return np.ascontiguousarray(c.array, dtype=storage_dtype(c.type.dtype))
+
+
+# -- the executor ---------------------------------------------------------------------------------
+class PlanExecutor:
+    """Compiled, allocated and (if it can be) graph-captured plan; see the module docstring.
+
+    Attributes for reports: ``launches`` (kernels per run), ``graph_capture`` (replays one CUDA
+    graph), ``capture_error`` (why not), ``fallbacks`` (steps run op by op, and why), ``paths``
+    (how each step runs), ``tf32``, ``compile_s`` / ``capture_s``."""
+
+    def __init__(self, plan: Any, *, capture: bool = True, verify_capture: bool = True,
+                 sm_count: int | None = None) -> None:
+        from tunedb.plan.record import Plan
+        from tunedb.runtime.device import import_cupy
+
+        cp = import_cupy()  # NoGPUError first
+        if not isinstance(plan, Plan):
+            plan = Plan.from_json(plan)
+        plan.check()
+        t0 = time.perf_counter()
+        self.plan, self.graph, self.cp = plan, plan.graph, cp
+        self.types = self.graph.type_map
+        self.tf32 = os.environ.get("CUPY_TF32", "0") not in ("", "0")
+        self.sm_count = int(sm_count or cp.cuda.Device().attributes["MultiProcessorCount"])
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.launches = 0
+        self.graph_capture = False
+        self.capture_error = "" if capture else "capture disabled"
+        self.fallbacks: list[str] = []
+        self.paths: list[str] = []
+        self.unplanned_bytes = 0
+        self._owned: set[str] = set()  # values whose memory a step writes (not inputs/constants)
+        self._graph: Any = None
+        self._graph_pool: Any = None
+        self._modules: dict[str, Any] = {}
+        self._scratch_need = 0
+        self._scratch: Any = None
+        with self.stream:
+            self.kernels = KernelSet(cp, self.sm_count)
+            self.ops = ComputeOps(cp, self.kernels, self._scratch_getter)
+            # The op-by-op evaluator allocates its own temporaries (its sizes are not planned).
+            self.eval_ops = ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)))
+            self._allocate()
+            self._launch_fns: list[Any] = []
+            for k, step in enumerate(plan.steps):
+                self._build(k, step)
+            self._scratch = cp.empty(max(1, self._scratch_need), dtype=cp.uint8)
+            self._fill_sample_inputs()
+            self._enqueue()  # compiles CuPy's own kernels, creates the cuBLAS handle: not in capture
+        self.stream.synchronize()
+        self.compile_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if capture:
+            self._capture(verify_capture)
+        self.capture_s = time.perf_counter() - t1
+
+    # -- memory ---------------------------------------------------------------------------------
+    def _allocate(self) -> None:
+        cp, g, bp = self.cp, self.graph, self.plan.buffers
+        self.inputs = {v: cp.empty(self.types[v].shape, dtype=storage_dtype(self.types[v].dtype))
+                       for v in g.inputs}
+        self.env: dict[str, Any] = dict(self.inputs)
+        for name, c in g.constants:
+            self.env[name] = cp.asarray(_const_storage(c))
+        self.buffers = [cp.empty(max(1, int(s)), dtype=cp.uint8) for s in bp.sizes]
+        self.assign = {v: (b, off) for v, b, off, _ in bp.assign}
+
+    def _array(self, v: str) -> Any:
+        """The device array of value ``v`` a step writes: its planned place, else its own."""
+        t = self.types[v]
+        if v in self.assign:
+            b, off = self.assign[v]
+            self._owned.add(v)
+            if not 0 <= b < len(self.buffers) or off < 0 or off + t.nbytes > self.plan.buffers.sizes[b]:
+                raise ExecutorError(f"buffer plan puts {v!r} ({t}) at buffer {b} offset {off}, "
+                                    "outside the planned buffers")
+            return self.buffers[b][off:off + t.nbytes].view(storage_dtype(t.dtype)).reshape(t.shape)
+        self.unplanned_bytes += t.nbytes
+        self._owned.add(v)
+        return self.cp.empty(t.shape, dtype=storage_dtype(t.dtype))
+
+    def _scratch_getter(self, nbytes: int) -> Any:
+        # Steps run one after another, so they all share one scratch buffer (allocated once every
+        # step is built: launches fetch it on first use).
+        self._scratch_need = max(self._scratch_need, int(nbytes))
+        return lambda: self._scratch
+
+    # -- building the steps ---------------------------------------------------------------------
+    def _build(self, k: int, step: Any) -> None:
+        path = step_path(step)
+        try:
+            if path == "view":
+                self._views(step)
+                self.paths.append(path)
+                return
+            for v in step.outputs:
+                if v not in self.env:
+                    self.env[v] = self._array(v)
+            sub = step.graph
+            local = {s: self.env[v] for s, v in zip(sub.inputs, step.inputs)}
+            outs = [self.env[v] for v in step.outputs]
+            fns, n = None, 0
+            if path == "generated":
+                try:
+                    fns, n = self._fused(sub, local, dict(zip(sub.outputs, outs)), step.config_dict)
+                except Exception as e:  # noqa: BLE001 - the generator's refusal is a result
+                    path = OP_BY_OP
+                    self.fallbacks.append(f"step {k} ({'+'.join(step.ops)}): generated kernel "
+                                          f"failed ({_one_line(e, 200)}); ran op by op in CuPy")
+            elif path != OP_BY_OP:
+                fns, n = self._single(sub, local, dict(zip(sub.outputs, outs)))
+            if fns is None:
+                if path == OP_BY_OP and step.kind == "fused" and not step.config:
+                    self.fallbacks.append(f"step {k} ({'+'.join(step.ops)}): no schedule; ran op by op")
+                ev = Evaluator(self.cp, sub, self.eval_ops)
+                fn, n = ev.launch([local[s] for s in sub.inputs], outs)
+                fns = [fn]
+        except ExecutorError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one line naming the step
+            raise ExecutorError(f"plan step {k} ({step.kind} {'+'.join(step.ops)}): {_one_line(e)}") from None
+        self._launch_fns += fns
+        self.launches += n
+        self.paths.append(path)
+
+    def _views(self, step: Any) -> None:
+        sub = step.graph
+        local = {s: self.env[v] for s, v in zip(sub.inputs, step.inputs)}
+        for name, c in sub.constants:
+            local[name] = self.cp.asarray(_const_storage(c))
+        for node in sub.nodes:
+            src = local[node.inputs[0]]
+            for o in node.outputs:
+                local[o] = src.reshape(sub.type_of(o).shape)  # contiguous: the same bytes
+        for s, v in zip(sub.outputs, step.outputs):
+            self.env[v] = local[s]
+
+    def _single(self, sub: Graph, local: dict[str, Any], outs: dict[str, Any]) -> tuple[list[Any], int]:
+        cp, node = self.cp, sub.nodes[0]
+        types = sub.type_map
+        for name, c in sub.constants:
+            local[name] = cp.asarray(_const_storage(c))
+        a = check_node(node, [types[v] for v in node.inputs])[1]
+        ins = [local[v] for v in node.inputs]
+        # Outputs nobody reads (a split's unused part) still need somewhere to go.
+        res = [outs[o] if o in outs else cp.empty(types[o].shape, dtype=storage_dtype(types[o].dtype))
+               for o in node.outputs]
+        out_dtype = types[node.outputs[0]].dtype
+        if node.op in COMPUTE_DIRECT:
+            dtypes = [types[v].dtype for v in node.inputs]
+            built = compute_launch(cp, self.ops, node, a, dtypes, ins, res, out_dtype)
+            if built is not None:
+                return built[0], built[1]
+        lay = layout_launch(cp, node, a, ins, res, out_dtype)
+        if lay is None:
+            raise ExecutorError(f"no direct implementation of {node.op}")
+        return lay
+
+    def _function(self, source: str, name: str, shared: int) -> Any:
+        mod = self._modules.get(source)
+        if mod is None:
+            mod = self._modules[source] = self.cp.RawModule(code=source, options=NVRTC_OPTIONS)
+        fn = mod.get_function(name)
+        if shared > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = shared  # opt-in above the 48 KiB default
+        return fn
+
+    def _fused(self, sub: Graph, local: dict[str, Any], outs: dict[str, Any],
+               config: dict) -> tuple[list[Any], int]:
+        from tunedb.kernels.codegen import generate
+        from tunedb.kernels.schedule import Schedule
+
+        kp = generate(sub, Schedule.from_config(config), sm_count=self.sm_count)
+        named = {**local, **outs}
+        written = {a for k in kp.kernels for a in k.args if isinstance(a, str)}
+        missing = [o for o in sub.outputs if o not in written]
+        if missing:
+            raise ExecutorError(f"the generated kernels do not write output {missing[0]!r}")
+        offsets, total = {}, 0
+        for name, nbytes in kp.scratch:
+            offsets[name] = (total, int(nbytes))
+            total += -(-max(1, int(nbytes)) // ALIGN) * ALIGN
+        get = self._scratch_getter(total)
+        zeroed = set(getattr(kp, "zeroed", ()) or ())
+        funcs = [self._function(k.source, k.name, int(k.shared_bytes)) for k in kp.kernels]
+        ready: dict[str, Any] = {}
+
+        def resolve() -> None:
+            buf = get()
+            scratch = {n: buf[o:o + nb] for n, (o, nb) in offsets.items()}
+            calls = []
+            for fn, k in zip(funcs, kp.kernels):
+                args = []
+                for x in k.args:
+                    if isinstance(x, str):
+                        if x in named:
+                            args.append(named[x])
+                        elif x in scratch:
+                            args.append(scratch[x])
+                        else:
+                            raise ExecutorError(f"kernel {k.name} argument {x!r} names no buffer")
+                    else:
+                        args.append(x)  # numpy.int64 scalars, as the generator made them
+                calls.append((fn, tuple(k.grid), tuple(k.block), tuple(args), int(k.shared_bytes)))
+            ready["calls"] = calls
+            ready["zero"] = [scratch[n] for n in offsets if n in zeroed]
+
+        def run() -> None:
+            if not ready:
+                resolve()
+            for z in ready["zero"]:
+                z.data.memset_async(0, z.nbytes)
+            for fn, grid, block, args, shared in ready["calls"]:
+                fn(grid, block, args, shared_mem=shared)
+
+        return [run], len(kp.kernels)
+
+    # -- running --------------------------------------------------------------------------------
+    def _fill_sample_inputs(self) -> None:
+        """Valid random inputs (gather indices in range) for the first run and the capture check."""
+        from tunedb.runtime.inputs import make_inputs
+
+        dev, _ = make_inputs(self.graph, 0)
+        for v, a in dev.items():
+            self.inputs[v].set(np.ascontiguousarray(a, dtype=self.inputs[v].dtype))
+
+    def _enqueue(self) -> None:
+        for fn in self._launch_fns:
+            fn()
+
+    def _outputs_now(self) -> dict[str, Any]:
+        return {v: self.env[v].copy() for v in dict.fromkeys(self.graph.outputs)}
+
+    def _same(self, a: Any, b: Any, dtype: str) -> bool:
+        cp = self.cp
+        if dtype in FLOAT_DTYPES:
+            x, y = load(cp, a, dtype).astype(cp.float32), load(cp, b, dtype).astype(cp.float32)
+            return bool(cp.allclose(x, y, rtol=1e-3, atol=1e-5, equal_nan=True))
+        return bool(cp.array_equal(a, b))
+
+    def _capture(self, verify: bool) -> None:
+        cp = self.cp
+        with self.stream:
+            eager = self._outputs_now() if verify else {}
+        pool = cp.cuda.MemoryPool()
+        graph, err = None, None
+        try:
+            # Temporaries made during capture come from this pool, which no one else uses and
+            # which lives as long as the graph: the graph's replays own those addresses.
+            with self.stream, cp.cuda.using_allocator(pool.malloc):
+                self.stream.begin_capture()
+                try:
+                    self._enqueue()
+                except Exception as e:  # noqa: BLE001
+                    err = e
+                try:
+                    graph = self.stream.end_capture()
+                except Exception as e:  # noqa: BLE001
+                    err = err or e
+        except Exception as e:  # noqa: BLE001 - begin_capture refused
+            err = e
+        if err is not None or graph is None:
+            why = _one_line(err or RuntimeError("no graph"))
+            self.capture_error = f"capture failed, launching eagerly: {why}"
+            self.stream.synchronize()
+            return
+        self._graph, self._graph_pool = graph, pool
+        if verify:
+            with self.stream:
+                for v in eager:
+                    if v in self._owned:
+                        self.env[v].fill(0)  # a replay that writes nothing must not pass
+                graph.launch(self.stream)
+                got = self._outputs_now()
+            self.stream.synchronize()
+            for v in eager:
+                if not self._same(got[v], eager[v], self.types[v].dtype):
+                    self._graph = self._graph_pool = None
+                    self.capture_error = f"graph replay differs from the eager run on {v!r}; eager launches"
+                    with self.stream:
+                        self._enqueue()
+                    self.stream.synchronize()
+                    return
+        self.graph_capture = True
+
+    def replay(self) -> None:
+        """Enqueue one run on the inputs already in place (the graph, or every launch eagerly)."""
+        if self._graph is not None:
+            self._graph.launch(self.stream)
+        else:
+            with self.stream:
+                self._enqueue()
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def set_inputs(self, inputs: Mapping[str, Any]) -> None:
+        """Check ``inputs`` and copy them into the persistent input buffers (on the stream)."""
+        cp = self.cp
+        arrays = prepare_inputs(self.graph, inputs)
+        self.stream.wait_event(cp.cuda.get_current_stream().record())  # device inputs made there
+        with self.stream:
+            for v, a in arrays.items():
+                buf = self.inputs[v]
+                if isinstance(a, np.ndarray):
+                    buf.set(a, stream=self.stream)
+                    continue
+                a = cp.asarray(a)
+                if self.types[v].dtype == "bfloat16" and a.dtype == cp.float32:
+                    cp.copyto(buf, to_bf16_bits(cp, a))
+                elif str(a.dtype) == "bfloat16":
+                    cp.copyto(buf, a.view(cp.uint16))
+                else:
+                    cp.copyto(buf, a)
+
+    def outputs(self, copy: bool = True) -> dict[str, Any]:
+        """The graph outputs after the last run (bfloat16 widened to float32). ``copy=False``
+        gives views of the executor's buffers, which the next run overwrites."""
+        cp = self.cp
+        out = {}
+        with self.stream:
+            for v in dict.fromkeys(self.graph.outputs):
+                a, dtype = self.env[v], self.types[v].dtype
+                if dtype in ("bfloat16",):
+                    out[v] = load(cp, a, dtype)
+                else:
+                    out[v] = a.copy() if copy else a
+        cp.cuda.get_current_stream().wait_event(self.stream.record())
+        return out
+
+    def run(self, inputs: Mapping[str, Any], copy: bool = True) -> dict[str, Any]:
+        """Copy ``inputs`` in, run the plan, return the outputs (cupy arrays, ordered after the
+        run on the caller's current stream)."""
+        self.set_inputs(inputs)
+        self.replay()
+        return self.outputs(copy)
+
+    def summary(self) -> dict[str, Any]:
+        return {"steps": len(self.plan.steps), "plan_kernels": self.plan.kernels, "launches": self.launches,
+                "graph_capture": self.graph_capture, "capture_error": self.capture_error,
+                "fallbacks": list(self.fallbacks), "paths": list(self.paths), "tf32": self.tf32,
+                "arena_bytes": self.plan.buffers.arena_bytes, "unplanned_bytes": self.unplanned_bytes,
+                "scratch_bytes": self._scratch_need, "compile_s": round(self.compile_s, 4),
+                "capture_s": round(self.capture_s, 4)}
+
+
+# -- Plan.run(backend="cuda") ---------------------------------------------------------------------
+_CACHE: dict[int, tuple[Any, PlanExecutor]] = {}
+_CACHE_SIZE = 4
+
+
+def executor_for(plan: Any) -> PlanExecutor:
+    """A cached executor of ``plan`` (by identity; a few kept, so repeated ``Plan.run`` calls
+    neither recompile nor reallocate)."""
+    hit = _CACHE.get(id(plan))
+    if hit is not None and hit[0]() is plan:
+        return hit[1]
+    ex = PlanExecutor(plan)
+    while len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    try:
+        ref = weakref.ref(plan)
+    except TypeError:  # not weak-referenceable (a dict / JSON text): not cached
+        return ex
+    _CACHE[id(plan)] = (ref, ex)
+    return ex
+
+
+def execute_plan(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Run ``plan`` on ``inputs`` on the GPU; NumPy outputs (bfloat16 widened to float32)."""
+    from tunedb.runtime.device import import_cupy
+
+    cp = import_cupy()
+    outs = executor_for(plan).run(inputs)
+    return {k: cp.asnumpy(v) for k, v in outs.items()}
+

@@ -1,0 +1,526 @@
+"""CuPy implementations of the plan steps that are not generated fused kernels.
+
+Every builder returns ``(launch, kernels)``: ``launch()`` enqueues the work on the current CuPy
+stream (the executor's), writing into preallocated output arrays, and ``kernels`` counts the
+device kernels it enqueues. Nothing here synchronises or copies between host and device, so every
+launch can be captured into a CUDA graph.
+
+* matmul / gemm: ``cupy.matmul`` (cuBLAS). float32 stays float32: CuPy uses TF32 only when the
+  environment sets ``CUPY_TF32=1`` (the executor reports it).
+* conv2d: a 1x1 stride-1 convolution is one GEMM over the channels; any other is an im2col kernel
+  into a scratch buffer then one batched GEMM (CuPy 14 has no cuDNN), then a broadcast bias add.
+* pools: one window kernel per pool (max, average with or without the padding counted).
+* layout ops: CuPy copies on the storage (bit) level, so they work for every dtype.
+* anything else: ``Evaluator`` runs the op (or a whole step's sub-graph) node by node with CuPy
+  in float32 (integers and bools natively), with the reference interpreter's semantics.
+
+bfloat16 lives as its uint16 bits (what the generated kernels read and write); compute paths
+widen it to float32 and round back to nearest even.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node, TensorType
+from tunedb.graph.ops import check_node, slice_bounds
+
+Launch = Callable[[], None]
+BLOCK = 256
+NVRTC_OPTIONS = ("-std=c++17",)
+
+_POOL = r"""
+extern "C" __global__ void tdbx_pool2d_@N@(const @T@* __restrict__ x, @T@* __restrict__ y,
+    long long total, long long H, long long W, long long OH, long long OW, long long KH,
+    long long KW, long long SH, long long SW, long long PT, long long PL, long long PB,
+    long long PR, long long DH, long long DW, long long mode) {
+  // mode 0: max (padding never wins; NaN sticks), 1: average over the real elements,
+  // 2: average counting the declared padding too (never a ceil-mode overhang).
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long ow = i % OW, t = i / OW;
+    long long oh = t % OH, nc = t / OH;
+    const @T@* xp = x + nc * H * W;
+    @T@ acc = mode == 0 ? @NEGINF@ : (@T@)0;
+    long long cnt = 0;
+    for (long long kh = 0; kh < KH; ++kh) {
+      long long ih = oh * SH - PT + kh * DH;
+      for (long long kw = 0; kw < KW; ++kw) {
+        long long iw = ow * SW - PL + kw * DW;
+        bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+        if (inside) {
+          @T@ v = xp[ih * W + iw];
+          if (mode == 0) { if (v > acc || v != v) acc = v; } else { acc += v; }
+        }
+        if (mode == 1 ? inside : (ih >= -PT && ih < H + PB && iw >= -PL && iw < W + PR)) ++cnt;
+      }
+    }
+    y[i] = mode == 0 ? acc : acc / (@T@)(cnt > 0 ? cnt : 1);
+  }
+}
+"""
+
+KERNEL_SOURCE = r"""
+extern "C" __global__ void tdbx_im2col_f32(const float* __restrict__ x, float* __restrict__ cols,
+    long long total, long long C, long long H, long long W, long long OH, long long OW,
+    long long KH, long long KW, long long SH, long long SW, long long PT, long long PL,
+    long long DH, long long DW) {
+  // cols[n, c, kh, kw, oh, ow] = x[n, c, oh*SH - PT + kh*DH, ow*SW - PL + kw*DW] (0 outside);
+  // viewed as [N, G, C/G*KH*KW, OH*OW] it is the right operand of one batched GEMM per group.
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long ow = i % OW, t = i / OW;
+    long long oh = t % OH; t /= OH;
+    long long kw = t % KW; t /= KW;
+    long long kh = t % KH; t /= KH;
+    long long c = t % C, n = t / C;
+    long long ih = oh * SH - PT + kh * DH, iw = ow * SW - PL + kw * DW;
+    cols[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * W + iw] : 0.0f;
+  }
+}
+""" + "".join(_POOL.replace("@T@", t).replace("@N@", n).replace("@NEGINF@", inf) for t, n, inf in (
+    ("float", "f32", "-__int_as_float(0x7f800000)"),
+    ("double", "f64", "-__longlong_as_double(0x7ff0000000000000LL)")))
+
+
+class KernelSet:
+    """The executor's own CUDA kernels (im2col, pools), compiled once per process."""
+
+    _module: Any = None
+
+    def __init__(self, cp: Any, sm_count: int) -> None:
+        self.cp = cp
+        self.max_blocks = max(1, sm_count) * 32
+        if KernelSet._module is None:
+            KernelSet._module = cp.RawModule(code=KERNEL_SOURCE, options=NVRTC_OPTIONS)
+        self.module = KernelSet._module
+
+    def launch(self, name: str, total: int, args: Sequence[Any]) -> Launch:
+        fn = self.module.get_function(name)
+        grid = (max(1, min(self.max_blocks, -(-int(total) // BLOCK))),)
+        # Scalars go as int64: every scalar parameter of these kernels is a long long.
+        full = tuple(np.int64(a) if isinstance(a, (int, np.integer)) else a for a in args)
+
+        def run() -> None:
+            fn(grid, (BLOCK,), full)
+
+        return run
+
+
+# -- storage <-> compute --------------------------------------------------------------------------
+def storage_dtype(dtype: str) -> np.dtype:
+    if dtype == "bfloat16":
+        return np.dtype(np.uint16)
+    return np.dtype(np.bool_) if dtype == "bool" else np.dtype(dtype)
+
+
+def load(cp: Any, a: Any, dtype: str) -> Any:
+    """A stored array as a compute array: floats as float32, integers and bools as they are."""
+    if dtype == "bfloat16":
+        return (a.astype(cp.uint32) << 16).view(cp.float32)
+    if dtype == "float16":
+        return a.astype(cp.float32)
+    return a
+
+
+def to_bf16_bits(cp: Any, v: Any) -> Any:
+    """float32 -> bfloat16 bits, round to nearest even; NaN -> the quiet NaN 0x7FC0."""
+    v = cp.ascontiguousarray(v, dtype=cp.float32)
+    bits = v.view(cp.uint32)
+    one, sixteen = np.uint32(1), np.uint32(16)
+    r = ((bits + np.uint32(0x7FFF) + ((bits >> sixteen) & one)) >> sixteen).astype(cp.uint16)
+    return cp.where(cp.isnan(v), np.uint16(0x7FC0), r)
+
+
+def store(cp: Any, v: Any, out: Any, dtype: str) -> None:
+    """Write compute value ``v`` into the stored array ``out`` (rounding to the graph dtype)."""
+    if dtype == "bfloat16":
+        cp.copyto(out, to_bf16_bits(cp, v))
+    else:
+        cp.copyto(out, v, casting="unsafe")
+
+
+def storage_scalar(value: float, dtype: str) -> Any:
+    """``value`` as one element of the stored dtype (bfloat16 as its bits)."""
+    if dtype == "bfloat16":
+        from tunedb.runtime.inputs import bf16_bits
+
+        return np.uint16(bf16_bits(np.asarray([value], dtype=np.float32))[0])
+    if dtype == "bool":
+        return np.bool_(value)
+    return storage_dtype(dtype).type(value)
+
+
+# -- reference semantics in CuPy ------------------------------------------------------------------
+def _slices(rank: int, a: dict, shape: Sequence[int]) -> tuple:
+    index: list[Any] = [slice(None)] * rank
+    bounds = slice_bounds([shape[i] for i in a["axes"]], a["starts"], a["ends"], a["steps"])
+    for ax, (s, e, _), st in zip(a["axes"], bounds, a["steps"]):
+        index[ax] = slice(s, e if e >= 0 else None, st)
+    return tuple(index)
+
+
+def _gelu(cp: Any, x: Any, a: dict) -> Any:
+    if a["approximate"] == "tanh":
+        return 0.5 * x * (1.0 + cp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+    from cupyx.scipy.special import erf
+
+    return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def _cast(cp: Any, x: Any, to: str) -> Any:
+    if to in FLOAT_DTYPES:
+        return x.astype(cp.float32)
+    if to == "bool":
+        return x != 0
+    if x.dtype.kind == "f":
+        x = cp.trunc(x)
+    return x.astype(cp.int64).astype(to)  # int64 first: int32 wraps like C
+
+
+def _clip(cp: Any, x: Any, a: dict) -> Any:
+    lo, hi = a["min"], a["max"]
+    if x.dtype.kind in "iu":
+        lo = None if lo is None else math.ceil(lo)
+        hi = None if hi is None else math.floor(hi)
+    if lo is not None:
+        x = cp.maximum(x, x.dtype.type(lo))
+    if hi is not None:
+        x = cp.minimum(x, x.dtype.type(hi))
+    return x
+
+
+def _unary(cp: Any, op: str, x: Any, a: dict) -> Any:
+    if op == "erf":
+        from cupyx.scipy.special import erf
+
+        return erf(x)
+    if op in ("floor", "ceil") and x.dtype.kind != "f":
+        return x
+    simple = {"neg": cp.negative, "abs": cp.abs, "exp": cp.exp, "log": cp.log, "sqrt": cp.sqrt,
+              "sin": cp.sin, "cos": cp.cos, "tanh": cp.tanh, "floor": cp.floor, "ceil": cp.ceil,
+              "sign": cp.sign, "not": cp.logical_not}
+    if op in simple:
+        return simple[op](x)
+    if op == "rsqrt":
+        return 1.0 / cp.sqrt(x)
+    if op == "reciprocal":
+        return 1.0 / x
+    if op == "sigmoid":
+        return 1.0 / (1.0 + cp.exp(-x))
+    if op == "relu":
+        return cp.maximum(x, x.dtype.type(0))
+    if op == "identity":
+        return x
+    if op == "gelu":
+        return _gelu(cp, x, a)
+    if op == "clip":
+        return _clip(cp, x, a)
+    if op == "cast":
+        return _cast(cp, x, a["to"])
+    if op == "leaky_relu":
+        return cp.where(x >= 0, x, x * a["alpha"])
+    raise NotImplementedError(op)
+
+
+def _binary(cp: Any, op: str, x: Any, y: Any) -> Any:
+    if op == "div" and x.dtype.kind in "iu":
+        q = cp.abs(x) // cp.where(y == 0, 1, cp.abs(y))
+        return cp.where(y == 0, 0, cp.sign(x) * cp.sign(y) * q)
+    if op == "mod" and x.dtype.kind in "iu":
+        return cp.mod(x, cp.where(y == 0, 1, y)) * (y != 0)
+    fn = {"add": cp.add, "sub": cp.subtract, "mul": cp.multiply, "div": cp.divide, "pow": cp.power,
+          "max": cp.maximum, "min": cp.minimum, "mod": cp.mod, "eq": cp.equal, "ne": cp.not_equal,
+          "lt": cp.less, "le": cp.less_equal, "gt": cp.greater, "ge": cp.greater_equal,
+          "and": cp.logical_and, "or": cp.logical_or}[op]
+    return fn(x, y)
+
+
+def eval_node(cp: Any, node: Node, a: dict, args: list[Any], out_types: list[TensorType],
+              ops: ComputeOps) -> list[Any]:
+    """One node on compute arrays (float32 / int / bool), with the reference's semantics."""
+    op = node.op
+    x = args[0] if args else None
+    shape = out_types[0].shape if out_types else ()
+    if op in ("where",):
+        return [cp.where(*args)]
+    if op in ("add", "sub", "mul", "div", "pow", "max", "min", "mod", "eq", "ne", "lt", "le", "gt",
+              "ge", "and", "or"):
+        return [_binary(cp, op, args[0], args[1])]
+    if op.startswith("reduce_"):
+        fn = {"reduce_sum": cp.sum, "reduce_mean": cp.mean, "reduce_max": cp.amax,
+              "reduce_min": cp.amin, "reduce_prod": cp.prod}[op]
+        return [fn(x, axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))]
+    if op == "argmax":
+        y = cp.argmax(x, axis=a["axis"]).astype(cp.int64)
+        return [cp.expand_dims(y, a["axis"]) if a["keepdims"] else y]
+    if op in ("global_avg_pool", "global_max_pool"):
+        fn = cp.mean if op == "global_avg_pool" else cp.amax
+        return [fn(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
+    if op == "transpose":
+        return [cp.transpose(x, a["perm"])]
+    if op in ("reshape", "squeeze", "unsqueeze"):
+        return [x.reshape(shape)]
+    if op == "expand":
+        return [cp.broadcast_to(x, shape)]
+    if op == "slice":
+        return [x[_slices(x.ndim, a, x.shape)]]
+    if op == "concat":
+        out = cp.empty(shape, dtype=args[0].dtype)
+        _concat_into(cp, args, out, a["axis"])
+        return [out]
+    if op == "split":
+        return [p for p in _split_views(x, a["axis"], a["sizes"])]
+    if op == "pad":
+        out = cp.empty(shape, dtype=x.dtype)
+        value = x.dtype.type(a["value"]) if x.dtype.kind != "b" else bool(a["value"])
+        _pad_into(cp, x, out, a["pads"], value)
+        return [out]
+    if op == "gather":
+        return [cp.take(x, args[1], axis=a["axis"])]
+    if op == "gather_elements":
+        return [cp.take_along_axis(x, args[1], axis=a["axis"])]
+    if op in ("matmul", "gemm", "conv2d", "max_pool2d", "avg_pool2d"):
+        xs = list(args)
+        back = None
+        if op.endswith("pool2d") and x.dtype.kind != "f":
+            xs[0], back = x.astype(cp.float64), x.dtype  # exact for |x| < 2**53
+        out = cp.empty(shape, dtype=xs[0].dtype)
+        for launch in ops.build(node, a, xs, [out])[0]:
+            launch()
+        return [out.astype(back) if back is not None else out]
+    return [_unary(cp, op, x, a)]
+
+
+def _split_views(x: Any, axis: int, sizes: Sequence[int]) -> list[Any]:
+    out, start = [], 0
+    for s in sizes:
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(start, start + s)
+        out.append(x[tuple(index)])
+        start += s
+    return out
+
+
+def _concat_into(cp: Any, args: Sequence[Any], out: Any, axis: int) -> int:
+    """One copy per input (CuPy's concatenate uploads a pointer table: not capturable)."""
+    start, n = 0, 0
+    for t in args:
+        index = [slice(None)] * out.ndim
+        index[axis] = slice(start, start + t.shape[axis])
+        start += t.shape[axis]
+        if t.size:
+            cp.copyto(out[tuple(index)], t)
+            n += 1
+    return n
+
+
+def _pad_into(cp: Any, x: Any, out: Any, pads: Sequence[int], value: Any) -> int:
+    r = x.ndim
+    crop = tuple(slice(max(0, -pads[i]), x.shape[i] - max(0, -pads[i + r])) for i in range(r))
+    inner = tuple(slice(max(0, pads[i]), out.shape[i] - max(0, pads[i + r])) for i in range(r))
+    n = 0
+    if any(p > 0 for p in pads):
+        out.fill(value)
+        n += 1
+    src = x[crop]
+    if src.size:
+        cp.copyto(out[inner], src)
+        n += 1
+    return n
+
+
+class Evaluator:
+    """A sub-graph run node by node in CuPy: stored inputs in, stored outputs out."""
+
+    def __init__(self, cp: Any, graph: Graph, ops: ComputeOps) -> None:
+        self.cp, self.graph, self.ops = cp, graph, ops
+        types = graph.type_map
+        self.types = types
+        self.attrs = [check_node(n, [types[v] for v in n.inputs])[1] for n in graph.nodes]
+        self.consts = {}
+        for name, c in graph.constants:
+            arr = c.array  # bfloat16 widened to float32: already the compute form
+            self.consts[name] = cp.asarray(arr.astype(np.float32) if c.type.dtype in FLOAT_DTYPES else arr)
+
+    def launch(self, ins: Sequence[Any], outs: Sequence[Any]) -> tuple[Launch, int]:
+        cp, g = self.cp, self.graph
+
+        def run() -> None:
+            env: dict[str, Any] = dict(self.consts)
+            for v, a in zip(g.inputs, ins):
+                env[v] = load(cp, a, self.types[v].dtype)
+            for node, attrs in zip(g.nodes, self.attrs):
+                res = eval_node(cp, node, attrs, [env[v] for v in node.inputs],
+                                [self.types[o] for o in node.outputs], self.ops)
+                env.update(zip(node.outputs, res))
+            for v, o in zip(g.outputs, outs):
+                store(cp, env[v], o, self.types[v].dtype)
+
+        # Counted as one kernel per node plus one store per output: CuPy may launch a few more.
+        return run, len(g.nodes) + len(g.outputs)
+
+
+# -- compute ops writing straight into their outputs ----------------------------------------------
+class ComputeOps:
+    """Builders for single compute / layout nodes on stored arrays. ``build`` returns
+    ``(launches, kernels, path)``; ``path`` names the implementation for the executor's report."""
+
+    def __init__(self, cp: Any, kernels: KernelSet, scratch: Callable[[int], Callable[[], Any]]) -> None:
+        self.cp, self.k = cp, kernels
+        self.scratch = scratch  # nbytes -> getter of a uint8 device buffer of at least that size
+
+    def build(self, node: Node, a: dict, ins: list[Any], outs: list[Any]) -> tuple[list[Launch], int, str]:
+        op = node.op
+        if op == "matmul":
+            return [self._matmul(ins[0], ins[1], outs[0])], 1, "cublas"
+        if op == "gemm":
+            return self._gemm(ins, outs[0], a)
+        if op == "conv2d":
+            return self._conv(ins, outs[0], a)
+        if op in ("max_pool2d", "avg_pool2d"):
+            return self._pool(op, ins[0], outs[0], a)
+        if op in ("global_avg_pool", "global_max_pool"):
+            fn = self.cp.mean if op == "global_avg_pool" else self.cp.amax
+            x, out = ins[0], outs[0]
+            return [lambda: fn(x, axis=tuple(range(2, x.ndim)), keepdims=True, out=out)], 1, "cupy reduction"
+        raise NotImplementedError(op)
+
+    def _matmul(self, x: Any, y: Any, out: Any) -> Launch:
+        cp = self.cp
+        state = {"out": True}
+
+        def run() -> None:
+            # CuPy's matmul takes ``out=`` for these shapes; if a version refuses, copy once.
+            if state["out"]:
+                try:
+                    cp.matmul(x, y, out=out)
+                    return
+                except (TypeError, ValueError, NotImplementedError):
+                    state["out"] = False
+            cp.copyto(out, cp.matmul(x, y))
+
+        return run
+
+    def _gemm(self, ins: list[Any], out: Any, a: dict) -> tuple[list[Launch], int, str]:
+        cp = self.cp
+        A = ins[0].T if a["trans_a"] else ins[0]
+        B = ins[1].T if a["trans_b"] else ins[1]
+        steps = [self._matmul(A, B, out)]
+        alpha, beta = float(a["alpha"]), float(a["beta"])
+        if alpha != 1.0:
+            steps.append(lambda: cp.multiply(out, out.dtype.type(alpha), out=out))
+        if len(ins) == 3 and beta != 0.0:
+            c = ins[2]
+            if beta == 1.0:
+                steps.append(lambda: cp.add(out, c, out=out))
+            else:
+                steps.append(lambda: cp.add(out, c * c.dtype.type(beta), out=out))
+        return steps, len(steps), "cublas"
+
+    def _conv(self, ins: list[Any], out: Any, a: dict) -> tuple[list[Launch], int, str]:
+        cp = self.cp
+        x, w = ins[0], ins[1]
+        n, c, h, wd = x.shape
+        o, cg, kh, kw = w.shape
+        g = int(a["groups"])
+        (sh, sw), (pt, pl, _, _), (dh, dw) = a["strides"], a["pads"], a["dilations"]
+        _, _, oh, ow = out.shape
+        steps: list[Launch] = []
+        if (kh, kw, sh, sw, dh, dw, g) == (1, 1, 1, 1, 1, 1, 1) and not any(a["pads"]):
+            w2, x3, y3 = w.reshape(o, c), x.reshape(n, c, h * wd), out.reshape(n, o, oh * ow)
+            steps.append(self._matmul(w2, x3, y3))
+            path = "cublas (1x1 conv as GEMM)"
+        else:
+            K, P = cg * kh * kw, oh * ow
+            total = n * c * kh * kw * P
+            get = self.scratch(total * 4)
+            view: dict[str, Any] = {}
+
+            def cols() -> Any:
+                if "c" not in view:  # the shared scratch exists once every step is built
+                    view["c"] = get()[:total * 4].view(cp.float32)
+                return view["c"]
+
+            def im2col() -> None:
+                self.k.launch("tdbx_im2col_f32", total, (x, cols(), total, c, h, wd, oh, ow, kh, kw,
+                                                        sh, sw, pt, pl, dh, dw))()
+
+            wr, yr = w.reshape(g, o // g, K), out.reshape(n, g, o // g, P)
+            mm: dict[str, Launch] = {}
+
+            def gemm() -> None:
+                if "f" not in mm:
+                    mm["f"] = self._matmul(wr, cols().reshape(n, g, K, P), yr)
+                mm["f"]()
+
+            steps += [im2col, gemm]
+            path = "im2col + cublas"
+        if len(ins) == 3:
+            bias = ins[2].reshape(1, o, 1, 1)
+            steps.append(lambda: cp.add(out, bias, out=out))
+        return steps, len(steps), path
+
+    def _pool(self, op: str, x: Any, out: Any, a: dict) -> tuple[list[Launch], int, str]:
+        (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel"], a["strides"], a["pads"]
+        dh, dw = a.get("dilations", (1, 1))
+        mode = 0 if op == "max_pool2d" else (2 if a.get("count_include_pad") else 1)
+        _, _, h, w = x.shape
+        _, _, oh, ow = out.shape
+        total = out.size
+        name = "tdbx_pool2d_f32" if x.dtype == np.float32 else "tdbx_pool2d_f64"
+        tail = (total, h, w, oh, ow, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, mode)
+        if x.dtype in (np.float32, np.float64):
+            return [self.k.launch(name, total, (x, out) + tail)], 1, "pool kernel"
+        raise NotImplementedError(f"{op} on {x.dtype}")  # the caller runs it through load/store
+
+
+def compute_launch(cp: Any, ops: ComputeOps, node: Node, a: dict, dtypes: list[str], ins: list[Any],
+                   outs: list[Any], out_dtype: str) -> tuple[list[Launch], int, str] | None:
+    """A single compute node straight on its stored arrays, when their dtype allows it
+    (float32; float16 for the cuBLAS ops); ``None``: run it through the ``Evaluator``."""
+    op = node.op
+    direct = {"float32"} | ({"float16"} if op in ("matmul", "gemm") else set())
+    if op in ("global_avg_pool", "global_max_pool"):
+        direct = {"float32"}
+    if op in ("matmul", "gemm", "conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool",
+              "global_max_pool") and set(dtypes) <= direct and out_dtype in direct:
+        return ops.build(node, a, ins, outs)
+    return None
+
+
+def layout_launch(cp: Any, node: Node, a: dict, ins: list[Any], outs: list[Any],
+                  dtype: str) -> tuple[list[Launch], int] | None:
+    """A single data-movement node on the stored bits (any dtype); ``None`` if not one."""
+    op = node.op
+    x = ins[0] if ins else None
+    if op == "transpose":
+        src = x.transpose(a["perm"])
+    elif op in ("reshape", "squeeze", "unsqueeze", "identity"):
+        src = x.reshape(outs[0].shape)
+    elif op == "expand":
+        src = cp.broadcast_to(x, outs[0].shape)
+    elif op == "slice":
+        src = x[_slices(x.ndim, a, x.shape)]
+    elif op == "gather":
+        xs, idx, out, axis = x, ins[1], outs[0], a["axis"]
+        return [lambda: cp.take(xs, idx, axis=axis, out=out)], 1
+    elif op == "concat":
+        args, out, axis = list(ins), outs[0], a["axis"]
+        n = sum(1 for t in args if t.size)
+        return [lambda: _concat_into(cp, args, out, axis)], n
+    elif op == "split":
+        pairs = list(zip(outs, _split_views(x, a["axis"], a["sizes"])))
+        return [lambda: [cp.copyto(o, s) for o, s in pairs if o.size]], sum(1 for o, _ in pairs if o.size)
+    elif op == "pad":
+        out, pads, value = outs[0], a["pads"], storage_scalar(a["value"], dtype)
+        n = int(any(p > 0 for p in pads)) + 1
+        return [lambda: _pad_into(cp, x, out, pads, value)], n
+    else:
+        return None
+    out = outs[0]
+    return [lambda: cp.copyto(out, src)], 1
