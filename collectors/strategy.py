@@ -183,8 +183,7 @@ class RandomStrategy(Strategy):
     name = "random"
 
     def prepare(self, prior: Any) -> None:
-        self.order = np.zeros(len(self.cand_hash), dtype=np.float64)
-        self.order[:] = self.rng.random(len(self.cand_hash))
+        self.order = self.rng.random(len(self.cand_hash))
 
     def pick(self, j: int, remaining: np.ndarray, k: int) -> np.ndarray:
         return remaining[np.argsort(self.order[remaining], kind="stable")[:k]]
@@ -195,7 +194,6 @@ class RooflineStrategy(Strategy):
     (a static ranking: the model strategy's cold start, and a baseline for it)."""
 
     name = "roofline"
-    explore = 0.0
 
     def prepare(self, prior: Any) -> None:
         self.X, self.has_features = self._features()

@@ -113,3 +113,20 @@ def test_grid_follows_sm_count():
     g = _softmax(8192, 1024)
     s = next(s for s in schedule_space(g)[0] if s.mapping == "warp_per_row")
     assert generate(g, s, sm_count=132).kernels[0].grid[0] > generate(g, s, sm_count=16).kernels[0].grid[0]
+
+
+def test_fast_math_offered_only_with_transcendentals():
+    chain = next(c for c in suite("quick") if c.name.startswith("eltwise_chain8"))
+    legal, _ = schedule_space(chain.graph)
+    fast = [s for s in legal if s.fast_math]
+    assert fast and all(s.mapping == "elementwise" for s in fast)
+    src = generate(chain.graph, fast[0]).kernels[0].source
+    assert "__expf" in src or "_fast(" in src
+    ln = next(c for c in suite("quick") if c.name.startswith("add_layernorm"))
+    assert not any(s.fast_math for s in schedule_space(ln.graph)[0])
+
+
+def test_row_divisions_become_reciprocal_multiplies():
+    legal, _ = schedule_space(_softmax(64, 512))
+    src = generate(_softmax(64, 512), legal[0]).kernels[0].source
+    assert "const float rcp0 = 1.0f / " in src and "* rcp0)" in src

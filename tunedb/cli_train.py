@@ -19,10 +19,8 @@ from tunedb.cli_common import (
     print_json,
     register_error,
 )
-from tunedb.costmodel.evaluate import METRIC_KEYS
-from tunedb.costmodel.fit import device_facts_for, fit_frame
-from tunedb.costmodel.model import CostModelError
-from tunedb.costmodel.train import TrainError, TrainParams
+from tunedb.costmodel.errors import CostModelError, TrainError
+from tunedb.costmodel.metrics import METRIC_KEYS
 from tunedb.records import canonical_json, sha256_hex
 
 register_error(CostModelError)
@@ -108,6 +106,10 @@ def train(
 
     Example: tunedb train --db h200.duckdb --out models --json
     """
+    # XGBoost and scikit-learn load only when training, not for every tunedb command.
+    from tunedb.costmodel.fit import device_facts_for, fit_frame
+    from tunedb.costmodel.train import TrainParams
+
     params = TrainParams(objective=objective, device=device, seed=seed)
     with open_store(db, read_only=True) as store:
         # Graphs once per workload, not once per measurement row.

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# The headline metrics, in table order.
+METRIC_KEYS: tuple[str, ...] = ("pairwise_accuracy", "top1_score", "top5_score", "mape", "spearman")
+
 # Above this many candidates in one workload the pairwise count is done in row blocks so that the
 # n-by-n comparison never holds more than about this many booleans at once.
 _PAIR_BLOCK = 4_000_000

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import xgboost as xgb
 
+from tunedb.costmodel.errors import CostModelError
 from tunedb.costmodel.features import (
     FEATURE_NAMES,
     FEATURE_SCHEMA_VERSION,
@@ -18,10 +19,6 @@ from tunedb.costmodel.features import (
     featurize_frame,
 )
 from tunedb.costmodel.train import REGRESSION, predict_margin, to_cost
-
-
-class CostModelError(ValueError):
-    """A model cannot be loaded or used (schema mismatch, missing files, bad input)."""
 
 
 @dataclass

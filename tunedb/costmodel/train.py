@@ -18,6 +18,7 @@ import numpy as np
 import xgboost as xgb
 from sklearn.model_selection import GroupShuffleSplit
 
+from tunedb.costmodel.errors import TrainError
 from tunedb.costmodel.features import MEASURED_FEATURES, feature_index
 from tunedb.costmodel.metrics import pairwise_accuracy
 
@@ -27,10 +28,6 @@ OBJECTIVES: tuple[str, ...] = (REGRESSION, *RANKING)
 # Below this many training rows one thread is faster than several: per-round synchronisation
 # costs more than the histogram work it splits (and far more on a busy machine).
 SMALL_DATA = 100_000
-
-
-class TrainError(ValueError):
-    """Training cannot proceed (too little data, bad labels, bad parameters)."""
 
 
 @dataclass(frozen=True)
@@ -164,11 +161,13 @@ def _calibrate(cost: np.ndarray, log_us: np.ndarray) -> tuple[float, float]:
 def _fit_one(objective: str, params: TrainParams, Xtr: np.ndarray, ytr: np.ndarray, gtr: np.ndarray,
              Xva: np.ndarray, yva: np.ndarray, gva: np.ndarray) -> tuple[xgb.Booster, int]:
     rank = objective != REGRESSION
+    xp = params.xgb_params(objective, len(Xtr))
+    threads = int(xp.get("nthread", -1))
     dtr = xgb.QuantileDMatrix(Xtr, label=_relevance(ytr, gtr) if rank else ytr,
-                              qid=gtr if rank else None, max_bin=params.max_bin)
+                              qid=gtr if rank else None, max_bin=params.max_bin, nthread=threads)
     dva = xgb.QuantileDMatrix(Xva, label=_relevance(yva, gva) if rank else yva,
-                              qid=gva if rank else None, ref=dtr, max_bin=params.max_bin)
-    booster = xgb.train(params.xgb_params(objective, len(Xtr)), dtr, num_boost_round=params.num_boost_round,
+                              qid=gva if rank else None, ref=dtr, max_bin=params.max_bin, nthread=threads)
+    booster = xgb.train(xp, dtr, num_boost_round=params.num_boost_round,
                         evals=[(dva, "valid")], early_stopping_rounds=params.early_stopping_rounds,
                         verbose_eval=False)
     best = int(getattr(booster, "best_iteration", booster.num_boosted_rounds() - 1))

@@ -191,8 +191,29 @@ def emit_nodes(a: Analysis, names: Names, nodes: list[Node], env: dict[str, str]
                 raise UnsupportedFusion(f"internal: operand {ri!r} of {n.op} {out!r} is not available")
             args.append(env[ri])
         name = names(out, prefix)
-        lines.append(f"const {COMPUTE[g.type_of(out).dtype]} {name} = {op_expr(a, n, args, fast)};")
+        rcp = RCP + a.resolve(n.inputs[1]) if n.op == "div" else ""
+        if rcp in env:  # x / row_value: multiply by the reciprocal the row scope computed once
+            expr = f"({args[0]} * {env[rcp]})"
+        else:
+            expr = op_expr(a, n, args, fast)
+        lines.append(f"const {COMPUTE[g.type_of(out).dtype]} {name} = {expr};")
         env[out] = name
+
+
+RCP = "1/"  # env key prefix: env[RCP + v] names 1 / v, hoisted out of the per-element loop
+
+
+def reciprocals(a: Analysis, values: list[str], env: dict[str, str], lines: list[str], prefix: str) -> None:
+    """For each float value in ``values`` that divides a per-element value, emit its reciprocal
+    once (``env[RCP + v]``); the element loop then multiplies (1 ulp from the division)."""
+    cls = a.cls
+    divisors = {a.resolve(n.inputs[1]) for n in a.nodes
+                if n.op == "div" and cls.get(n.outputs[0]) == "full"}
+    for v in values:
+        if v in divisors and a.graph.type_of(v).dtype in FLOATS and RCP + v not in env and v in env:
+            name = f"{prefix}{len([k for k in env if k.startswith(RCP)])}"
+            lines.append(f"const float {name} = 1.0f / {env[v]};")
+            env[RCP + v] = name
 
 
 def scalar_leaf(a: Analysis, v: str, param: Callable[[str], str]) -> str:

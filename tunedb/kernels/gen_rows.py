@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from tunedb.kernels.analysis import COL, FULL, ROW, cache_values
-from tunedb.kernels.expr import RED_INIT, RED_WARP, emit_nodes, flit, red_comb
+from tunedb.kernels.expr import RCP, RED_INIT, RED_WARP, emit_nodes, flit, reciprocals, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 from tunedb.kernels.schedule import MAX_UNROLLED, row_smem_bytes
 
@@ -75,6 +75,12 @@ class _Row:
             else:
                 emit_nodes(a, f.names, [n], self.renv_all(), lines, self.s.fast_math, prefix="r")
                 self.renv[v] = f.n(v, "r")
+        self.hoist_reciprocals(lines)
+
+    def hoist_reciprocals(self, lines: list[str]) -> None:
+        env = self.renv_all()
+        reciprocals(self.a, [v for v in self.renv if not v.startswith(RCP)], env, lines, "rcp")
+        self.renv.update({k: x for k, x in env.items() if k.startswith(RCP)})
 
     def renv_all(self) -> dict[str, str]:
         e = dict(self.senv)
