@@ -145,7 +145,8 @@ def test_verify_reports_the_worst_output():
     o2 = g.outputs[1]
     bad[o2] = good[o2] + 1e-2
     res = verify(g, bad, ref)
-    assert res["ok"] is False and res["worst_output"] == o2 and res["max_abs_err"] == pytest.approx(1e-2, rel=1e-3)
+    assert res["ok"] is False and res["worst_output"] == o2
+    assert res["max_abs_err"] == pytest.approx(1e-2, rel=1e-3)
     assert verify(g, bad, ref, slack=2000.0)["ok"] is True  # atol ~1e-5 x 2000 > 1e-2
 
 
@@ -205,7 +206,8 @@ def test_cli_help_and_bench_group():
     assert r.exit_code == 0 and "fusion" in r.output and "plan" in r.output
     r = invoke("bench", "plan", "--help")
     assert r.exit_code == 0
-    for opt in ("--graphs", "--db", "--model", "--batch", "--bind", "--out", "--peers", "--time-limit", "--json"):
+    for opt in ("--graphs", "--db", "--model", "--batch", "--bind", "--out", "--peers", "--time-limit",
+                "--json"):
         assert opt in r.output
 
 

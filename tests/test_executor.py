@@ -195,7 +195,8 @@ def test_im2col_kernel_gives_the_reference_convolution(host_kernels, xs, ws, str
     oh, ow = want.shape[2:]
     total = n * c * kh * kw * oh * ow
     cols = np.full(total, np.nan, np.float32)
-    host_kernels("tdbx_im2col_f32", xv, cols, total, c, h, wd, oh, ow, kh, kw, *strides, pads[0], pads[1], *dil)
+    host_kernels("tdbx_im2col_f32", xv, cols, total, c, h, wd, oh, ow, kh, kw, *strides, pads[0], pads[1],
+                 *dil)
     got = np.matmul(wv.reshape(groups, o // groups, cg * kh * kw).astype(np.float64),
                     cols.reshape(n, groups, cg * kh * kw, oh * ow)).reshape(want.shape)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -225,7 +226,8 @@ def test_pool_kernel_matches_the_reference(host_kernels, op, k, s, p, d, ceil, c
     y = np.full(want.shape, np.nan, dt)
     mode = 0 if op == "max_pool2d" else (2 if cip else 1)
     dh, dw = d or (1, 1)
-    host_kernels(f"tdbx_pool2d_{kind}", xv.astype(dt), y, y.size, 9, 8, *want.shape[2:], *k, *s, *p, dh, dw, mode)
+    host_kernels(f"tdbx_pool2d_{kind}", xv.astype(dt), y, y.size, 9, 8, *want.shape[2:], *k, *s, *p, dh, dw,
+                 mode)
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
 
 

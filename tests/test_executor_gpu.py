@@ -60,9 +60,12 @@ def test_shipped_graph_plan_matches_the_reference(name):
 def _fusion_cases():
     from tunedb.kernels import suites
 
-    spec = [("norm", "add_layernorm", 96, 768, "float32"), ("softmax", "scale_mask_softmax", 64, 1000, "float16"),
-            ("bias_act", "gelu_tanh", 128, 1024, "bfloat16"), ("col_reduce", "col_center", 300, 257, "float32"),
-            ("xent", "softmax_xent", 64, 512, "float32"), ("permute", "transpose_add", 96, 160, "bfloat16")]
+    spec = [("norm", "add_layernorm", 96, 768, "float32"),
+            ("softmax", "scale_mask_softmax", 64, 1000, "float16"),
+            ("bias_act", "gelu_tanh", 128, 1024, "bfloat16"),
+            ("col_reduce", "col_center", 300, 257, "float32"),
+            ("xent", "softmax_xent", 64, 512, "float32"),
+            ("permute", "transpose_add", 96, 160, "bfloat16")]
     return [suites.case(*s).graph for s in spec]
 
 
@@ -131,8 +134,9 @@ outs = plan.run({{v: np.load(d / f"in{{i}}.npy", allow_pickle=False) for i, v in
 for j, v in enumerate(plan.graph.outputs):
     np.save(d / f"out{{j}}.npy", outs[v], allow_pickle=False)
 """
+    path = [str(ROOT)] + [q for q in os.environ.get("PYTHONPATH", "").split(os.pathsep) if q]
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(path)}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     for j, v in enumerate(plan.graph.outputs):
         there = np.load(tmp_path / f"out{j}.npy", allow_pickle=False)

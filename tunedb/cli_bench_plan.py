@@ -173,8 +173,11 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json(result)
             return
+        import sys
+
         from rich.console import Console
 
-        Console().print(render_table(result))
+        # A wide table: when piped (a log file), rich would squeeze it into 80 columns.
+        Console(width=None if sys.stdout.isatty() else 240).print(render_table(result))
         typer.echo(summary_line(result))
         typer.echo(f"wrote {os.fspath(out)}")

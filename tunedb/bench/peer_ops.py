@@ -74,7 +74,7 @@ def _t_clip(t: Any, n: Node, x: list, a: dict, g: Graph) -> Any:
     if not x[0].is_floating_point():
         lo = None if lo is None else math.ceil(lo)
         hi = None if hi is None else math.floor(hi)
-    return t.clamp(x[0], lo, hi)
+    return x[0] if lo is None and hi is None else t.clamp(x[0], lo, hi)
 
 
 def _t_reduce(t: Any, n: Node, x: list, a: dict, g: Graph) -> Any:
@@ -238,7 +238,7 @@ def _j_clip(jnp: Any, jax: Any, n: Node, x: list, a: dict, g: Graph) -> Any:
     if not jnp.issubdtype(x[0].dtype, jnp.floating):
         lo = None if lo is None else math.ceil(lo)
         hi = None if hi is None else math.floor(hi)
-    return jnp.clip(x[0], lo, hi)
+    return x[0] if lo is None and hi is None else jnp.clip(x[0], lo, hi)
 
 
 def _j_reduce(jnp: Any, jax: Any, n: Node, x: list, a: dict, g: Graph) -> Any:

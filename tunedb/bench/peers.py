@@ -150,7 +150,7 @@ def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any], d
             a = np.ascontiguousarray(arrays[n])
             ins.append(torch.from_numpy(a.view(np.int16)).to(device).view(torch.bfloat16)
                        if t.dtype == "bfloat16" else torch.from_numpy(a).to(device))
-        fn = torch_function(graph, device)
+        fn = _straight_line(torch, torch_function(graph, device), ins)
         if kind in ("torch_compile", "torch_compile_ro"):
             # The interpreted functions of all graphs share one code object: without a reset,
             # dynamo's recompile limit would silently turn later graphs into eager runs.
@@ -184,6 +184,19 @@ def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any], d
             jax.block_until_ready(last["y"])
 
     return run, sync
+
+
+def _straight_line(torch: Any, fn: Callable[..., tuple], ins: list) -> Callable[..., tuple]:
+    """The interpreted graph function traced once into a straight-line FX GraphModule of ATen
+    calls. Handing dynamo the interpreter itself makes it guard on every node record it reads,
+    and evaluating those guards on each call cost more than the kernels (torch.compile ran
+    slower than eager); the traced module has no such closure state. Falls back to ``fn``."""
+    try:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        return make_fx(fn)(*ins)
+    except Exception:  # noqa: BLE001 - an op make_fx cannot trace: the interpreter still runs
+        return fn
 
 
 def outputs_float64(outs: Any) -> list:

@@ -212,8 +212,12 @@ class PlanExecutor:
                 self._build(k, step)
             self._scratch = cp.empty(max(1, self._scratch_need), dtype=cp.uint8)
             self._fill_sample_inputs()
-            self._enqueue()  # compiles CuPy's own kernels, creates the cuBLAS handle: not in capture
-        self.stream.synchronize()
+            try:
+                self._enqueue()  # compiles CuPy's own kernels, creates the cuBLAS handle: not in capture
+                self.stream.synchronize()
+            except Exception as e:  # noqa: BLE001 - NVRTC / CUDA errors as one line
+                raise ExecutorError(f"first run of plan {self.graph.name or '<unnamed>'} failed: "
+                                    f"{_one_line(e)}") from None
         self.compile_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         if capture:
@@ -432,13 +436,18 @@ class PlanExecutor:
             return
         self._graph, self._graph_pool = graph, pool
         if verify:
-            with self.stream:
-                for v in eager:
-                    if v in self._owned:
-                        self.env[v].fill(0)  # a replay that writes nothing must not pass
-                graph.launch(self.stream)
-                got = self._outputs_now()
-            self.stream.synchronize()
+            try:
+                with self.stream:
+                    for v in eager:
+                        if v in self._owned:
+                            self.env[v].fill(0)  # a replay that writes nothing must not pass
+                    graph.launch(self.stream)
+                    got = self._outputs_now()
+                self.stream.synchronize()
+            except Exception as e:  # noqa: BLE001 - the graph does not replay: launch eagerly
+                self._graph = self._graph_pool = None
+                self.capture_error = f"graph replay failed, launching eagerly: {_one_line(e)}"
+                return
             for v in eager:
                 if not self._same(got[v], eager[v], self.types[v].dtype):
                     self._graph = self._graph_pool = None
