@@ -322,7 +322,7 @@ class Collector:
                     continue
                 if left is not None:
                     left -= len(tasks)
-                device.prefetch([t.wire for t in tasks])
+                device.prefetch([t.wire for t in tasks], workload=job.workload)
                 while not stop.is_set():
                     try:
                         out.put((job, tasks), timeout=0.2)

@@ -235,3 +235,68 @@ def test_cli_without_gpu_is_one_line_error(tmp_path):
     assert r.output.strip().startswith("error: no CUDA device")
     assert len(r.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+# -- the translations against the reference (where torch / JAX are installed; on the CPU) ---------
+def _tricky_graphs():
+    out = []
+    b = GraphBuilder("conv_groups_dilated")
+    x, w, bias = b.input("x", (2, 4, 11, 9)), b.input("w", (6, 2, 3, 2)), b.input("bias", (6,))
+    out.append(b.build([b.conv2d(x, w, bias, strides=(2, 1), pads=(0, 2, 1, 0), dilations=(1, 2), groups=2)]))
+    b = GraphBuilder("pools")
+    x = b.input("x", (2, 3, 9, 8))
+    ys = [b.max_pool2d(x, kernel=(2, 3), strides=(2, 2), pads=(0, 1, 1, 0), dilations=(2, 1), ceil_mode=True),
+          b.max_pool2d(x, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+          b.avg_pool2d(x, kernel=(3, 2), strides=(2, 2), pads=(1, 0, 0, 1), ceil_mode=True,
+                       count_include_pad=False),
+          b.avg_pool2d(x, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), ceil_mode=True,
+                       count_include_pad=True),
+          b.global_max_pool(x), b.global_avg_pool(x)]
+    out.append(b.build(ys))
+    b = GraphBuilder("layout")
+    x = b.input("x", (7, 10))
+    parts = b.split(x, axis=1, sizes=(3, 3, 4))
+    ys = [b.slice(x, starts=(6, 1), ends=(-8, 10), axes=(0, 1), steps=(-2, 3)),
+          b.pad(x, pads=(1, -2, 0, 3), value=0.25), b.concat(parts[2], parts[0], axis=1),
+          b.transpose(x, perm=(1, 0)), b.argmax(x, axis=1, keepdims=True),
+          b.reduce_prod(b.clip(x, min=-1.5, max=1.5), axes=(0,), keepdims=False)]
+    out.append(b.build(ys))
+    b = GraphBuilder("gemm_ints")
+    a, m, c = b.input("a", (5, 4)), b.input("m", (6, 5)), b.input("c", (6,))
+    i, j = b.input("i", (4, 5), "int64"), b.input("j", (4, 5), "int64")
+    two, three = b.constant(np.array(2, np.int64)), b.constant(np.array(-3, np.int64))
+    # i, j are 0/1: -i / (j + 2) truncates toward zero; mod is floored, with the divisor's sign
+    ys = [b.gemm(a, m, c, alpha=0.5, beta=2.0, trans_a=True, trans_b=True),
+          b.div(b.neg(i), b.add(j, two)), b.mod(b.neg(i), b.add(j, two)), b.mod(i, b.add(j, three)),
+          b.mod(b.neg(a), b.constant(np.array(0.75, np.float32)))]
+    out.append(b.build(ys))
+    return out
+
+
+def _run_peer(fw: str, graph, dev):
+    from tunedb.bench.peers import jax_function, outputs_float64, torch_function
+
+    if fw == "torch":
+        import torch
+
+        fn = torch_function(graph, device="cpu")
+        return outputs_float64(fn(*[torch.from_numpy(dev[v]) for v in graph.inputs]))
+    import jax.numpy as jnp
+
+    return outputs_float64(jax_function(graph)(*[jnp.asarray(dev[v]) for v in graph.inputs]))
+
+
+@pytest.mark.parametrize("fw", ["torch", "jax"])
+def test_translations_match_the_reference(fw):
+    pytest.importorskip(fw)
+    graphs = _tricky_graphs() + [load_entry(Entry(p.stem, "x", path=p))[0] for p in SHIPPED[::2]]
+    for g in graphs:
+        dev, ref_in = sample_inputs(g, 0)
+        refs = run_reference(g, ref_in)
+        outs = _run_peer(fw, g, dev)
+        assert len(outs) == len(g.outputs)
+        for o, v in zip(outs, g.outputs):
+            r = refs[v]
+            assert o.shape == r.shape, (g.name, v, o.shape, r.shape)
+            scale = max(1.0, float(np.abs(r).max()))
+            assert np.allclose(o, r, rtol=1e-4, atol=1e-4 * scale), (g.name, v, float(np.abs(o - r).max()))

@@ -84,12 +84,16 @@ def register(app: typer.Typer) -> None:
                                        rounds=rounds)
                 else:
                     summary = _run_with_progress(coll, store, dev, suite, budget, time_s, strat, rounds)
+            stats = getattr(dev, "stats", dict)()  # where the device's time went (phases)
         finally:
             dev.close()
         if json_out:
-            print_json(summary.to_json())
+            print_json({**summary.to_json(), "device_stats": stats})
         else:
             typer.echo(_summary_line(summary))
+            if stats:
+                typer.echo("device: " + ", ".join(
+                    f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items()))
 
 
 def _run_with_progress(coll: Any, store: Any, dev: Any, suite: str, budget: int | None,
