@@ -81,6 +81,7 @@ def test_graphs_folder_gives_every_shipped_graph_then_the_anchors():
     assert len(entries) == len(SHIPPED) + 12
     assert all(e.source == "anchor" and e.graph is not None for e in entries[len(SHIPPED):])
     assert len(collect_entries([GRAPHS / "bert_layer.onnx"], GRAPHS, anchors=False)) == len(SHIPPED)
+    assert [e.source for e in collect_entries(["anchors"])] == ["anchor"] * 12
     only = collect_entries([GRAPHS / "resnet_piece.onnx"])
     assert [e.name for e in only] == ["resnet_piece"] and only[0].path == GRAPHS / "resnet_piece.onnx"
 
@@ -115,6 +116,15 @@ def test_batch_bindings(tmp_path):
     assert batch_bindings(GRAPHS / "bert_layer.onnx", 1) == {}
     with pytest.raises(BenchError, match="static batch of 1; --batch 4"):
         batch_bindings(GRAPHS / "bert_layer.onnx", 4)
+    with pytest.raises(BenchError, match="static batch of 1; --batch 4"):
+        collect_entries([GRAPHS / "bert_layer.onnx"], batches=[4])
+    # graphs of a folder: the static ones are kept with their error, the others still run
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "relu.onnx").write_bytes(sym.read_bytes())
+    (tmp_path / "dir" / "bert.onnx").write_bytes((GRAPHS / "bert_layer.onnx").read_bytes())
+    entries = collect_entries([], tmp_path / "dir", anchors=False, batches=[4])
+    assert [(e.name, bool(e.error)) for e in entries] == [("bert b4", True), ("relu b4", False)]
+    assert entries[1].bindings == {"batch": 4}
 
 
 # -- inputs, verification -------------------------------------------------------------------------

@@ -118,7 +118,8 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def plan(
         models: Annotated[list[Path] | None, typer.Argument(
-            help="ONNX models or tunedb graph JSON files.", show_default=False)] = None,
+            help="ONNX models or tunedb graph JSON files ('anchors': the 12 fusion anchor subgraphs).",
+            show_default=False)] = None,
         graphs: Annotated[Path | None, typer.Option(
             "--graphs", help="Also every .onnx / .json graph in this folder (e.g. data/graphs), plus "
                              "the 12 fusion anchor subgraphs.")] = None,

@@ -50,6 +50,7 @@ class Entry:
     graph: Graph | None = None
     bindings: dict[str, int] = field(default_factory=dict)
     batch: int | None = None
+    error: str = ""  # set when the entry cannot run (a static model at another --batch)
 
 
 def _onnx_inputs(path: Path) -> list[Any]:
@@ -82,9 +83,16 @@ def batch_bindings(path: Path, batch: int) -> dict[str, int]:
 def collect_entries(models: Sequence[Path], graphs_dir: Path | None = None, anchors: bool = True,
                     batches: Sequence[int] = (), bindings: dict[str, int] | None = None) -> list[Entry]:
     """The graphs of one run: ``models``, then every ``*.onnx`` / ``*.json`` in ``graphs_dir``
-    (sorted), then (with ``graphs_dir`` and ``anchors``) the 12 fusion anchor subgraphs.
-    ``batches`` repeats each ONNX model at those batch sizes."""
-    paths = [Path(m) for m in models]
+    (sorted), then (with ``graphs_dir`` and ``anchors``, or a model named ``anchors``) the 12
+    fusion anchor subgraphs. ``batches`` repeats each ONNX model at those batch sizes."""
+    want_anchors = graphs_dir is not None and anchors
+    paths = []
+    for m in models:
+        if str(m) == "anchors" and not Path(m).exists():
+            want_anchors = True
+        else:
+            paths.append(Path(m))
+    explicit = set(paths)
     if graphs_dir is not None:
         if not graphs_dir.is_dir():
             raise BenchError(f"--graphs {graphs_dir} is not a directory")
@@ -100,12 +108,17 @@ def collect_entries(models: Sequence[Path], graphs_dir: Path | None = None, anch
             raise BenchError(f"{p} is neither an ONNX model (.onnx) nor a tunedb graph JSON (.json)")
         for b in (batches or [None]):
             bind = dict(bindings or {})
-            name = p.stem
+            name, error = p.stem, ""
             if b is not None:
-                bind.update(batch_bindings(p, b))
                 name = f"{p.stem} b{b}"
-            out.append(Entry(name, str(p), path=p, bindings=bind, batch=b))
-    if graphs_dir is not None and anchors:
+                try:
+                    bind.update(batch_bindings(p, b))
+                except BenchError as e:
+                    if p in explicit:
+                        raise
+                    error = str(e)  # a graph of the folder: recorded, the others still run
+            out.append(Entry(name, str(p), path=p, bindings=bind, batch=b, error=error))
+    if want_anchors:
         from tunedb.kernels.suites import ANCHOR_CASES
 
         out += [Entry(c.name, "anchor", graph=c.graph) for c in ANCHOR_CASES]
@@ -224,6 +237,9 @@ def run_entry(entry: Entry, fw: Any, peers: Sequence[str], db: Any, cost_model: 
 
     rec: dict[str, Any] = {"name": entry.name, "source": entry.source, "batch": entry.batch,
                            "bindings": entry.bindings, "tunedb": {"us": None, "error": None}, "peers": {}}
+    if entry.error:
+        rec["error"] = rec["tunedb"]["error"] = entry.error
+        return rec
     try:
         graph, model = load_entry(entry)
     except Exception as e:  # noqa: BLE001

@@ -72,7 +72,7 @@ def make_card(result: TrainResult, params: TrainParams, device: DeviceFacts, kin
         "best_iteration": int(result.best_iteration),
         "objectives_tried": result.tried,
         "hyperparameters": params.to_json(),
-        "xgboost_params": params.xgb_params(result.objective),
+        "xgboost_params": params.xgb_params(result.objective, result.n_train),
         "data": snapshot,
         "rows": {"train": result.n_train, "valid": result.n_valid},
         "metrics": metrics or {},

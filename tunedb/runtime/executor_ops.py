@@ -447,8 +447,10 @@ class ComputeOps:
                 return view["c"]
 
             def im2col() -> None:
-                self.k.launch("tdbx_im2col_f32", total, (x, cols(), total, c, h, wd, oh, ow, kh, kw,
-                                                        sh, sw, pt, pl, dh, dw))()
+                if "k" not in view:
+                    view["k"] = self.k.launch("tdbx_im2col_f32", total, (x, cols(), total, c, h, wd, oh,
+                                                                         ow, kh, kw, sh, sw, pt, pl, dh, dw))
+                view["k"]()
 
             wr, yr = w.reshape(g, o // g, K), out.reshape(n, g, o // g, P)
             mm: dict[str, Launch] = {}
