@@ -72,7 +72,9 @@ def make_card(result: TrainResult, params: TrainParams, device: DeviceFacts, kin
         "best_iteration": int(result.best_iteration),
         "objectives_tried": result.tried,
         "hyperparameters": params.to_json(),
-        "xgboost_params": params.xgb_params(result.objective, result.n_train),
+        # Threads depend on the machine's load at training time, not on the model.
+        "xgboost_params": {k: v for k, v in params.xgb_params(result.objective, result.n_train).items()
+                           if k != "nthread"},
         "data": snapshot,
         "rows": {"train": result.n_train, "valid": result.n_valid},
         "metrics": metrics or {},
