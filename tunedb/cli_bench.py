@@ -142,6 +142,8 @@ def register(app: typer.Typer) -> None:
                                                 "without database hits (0: all legal).")] = 0,
         workers: Annotated[int | None, typer.Option("--workers", min=0, help="Compile processes "
                                                     "[default: CPU cores - 4].")] = None,
+        case: Annotated[list[str] | None, typer.Option("--case", help="Only these cases of the suite "
+                                                       "(by name; repeatable).")] = None,
         json_out: JsonOption = False,
     ) -> None:
         """tunedb's fused kernels next to torch eager, torch.compile and JAX on the same inputs.
@@ -157,6 +159,11 @@ def register(app: typer.Typer) -> None:
         import_cupy()  # no GPU: one-line error before anything else happens
         path = _database(db)
         cases = load_cases(suite)
+        if case:
+            unknown = sorted(set(case) - {c.name for c in cases})
+            if unknown:
+                fail(f"suite {suite!r} has no case named {', '.join(unknown)}")
+            cases = [c for c in cases if c.name in set(case)]
         if not cases:
             fail(f"suite {suite!r} has no cases")
         typer.echo(f"{len(cases)} case(s); candidates from "

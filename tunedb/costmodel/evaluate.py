@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection import GroupKFold
 
-from tunedb.costmodel.features import MEASURED_FEATURES, ROOFLINE_FEATURE, feature_index
+from tunedb.costmodel.features import MEASURED_FEATURES, ROOFLINE_FEATURE, UNKNOWN, feature_index
 from tunedb.costmodel.metrics import (  # noqa: F401  (re-exported: the metric API lives here too)
     METRIC_KEYS,
     all_metrics,
@@ -36,10 +36,10 @@ from tunedb.costmodel.train import (
 
 
 def hide_measured(X: np.ndarray) -> np.ndarray:
-    """A copy of ``X`` with the compile-time facts set to missing."""
+    """A copy of ``X`` with the compile-time facts set to unknown."""
     X = np.array(X, dtype=np.float32, copy=True)
     for name in MEASURED_FEATURES:
-        X[:, feature_index(name)] = np.nan
+        X[:, feature_index(name)] = UNKNOWN
     return X
 
 

@@ -21,7 +21,7 @@ from tunedb.costmodel.evaluate import cross_validate, leave_one_family_out, summ
 from tunedb.costmodel.features import DeviceFacts, featurize_frame
 from tunedb.costmodel.model import CostModel, CostModelError
 from tunedb.costmodel.registry import data_snapshot_hash, make_card, model_dir, save_model
-from tunedb.costmodel.train import TrainParams, train_booster
+from tunedb.costmodel.train import TrainParams, group_codes, train_booster
 
 REQUIRED_COLUMNS = ("workload_hash", "candidate_hash", "config_json", "device_id", "median_us")
 
@@ -103,7 +103,7 @@ def fit_frame(frame: pa.Table, *, kind: str = "fusion", out_root: str | Path | N
     except ValueError as e:
         raise CostModelError(str(e)) from None
     y = t["median_us"].to_numpy(zero_copy_only=False).astype(np.float64)
-    groups = np.asarray(t["workload_hash"].to_pylist())
+    groups = group_codes(t["workload_hash"])
     families = np.asarray(t["family"].to_pylist() if "family" in t.column_names else ["?"] * t.num_rows)
     n_workloads = len(np.unique(groups))
     if n_workloads < 3:

@@ -16,11 +16,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import xgboost as xgb
 from sklearn.model_selection import GroupShuffleSplit
 
 from tunedb.costmodel.errors import TrainError
-from tunedb.costmodel.features import MEASURED_FEATURES, feature_index
+from tunedb.costmodel.features import MEASURED_FEATURES, UNKNOWN, feature_index
 from tunedb.costmodel.metrics import pairwise_accuracy
 
 REGRESSION = "reg:squarederror"
@@ -77,6 +78,10 @@ class TrainParams:
     large_data_rounds: int = 150
 
     def __post_init__(self) -> None:
+        # Accept the JSON forms (lists, a dict) too: the fields stay hashable tuples.
+        ld = self.large_data.items() if isinstance(self.large_data, dict) else self.large_data
+        object.__setattr__(self, "large_data", tuple((str(k), v) for k, v in ld))
+        object.__setattr__(self, "rank_objectives", tuple(self.rank_objectives))
         if self.objective != "auto" and self.objective not in OBJECTIVES:
             raise TrainError(f"unknown objective {self.objective!r}; expected auto or one of {OBJECTIVES}")
         bad = [o for o in self.rank_objectives if o not in RANKING]
@@ -97,10 +102,6 @@ class TrainParams:
     def from_json(d: dict[str, Any]) -> TrainParams:
         known = set(TrainParams.__dataclass_fields__)
         kw = {k: v for k, v in d.items() if k in known}
-        if "rank_objectives" in kw:
-            kw["rank_objectives"] = tuple(kw["rank_objectives"])
-        if isinstance(kw.get("large_data"), dict):
-            kw["large_data"] = tuple(kw["large_data"].items())
         return TrainParams(**kw)
 
     def xgb_params(self, objective: str, n_rows: int | None = None) -> dict[str, Any]:
@@ -144,9 +145,32 @@ class TrainResult:
 
 
 def group_codes(groups: Any) -> np.ndarray:
-    """Integer codes 0..G-1 for any per-row group labels (workload hashes, names, ints)."""
-    _, codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)
-    return codes.reshape(-1).astype(np.int64)
+    """Integer codes 0..G-1 for any per-row group labels (workload hashes, names, ints), in
+    the sorted order of the labels, so that splits do not depend on the order of the rows."""
+    if isinstance(groups, (pa.Array, pa.ChunkedArray)):
+        arr = groups
+    else:
+        g = groups if isinstance(groups, np.ndarray) else np.asarray(groups, dtype=object)
+        if g.dtype.kind in "iub":
+            return np.unique(g, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        flat = g.astype(object).reshape(-1)
+        try:
+            arr = pa.array(flat)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed label types: compare as text
+            arr = pa.array([str(v) for v in flat])
+    # Strings: Arrow's hash table, then sort only the distinct labels (NumPy sorting 1M
+    # strings took seconds).
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if not pa.types.is_string(arr.type) and not pa.types.is_large_string(arr.type):
+        arr = pa.array([str(v) for v in arr.to_pylist()])
+    enc = arr.dictionary_encode()
+    labels = np.asarray(enc.dictionary.to_pylist(), dtype=object)
+    rank = np.empty(len(labels), dtype=np.int64)
+    rank[np.argsort(labels, kind="stable")] = np.arange(len(labels))
+    return rank[enc.indices.to_numpy(zero_copy_only=False)]
 
 
 def split_by_group(groups: np.ndarray, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +189,7 @@ def mask_measured(X: np.ndarray, fraction: float, seed: int) -> None:
         return
     rows = np.random.default_rng(seed).random(len(X)) < fraction
     for name in MEASURED_FEATURES:
-        X[rows, feature_index(name)] = np.nan
+        X[rows, feature_index(name)] = UNKNOWN
 
 
 def _relevance(log_us: np.ndarray, groups: np.ndarray) -> np.ndarray:
