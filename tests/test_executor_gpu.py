@@ -141,3 +141,11 @@ for j, v in enumerate(plan.graph.outputs):
     for j, v in enumerate(plan.graph.outputs):
         there = np.load(tmp_path / f"out{j}.npy", allow_pickle=False)
         assert np.array_equal(there, here[v]), f"output {v!r} differs between processes"
+
+
+def test_cublas_selfcheck_passes():
+    """The ctypes cuBLAS path (every dtype, batched, broadcast, 1-D) eager and inside one
+    captured CUDA graph, against float64 CuPy matmuls; and a small plan captured whole."""
+    from tunedb.runtime import selfcheck
+
+    assert selfcheck.main() == 0

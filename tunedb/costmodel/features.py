@@ -30,10 +30,10 @@ FEATURE_SCHEMA_VERSION: int = 1
 
 # The generator's mappings (tunedb.kernels.schedule.MAPPINGS) plus "other" for anything else.
 MAPPINGS: tuple[str, ...] = ("elementwise", "warp_per_row", "block_per_row", "rows_per_block",
-                             "split_row", "col_tiled", "transpose_tiled", "other")
+                             "split_row", "col_tiled", "col_cluster", "transpose_tiled", "other")
 ROW_MAPPINGS: tuple[str, ...] = ("warp_per_row", "block_per_row", "rows_per_block", "split_row")
 ROW_CACHES: tuple[str, ...] = ("registers", "smem", "reread")
-STITCH_SCHEMES: tuple[str, ...] = ("recompute", "register", "shuffle", "smem", "global")
+STITCH_SCHEMES: tuple[str, ...] = ("recompute", "register", "shuffle", "smem", "dsmem", "global")
 
 _CONFIG_FEATURES: tuple[str, ...] = (
     "block", "vec", "unroll", "group", "split", "tile", "fast_math", "cache_inputs",
@@ -191,37 +191,51 @@ def assemble(wl: np.ndarray, cf: np.ndarray, dev: DeviceFacts, registers: np.nda
     tile = np.maximum(c["tile"], 1.0)
     m = {name: c[f"mapping_{name}"] > 0 for name in MAPPINGS}
     rowmap = m["warp_per_row"] | m["block_per_row"] | m["rows_per_block"] | m["split_row"]
+    colmap = m["col_tiled"] | m["col_cluster"]
     n_row_red, n_col_red = w["n_row_reductions"], w["n_col_reductions"]
+    cluster = np.where(m["split_row"] | m["col_cluster"], S, 1.0)  # blocks of one thread-block cluster
 
-    # Threads per row (row mappings) or across columns (col_tiled), and rows per block.
-    T = np.select([m["warp_per_row"], m["block_per_row"], m["rows_per_block"] | m["col_tiled"]],
+    # Threads per row (row mappings) or across columns (column mappings), rows per block, and
+    # the iterations one thread makes along the row (row mappings; a split row spans the
+    # cluster) or down its rows (column mappings).
+    T = np.select([m["warp_per_row"], m["block_per_row"] | m["split_row"], m["rows_per_block"] | colmap],
                   [32.0 * one, B, np.maximum(c["group"], 1.0)], default=B)
     T = np.minimum(T, B)
-    G = np.where(rowmap | m["col_tiled"], np.maximum(np.floor(B / T), 1.0), 1.0)
-    nit = np.where(rowmap, np.ceil(C / (T * V)), 0.0)
+    G = np.where(rowmap | colmap, np.maximum(np.floor(B / T), 1.0), 1.0)
+    col_rows = np.where(m["col_tiled"], np.ceil(R / S), np.ceil(R / cluster))  # rows one block sweeps
+    nit = np.select([rowmap, colmap], [np.ceil(C / (T * cluster * V)), np.ceil(col_rows / G)], default=0.0)
     cached_vals = np.where(c["cache_inputs"] > 0, w["n_cache_inputs"], w["n_cache_boundary"])
-    cached_vals = np.where(rowmap & (c["row_cache_reread"] == 0), np.nan_to_num(cached_vals), 0.0)
-    cache_regs = np.where(c["row_cache_registers"] > 0, nit * V * cached_vals, 0.0)
+    cached_vals = np.where((rowmap & (c["row_cache_reread"] == 0)) | m["col_cluster"],
+                           np.nan_to_num(cached_vals), 0.0)
+    eb = np.nan_to_num(w["vec_elem_bytes"], nan=4.0)
+    full_inputs = np.maximum(np.round(w["full_in_bytes"] / (R * C * eb)), 1.0)  # full-size arrays read
+    cache_regs = np.select(
+        [rowmap, m["col_cluster"]],
+        [nit * V * (cached_vals * (c["row_cache_registers"] > 0) + n_col_red),
+         nit * V * np.maximum(cached_vals, full_inputs)], default=0.0)
 
     # Shared memory per block, as the generators size it.
     strip = T * V
     smem = np.select(
-        [rowmap, m["col_tiled"], m["transpose_tiled"]],
-        [np.where(T > 32, 128.0 * np.maximum(n_row_red, 1.0), 0.0)
+        [rowmap, m["col_tiled"], m["col_cluster"], m["transpose_tiled"]],
+        [np.where(T > 32, np.ceil(132.0 * np.maximum(n_row_red, 1.0) / 16.0) * 16.0, 0.0)
          + np.where(c["row_cache_smem"] > 0, 4.0 * G * cached_vals * nit * V * T, 0.0) + 4.0 * n_col_red * C,
          4.0 * (n_col_red * G * strip + n_col_red * strip),
+         4.0 * (n_col_red * G * strip + 2.0 * n_col_red * strip),
          4.0 * tile * (tile + 1.0) * np.nan_to_num(w["n_transposed_inputs"])],
         default=0.0)
     regs = np.minimum(255.0, 28.0 + cache_regs + 2.0 * V * U + 2.0 * w["n_transcendental_nodes"])
     bps = _blocks_per_sm(B, regs, smem, dev)
     resident = dev.sm_count * np.maximum(bps, 1.0)
 
-    # Launch geometry: grid-stride kernels are capped at one resident wave by the generators.
+    # Launch geometry: grid-stride kernels are capped at one resident wave by the generators;
+    # a split row takes a whole cluster of blocks.
     work = R * C
     ew_grid = np.minimum(np.ceil(work / (V * B * U)), dev.sm_count * np.maximum(np.floor(2048.0 / B), 1.0))
-    row_grid = np.minimum(np.ceil(R / G), resident)
+    clusters = np.maximum(1.0, np.minimum(R, np.floor(resident / cluster)))
+    row_grid = np.where(m["split_row"], cluster * clusters, np.minimum(np.ceil(R / G), resident))
     gx = np.ceil(C / strip)
-    grid = np.select([m["elementwise"], rowmap, m["col_tiled"], m["transpose_tiled"]],
+    grid = np.select([m["elementwise"], rowmap, colmap, m["transpose_tiled"]],
                      [ew_grid, row_grid, gx * S, np.ceil(C / tile) * np.ceil(R / tile)],
                      default=np.ceil(work / (V * B)))
     grid = np.maximum(grid, 1.0)
@@ -229,19 +243,18 @@ def assemble(wl: np.ndarray, cf: np.ndarray, dev: DeviceFacts, registers: np.nda
     kernels = 1.0 + ((m["col_tiled"] & (S > 1)) | (rowmap & (n_col_red > 0))).astype(np.float64)
     ept = work / (grid * B)
     # Lanes that find no element in the last iteration of a row (or strip of columns) idle.
-    lane = np.select([rowmap, m["col_tiled"]], [C / np.maximum(nit * T * V, 1.0), C / (gx * strip)],
+    lane = np.select([rowmap, colmap], [C / np.maximum(nit * T * cluster * V, 1.0), C / (gx * strip)],
                      default=1.0)
     occ = bps * B / dev.max_threads_per_sm
     waves = grid / resident
     wave_eff = waves / np.ceil(np.maximum(waves, 1e-9))
     # Grid-stride loops: trips per block, and how evenly the last trip is filled.
-    units = np.select([m["elementwise"], rowmap], [np.ceil(work / (V * B * U)), np.ceil(R / G)], default=grid)
+    units = np.select([m["elementwise"], rowmap], [np.ceil(work / (V * B * U)), np.ceil(R / G) * cluster],
+                      default=grid)
     stride = np.ceil(units / grid)
     stride_eff = units / (grid * np.maximum(stride, 1.0))
     # Little's law: HBM needs enough bytes in flight per SM to hide its latency.
-    eb = np.nan_to_num(w["vec_elem_bytes"], nan=4.0)
     access = V * eb
-    full_inputs = np.maximum(w["full_in_bytes"] / (work * eb), 1.0)  # full-size arrays read per element
     blocks_on_sm = np.minimum(bps, np.ceil(grid / dev.sm_count))
     inflight = blocks_on_sm * B * access * np.where(m["elementwise"], U, 1.0) * full_inputs
 
@@ -263,6 +276,7 @@ def assemble(wl: np.ndarray, cf: np.ndarray, dev: DeviceFacts, registers: np.nda
         + np.nan_to_num(w["has_post_col_outputs"])
     partials = np.select([m["col_tiled"] & (S > 1), rowmap & (n_col_red > 0)],
                          [8.0 * n_col_red * S * C, 8.0 * n_col_red * row_grid * C], default=0.0)
+    # (col_cluster keeps its rows in registers: it reads the input once, like a cached row.)
     extra = np.select([rowmap, m["col_tiled"]], [row_rereads * full_in, col_rereads * full_in], default=0.0) \
         + partials
     est = w["floor_bytes"] + extra

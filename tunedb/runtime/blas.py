@@ -227,14 +227,13 @@ def library() -> Any:
     protos = {
         "cublasCreate_v2": [ctypes.POINTER(vp)],
         "cublasDestroy_v2": [vp],
-        "cublasGetVersion_v2": [vp, ctypes.POINTER(i)],
         "cublasSetStream_v2": [vp, vp],
-        "cublasSetMathMode": [vp, i],
         "cublasGemmEx": [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i],
         "cublasGemmStridedBatchedEx": [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i,
                                        i, ll, i, i, i],
     }
-    optional = {"cublasSetWorkspace_v2": [vp, vp, ctypes.c_size_t]}
+    optional = {"cublasSetWorkspace_v2": [vp, vp, ctypes.c_size_t], "cublasSetMathMode": [vp, i],
+                "cublasGetVersion_v2": [vp, ctypes.POINTER(i)]}
     for name, args in {**protos, **optional}.items():
         try:
             fn = getattr(lib, name)
@@ -245,6 +244,11 @@ def library() -> Any:
         fn.argtypes, fn.restype = args, ctypes.c_int
     _LIB.append(lib)
     return lib
+
+
+# Handles of collected ``Blas`` objects, destroyed when the next one is made: a garbage
+# collection may run while some stream captures, and cublasDestroy frees memory.
+_RETIRED: list[int] = []
 
 
 def check(status: int, what: str) -> None:
@@ -260,12 +264,14 @@ class Blas:
 
     def __init__(self, cp: Any, stream: Any, tf32: bool = False) -> None:
         lib = self.lib = library()
+        while _RETIRED:
+            lib.cublasDestroy_v2(_RETIRED.pop())
         self.cp, self.stream = cp, stream
         self.compute = COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F
         h = ctypes.c_void_p()
         check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
         self.handle = h.value
-        self._final = weakref.finalize(self, lib.cublasDestroy_v2, self.handle)
+        self._final = weakref.finalize(self, _RETIRED.append, self.handle)
         self._final.atexit = False  # at exit the CUDA context may be gone already
         check(lib.cublasSetStream_v2(self.handle, int(stream.ptr) or None), "cublasSetStream")
         # After the stream: setting the stream drops a user workspace.
@@ -274,9 +280,11 @@ class Blas:
         if self.has_workspace:
             check(lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, WORKSPACE_BYTES),
                   "cublasSetWorkspace")
-        check(lib.cublasSetMathMode(self.handle, DEFAULT_MATH), "cublasSetMathMode")
+        if hasattr(lib, "cublasSetMathMode"):  # the default already; explicit: no TF32 unless asked
+            check(lib.cublasSetMathMode(self.handle, DEFAULT_MATH), "cublasSetMathMode")
         v = ctypes.c_int()
-        check(lib.cublasGetVersion_v2(self.handle, ctypes.byref(v)), "cublasGetVersion")
+        if hasattr(lib, "cublasGetVersion_v2"):
+            check(lib.cublasGetVersion_v2(self.handle, ctypes.byref(v)), "cublasGetVersion")
         self.version = int(v.value)
 
     def gemm(self, x: Any, y: Any, out: Any, *, alpha: float = 1.0, beta: float = 0.0,
@@ -342,6 +350,7 @@ class Blas:
         return run
 
     def close(self) -> None:
+        """Give the handle back (destroyed when the next ``Blas`` is made)."""
         self._final()
 
 

@@ -11,7 +11,9 @@
    Views (``layout_view`` steps) are reshapes of the same memory, no kernel.
 2. builds every step: fused steps are generated (``tunedb.kernels.codegen.generate`` with the
    step's schedule) and compiled with NVRTC (``cupy.RawModule``, cached by source); compute and
-   layout steps use ``executor_ops`` (cuBLAS GEMMs, im2col convolutions, pool kernels, copies);
+   layout steps use ``executor_ops`` (cuBLAS GEMMs called through ``tunedb.runtime.blas`` on the
+   executor's own cuBLAS handle, so a capture can record them; im2col convolutions, pool
+   kernels, copies);
    anything else, or a fused step the generator refuses, runs op by op in CuPy (``fallbacks``
    says which and why).
 3. runs the plan once eagerly, then captures the whole plan ONCE as a CUDA graph on its own
@@ -19,12 +21,14 @@
    long as the graph), replays it once and compares with the eager outputs. If capture fails or
    the replay differs, the executor launches eagerly and ``capture_error`` says why.
 
-float32 GEMMs stay float32: CuPy uses TF32 only with ``CUPY_TF32=1`` in the environment
-(``tf32`` reports it). CuPy is imported lazily: this module imports on machines without it.
+float32 GEMMs stay float32 (``CUBLAS_COMPUTE_32F``); TF32 only with ``CUPY_TF32=1`` in the
+environment, as for CuPy (``tf32`` reports it). CuPy is imported lazily: this module imports on
+machines without it.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import weakref
@@ -35,6 +39,7 @@ import numpy as np
 
 from tunedb.graph.ir import FLOAT_DTYPES, Graph
 from tunedb.graph.ops import check_node
+from tunedb.runtime.blas import Blas
 from tunedb.runtime.executor_ops import (
     ComputeOps,
     Evaluator,
@@ -72,7 +77,7 @@ def _one_line(exc: BaseException, limit: int = 400) -> str:
 # -- CPU side: what runs each step, and the inputs --------------------------------------------------
 def step_path(step: Any) -> str:
     """How the executor runs ``step`` (no GPU needed): ``view``, ``generated``, ``cublas``,
-    ``conv 1x1 (cublas)``, ``conv (im2col + cublas)``, ``pool kernel``, ``cupy reduction``,
+    ``conv 1x1 (cublas)``, ``conv (im2col + cublas)``, ``pool kernel`` (global pools too),
     ``cupy copy`` or ``cupy op by op``."""
     if step.kind == "layout_view":
         return "view"
@@ -90,8 +95,7 @@ def step_path(step: Any) -> str:
             kh, kw = types[node.inputs[1]].shape[2:]
             one = (kh, kw, *a["strides"], *a["dilations"], a["groups"]) == (1,) * 7 and not any(a["pads"])
             return "conv 1x1 (cublas)" if one else "conv (im2col + cublas)"
-        return {"matmul": "cublas", "gemm": "cublas"}.get(
-            node.op, "cupy reduction" if node.op.startswith("global_") else "pool kernel")
+        return {"matmul": "cublas", "gemm": "cublas"}.get(node.op, "pool kernel")
     if node.op in LAYOUT_DIRECT:
         return "cupy copy"
     return OP_BY_OP
@@ -202,10 +206,16 @@ class PlanExecutor:
         self._scratch_need = 0
         self._scratch: Any = None
         with self.stream:
+            try:
+                # Its own handle on this stream: CuPy's cuBLAS wrappers refuse to run in a capture.
+                self.blas = Blas(cp, self.stream, tf32=self.tf32)
+            except Exception as e:  # noqa: BLE001 - library / handle errors as one line
+                raise ExecutorError(f"cuBLAS unavailable: {_one_line(e)}") from None
             self.kernels = KernelSet(cp, self.sm_count)
-            self.ops = ComputeOps(cp, self.kernels, self._scratch_getter)
+            self.ops = ComputeOps(cp, self.kernels, self._scratch_getter, self.blas)
             # The op-by-op evaluator allocates its own temporaries (its sizes are not planned).
-            self.eval_ops = ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)))
+            self.eval_ops = ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)),
+                                       self.blas)
             self._allocate()
             self._launch_fns: list[Any] = []
             for k, step in enumerate(plan.steps):
@@ -422,6 +432,10 @@ class PlanExecutor:
             eager = self._outputs_now() if verify else {}
         pool = cp.cuda.MemoryPool()
         graph, err = None, None
+        # No garbage collection while capturing: a finalizer that frees device memory or
+        # destroys a handle would break the capture.
+        gc_was_on = gc.isenabled()
+        gc.disable()
         try:
             # Temporaries made during capture come from this pool, which no one else uses and
             # which lives as long as the graph: the graph's replays own those addresses.
@@ -437,6 +451,9 @@ class PlanExecutor:
                     err = err or e
         except Exception as e:  # noqa: BLE001 - begin_capture refused
             err = e
+        finally:
+            if gc_was_on:
+                gc.enable()
         if err is not None or graph is None:
             why = _one_line(err or RuntimeError("no graph"))
             self.capture_error = f"capture failed, launching eagerly: {why}"
@@ -523,7 +540,8 @@ class PlanExecutor:
                 "graph_capture": self.graph_capture, "capture_error": self.capture_error,
                 "fallbacks": list(self.fallbacks), "paths": list(self.paths), "tf32": self.tf32,
                 "arena_bytes": self.plan.buffers.arena_bytes, "unplanned_bytes": self.unplanned_bytes,
-                "scratch_bytes": self._scratch_need, "compile_s": round(self.compile_s, 4),
+                "scratch_bytes": self._scratch_need, "cublas_version": self.blas.version,
+                "compile_s": round(self.compile_s, 4),
                 "capture_s": round(self.capture_s, 4)}
 
 

@@ -5,11 +5,15 @@ stream (the executor's), writing into preallocated output arrays, and ``kernels`
 device kernels it enqueues. Nothing here synchronises or copies between host and device, so every
 launch can be captured into a CUDA graph.
 
-* matmul / gemm: ``cupy.matmul`` (cuBLAS). float32 stays float32: CuPy uses TF32 only when the
-  environment sets ``CUPY_TF32=1`` (the executor reports it).
+* matmul / gemm: cuBLAS through ``tunedb.runtime.blas`` (ctypes, its own handle and workspace),
+  because CuPy refuses cuBLAS calls while a stream captures a CUDA graph. float32 stays float32
+  (TF32 only with ``CUPY_TF32=1``, which the executor reports); gemm's ``beta * C`` is cuBLAS's
+  ``beta`` on a copy of C already in the output.
 * conv2d: a 1x1 stride-1 convolution is one GEMM over the channels; any other is an im2col kernel
   into a scratch buffer then one batched GEMM (CuPy 14 has no cuDNN), then a broadcast bias add.
-* pools: one window kernel per pool (max, average with or without the padding counted).
+* pools: one window kernel per pool (max, average with or without the padding counted); global
+  pools are the same kernel with one window over all spatial positions (CuPy reductions may
+  allocate while capturing).
 * layout ops: CuPy copies on the storage (bit) level, so they work for every dtype.
 * anything else: ``Evaluator`` runs the op (or a whole step's sub-graph) node by node with CuPy
   in float32 (integers and bools natively), with the reference interpreter's semantics.
@@ -284,6 +288,8 @@ def eval_node(cp: Any, node: Node, a: dict, args: list[Any], out_types: list[Ten
         return [cp.take(x, args[1], axis=a["axis"])]
     if op == "gather_elements":
         return [cp.take_along_axis(x, args[1], axis=a["axis"])]
+    if op in ("matmul", "gemm") and x.dtype.kind != "f":
+        return [_int_matmul(cp, op, a, args)]  # cuBLAS has no integer GEMM here
     if op in ("matmul", "gemm", "conv2d", "max_pool2d", "avg_pool2d"):
         xs = list(args)
         back = None
@@ -294,6 +300,18 @@ def eval_node(cp: Any, node: Node, a: dict, args: list[Any], out_types: list[Ten
             launch()
         return [out.astype(back) if back is not None else out]
     return [_unary(cp, op, x, a)]
+
+
+def _int_matmul(cp: Any, op: str, a: dict, args: list[Any]) -> Any:
+    x, y = args[0], args[1]
+    if op == "matmul":
+        return cp.matmul(x, y)
+    out = cp.matmul(x.T if a["trans_a"] else x, y.T if a["trans_b"] else y)
+    if float(a["alpha"]) != 1.0:
+        out = out * out.dtype.type(a["alpha"])
+    if len(args) == 3 and float(a["beta"]) != 0.0:
+        out = out + args[2] * out.dtype.type(a["beta"])
+    return out
 
 
 def _split_views(x: Any, axis: int, sizes: Sequence[int]) -> list[Any]:
@@ -370,8 +388,9 @@ class ComputeOps:
     """Builders for single compute / layout nodes on stored arrays. ``build`` returns
     ``(launches, kernels, path)``; ``path`` names the implementation for the executor's report."""
 
-    def __init__(self, cp: Any, kernels: KernelSet, scratch: Callable[[int], Callable[[], Any]]) -> None:
-        self.cp, self.k = cp, kernels
+    def __init__(self, cp: Any, kernels: KernelSet, scratch: Callable[[int], Callable[[], Any]],
+                 blas: Any) -> None:
+        self.cp, self.k, self.blas = cp, kernels, blas
         self.scratch = scratch  # nbytes -> getter of a uint8 device buffer of at least that size
 
     def build(self, node: Node, a: dict, ins: list[Any], outs: list[Any]) -> tuple[list[Launch], int, str]:
@@ -385,42 +404,37 @@ class ComputeOps:
         if op in ("max_pool2d", "avg_pool2d"):
             return self._pool(op, ins[0], outs[0], a)
         if op in ("global_avg_pool", "global_max_pool"):
-            fn = self.cp.mean if op == "global_avg_pool" else self.cp.amax
-            x, out = ins[0], outs[0]
-            return [lambda: fn(x, axis=tuple(range(2, x.ndim)), keepdims=True, out=out)], 1, "cupy reduction"
+            return self._global_pool(op, ins[0], outs[0])
         raise NotImplementedError(op)
 
-    def _matmul(self, x: Any, y: Any, out: Any) -> Launch:
-        cp = self.cp
-        state = {"out": True}
-
-        def run() -> None:
-            # CuPy's matmul takes ``out=`` for these shapes; if a version refuses, copy once.
-            if state["out"]:
-                try:
-                    cp.matmul(x, y, out=out)
-                    return
-                except (TypeError, ValueError, NotImplementedError):
-                    state["out"] = False
-            cp.copyto(out, cp.matmul(x, y))
-
-        return run
+    def _matmul(self, x: Any, y: Any, out: Any, alpha: float = 1.0, beta: float = 0.0) -> Launch:
+        return self.blas.gemm(x, y, out, alpha=alpha, beta=beta)
 
     def _gemm(self, ins: list[Any], out: Any, a: dict) -> tuple[list[Launch], int, str]:
         cp = self.cp
         A = ins[0].T if a["trans_a"] else ins[0]
         B = ins[1].T if a["trans_b"] else ins[1]
-        steps = [self._matmul(A, B, out)]
         alpha, beta = float(a["alpha"]), float(a["beta"])
-        if alpha != 1.0:
-            steps.append(lambda: cp.multiply(out, out.dtype.type(alpha), out=out))
+        steps: list[Launch] = []
         if len(ins) == 3 and beta != 0.0:
-            c = ins[2]
-            if beta == 1.0:
-                steps.append(lambda: cp.add(out, c, out=out))
-            else:
-                steps.append(lambda: cp.add(out, c * c.dtype.type(beta), out=out))
+            c = cp.broadcast_to(ins[2], out.shape)
+            steps.append(lambda: cp.copyto(out, c))  # cuBLAS then adds alpha * A @ B to beta * C
+        else:
+            beta = 0.0
+        steps.append(self._matmul(A, B, out, alpha, beta))
         return steps, len(steps), "cublas"
+
+    def _global_pool(self, op: str, x: Any, out: Any) -> tuple[list[Launch], int, str]:
+        # One pool window over all spatial positions of each (n, c): [N, C, 1, S] -> [N, C, 1, 1].
+        if not (x.flags.c_contiguous and out.flags.c_contiguous):
+            raise NotImplementedError(f"{op} on a strided array")
+        n, c = x.shape[:2]
+        s = int(np.prod(x.shape[2:], dtype=np.int64))
+        x4, out4 = x.reshape(n, c, 1, s), out.reshape(n, c, 1, 1)
+        mode = 0 if op == "global_max_pool" else 1
+        a = {"kernel": (1, s), "strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1),
+             "count_include_pad": False}
+        return self._pool("max_pool2d" if mode == 0 else "avg_pool2d", x4, out4, a)
 
     def _conv(self, ins: list[Any], out: Any, a: dict) -> tuple[list[Launch], int, str]:
         cp = self.cp

@@ -1,0 +1,159 @@
+"""The executor's cuBLAS call planning without a GPU: ``plan_matmul``'s calls, run by a NumPy model
+of column-major ``cublasGemmStridedBatchedEx`` on flat buffers, give ``numpy.matmul`` for
+row-major, transposed, sliced, batched, broadcast and 1-D operands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import as_strided
+
+from tunedb.runtime.blas import OP_N, OP_T, GemmCall, as_transposed, plan_matmul
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _colmajor(buf, base, rows, cols, ld):
+    """The column-major ``rows x cols`` matrix at ``buf[base]`` (what cuBLAS reads), and its
+    indices; cuBLAS refuses ``ld < max(1, rows)``."""
+    assert ld >= max(1, rows), (ld, rows)
+    idx = base + np.arange(rows)[:, None] + np.arange(cols)[None, :] * ld
+    assert idx.min() >= 0 and idx.max() < buf.size, "reads outside the buffer"
+    return buf[idx], idx
+
+
+def _cublas(calls, xbuf, x0, ybuf, y0, obuf, o0, alpha=1.0, beta=0.0):
+    """cuBLAS semantics: C = alpha op(A) op(B) + beta C per batch; A from y, B from x."""
+    for c in calls:
+        assert isinstance(c, GemmCall) and c.batch >= 1
+        for b in range(c.batch):
+            ar, ac = (c.m, c.k) if c.transa == OP_N else (c.k, c.m)
+            A, _ = _colmajor(ybuf, y0 + c.a_off + b * c.stride_a, ar, ac, c.lda)
+            A = A if c.transa == OP_N else A.T
+            br, bc = (c.k, c.n) if c.transb == OP_N else (c.n, c.k)
+            B, _ = _colmajor(xbuf, x0 + c.b_off + b * c.stride_b, br, bc, c.ldb)
+            B = B if c.transb == OP_N else B.T
+            C, idx = _colmajor(obuf, o0 + c.c_off + b * c.stride_c, c.m, c.n, c.ldc)
+            res = alpha * (A @ B)
+            obuf[idx] = res if beta == 0.0 else res + beta * C  # beta 0: C is not read
+
+
+def _view(rng, shape, strides=None, start=3, pad=40):
+    """A strided view into a flat buffer (random values), its buffer and start offset."""
+    shape = tuple(shape)
+    if strides is None:  # C-contiguous
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.insert(0, acc)
+            acc *= max(d, 1)
+    span = sum((d - 1) * abs(s) for d, s in zip(shape, strides) if d > 0)
+    neg = sum((d - 1) * -s for d, s in zip(shape, strides) if s < 0 and d > 0)
+    buf = rng.standard_normal(start + neg + span + 1 + pad)
+    base = start + neg
+    v = as_strided(buf[base:], shape=shape, strides=tuple(s * 8 for s in strides))
+    return v, buf, base, tuple(strides)
+
+
+def _run_case(rng, xshape, yshape, xstr=None, ystr=None, ostr=None, alpha=1.0, beta=0.0):
+    x, xbuf, x0, xst = _view(rng, xshape, xstr)
+    y, ybuf, y0, yst = _view(rng, yshape, ystr)
+    want_shape = np.matmul(x, y).shape
+    o, obuf, o0, ost = _view(rng, want_shape, ostr, start=5)
+    old = o.copy()
+    before = obuf.copy()
+    calls = plan_matmul(x.shape, xst, y.shape, yst, o.shape, ost)
+    if calls is None:
+        return None
+    _cublas(calls, xbuf, x0, ybuf, y0, obuf, o0, alpha, beta)
+    np.testing.assert_allclose(o, alpha * np.matmul(x, y) + beta * old, rtol=1e-12, atol=1e-12)
+    inside = np.zeros(obuf.size, bool)
+    inside[o0 + sum(np.indices(o.shape)[i] * ost[i] for i in range(o.ndim)).ravel()
+           if o.ndim else o0] = True
+    assert np.array_equal(obuf[~inside], before[~inside]), "wrote outside the output"
+    return calls
+
+
+CASES = [  # x shape, y shape, x strides, y strides (None: C-contiguous)
+    ((5, 7), (7, 3), None, None),
+    ((1, 7), (7, 1), None, None),
+    ((5, 7), (7, 3), (1, 5), None),             # x a transposed view (gemm trans_a)
+    ((5, 7), (7, 3), None, (1, 7)),             # y a transposed view (gemm trans_b)
+    ((5, 7), (7, 3), (1, 5), (1, 7)),
+    ((5, 7), (7, 3), (11, 1), (4, 1)),          # sliced rows: row stride > columns
+    ((2, 3, 4, 6), (2, 3, 6, 5), None, None),   # attention-like batch
+    ((2, 8, 6), (6, 4), None, None),            # linear layer: folded into one GEMM
+    ((3, 1, 6), (6, 4), None, None),            # M == 1 per batch, folded
+    ((6, 4), (3, 4, 5), None, None),            # left operand broadcast over the batch
+    ((2, 4, 12), (3, 2, 12, 20), None, None),   # grouped conv: weights over (n, g)
+    ((4, 6), (2, 6, 9), None, None),            # 1x1 conv: weights over n
+    ((2, 1, 4, 6), (1, 3, 6, 5), None, None),   # both broadcast
+    ((7,), (7, 3), None, None),                 # 1-D left
+    ((5, 7), (7,), None, None),                 # 1-D right
+    ((7,), (7,), None, None),                   # dot
+    ((2, 5, 7), (7,), None, None),
+    ((7,), (2, 7, 3), (2,), None),              # strided 1-D left
+    ((2, 3, 4, 6), (2, 3, 6, 5), (72, 24, 1, 4), None),  # batched transposed x
+    ((2, 4, 6), (2, 6, 5), (6, 12, 1), None),   # batch stride smaller than the matrix: looped
+]
+
+
+@pytest.mark.parametrize("xs,ys,xst,yst", CASES)
+def test_planned_calls_compute_matmul(xs, ys, xst, yst):
+    rng = np.random.default_rng(len(xs) * 10 + len(ys))
+    calls = _run_case(rng, xs, ys, xst, yst)
+    assert calls is not None, "these layouts need no copy"
+    assert calls  # something to do
+
+
+def test_alpha_beta_and_a_strided_output():
+    rng = np.random.default_rng(3)
+    _run_case(rng, (4, 6), (6, 5), alpha=0.5, beta=2.0)
+    _run_case(rng, (3, 4, 6), (6, 5), ostr=(40, 8, 1), alpha=1.5, beta=-1.0)  # padded output rows
+    _run_case(rng, (2, 3, 4, 6), (2, 3, 6, 5), beta=1.0)
+
+
+def test_fold_and_batch_choices():
+    rng = np.random.default_rng(4)
+    fold = _run_case(rng, (2, 8, 6), (6, 4))
+    assert len(fold) == 1 and fold[0].batch == 1 and fold[0].n == 16  # one GEMM, 16 rows
+    batched = _run_case(rng, (2, 3, 4, 6), (2, 3, 6, 5))
+    assert len(batched) == 1 and batched[0].batch == 6  # (2, 3) batch dims merged
+    conv = _run_case(rng, (2, 4, 12), (3, 2, 12, 20))
+    assert len(conv) == 3 and {c.batch for c in conv} == {2} and {c.stride_b for c in conv} == {48}
+    one = _run_case(rng, (5, 7), (7, 3))
+    assert one == [GemmCall(OP_N, OP_N, 3, 5, 7, 0, 3, 0, 0, 7, 0, 0, 3, 0, 1)]
+
+
+def test_layouts_without_a_cublas_view_ask_for_a_copy():
+    rng = np.random.default_rng(5)
+    # neither unit row nor unit column stride
+    assert _run_case(rng, (4, 6), (6, 5), xstr=(12, 2)) is None
+    # a reversed axis
+    assert _run_case(rng, (4, 6), (6, 5), ystr=(-5, 1)) is None
+    # a column-major output cannot be cuBLAS's C^T
+    assert _run_case(rng, (4, 6), (6, 5), ostr=(1, 4)) is None
+    # empty output: nothing to do
+    assert plan_matmul((0, 6), (6, 1), (6, 5), (5, 1), (0, 5), (5, 1)) == []
+    with pytest.raises(ValueError, match="cannot matmul"):
+        plan_matmul((4, 6), (6, 1), (5, 5), (5, 1), (4, 5), (5, 1))
+    with pytest.raises(ValueError, match="empty inner"):
+        plan_matmul((4, 0), (1, 1), (0, 5), (5, 1), (4, 5), (5, 1))
+
+
+def test_as_transposed():
+    assert as_transposed(4, 6, 6, 1) == (OP_N, 6)
+    assert as_transposed(4, 6, 1, 4) == (OP_T, 4)
+    assert as_transposed(4, 6, 2, 8) is None
+    assert as_transposed(1, 6, 99, 1) == (OP_N, 6)
+    assert as_transposed(4, 1, 3, 99) == (OP_N, 3)
+    assert as_transposed(1, 6, 0, 2) == (OP_T, 2)
+
+
+def test_blas_module_imports_without_cupy():
+    code = "import sys, tunedb.runtime.blas, tunedb.runtime.selfcheck; assert 'cupy' not in sys.modules"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr

@@ -1,0 +1,220 @@
+"""GPU self-check of the executor's cuBLAS path: ``python -m tunedb.runtime.selfcheck``.
+
+Runs the GEMMs of ``tunedb.runtime.blas`` (float32 / float16 / bfloat16, plain, transposed,
+strided-batched, broadcast, folded, 1-D, gemm alpha/beta) against a float64 ``cupy.matmul``,
+then captures all of them into one CUDA graph, replays it on zeroed outputs and checks again,
+and finally runs a small matmul plan through ``PlanExecutor``. One line per check, PASS or FAIL;
+the exit status is the number of failures (0: all passed).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+# (name, x shape, y shape, dtype, transpose x, transpose y, alpha, beta)
+CASES: list[tuple[str, tuple[int, ...], tuple[int, ...], str, bool, bool, float, float]] = [
+    ("gemm f32 257x129 @ 129x65", (257, 129), (129, 65), "float32", False, False, 1.0, 0.0),
+    ("gemm f16 128x96 @ 96x80", (128, 96), (96, 80), "float16", False, False, 1.0, 0.0),
+    ("gemm bf16 128x96 @ 96x80", (128, 96), (96, 80), "bfloat16", False, False, 1.0, 0.0),
+    ("gemm f32 x^T @ y^T (trans views)", (70, 33), (51, 70), "float32", True, True, 1.0, 0.0),
+    ("gemm f32 alpha 0.5 beta 2", (40, 24), (24, 36), "float32", False, False, 0.5, 2.0),
+    ("strided-batched f32 (4,3,33,17) @ (4,3,17,29)", (4, 3, 33, 17), (4, 3, 17, 29), "float32",
+     False, False, 1.0, 0.0),
+    ("strided-batched f16 (8,64,32) @ (8,32,48)", (8, 64, 32), (8, 32, 48), "float16", False, False,
+     1.0, 0.0),
+    ("strided-batched bf16 (6,40,24) @ (6,24,16)", (6, 40, 24), (6, 24, 16), "bfloat16", False,
+     False, 1.0, 0.0),
+    ("folded linear f32 (2,128,768) @ (768,768)", (2, 128, 768), (768, 768), "float32", False, False,
+     1.0, 0.0),
+    ("broadcast left f32 (64,48) @ (5,48,40)", (64, 48), (5, 48, 40), "float32", False, False, 1.0, 0.0),
+    ("grouped conv f32 (2,4,12) @ (3,2,12,20)", (2, 4, 12), (3, 2, 12, 20), "float32", False, False,
+     1.0, 0.0),
+    ("1-D f32 (96,) @ (96,32)", (96,), (96, 32), "float32", False, False, 1.0, 0.0),
+]
+TOL = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
+
+
+def _bf16_bits(cp: Any, v: Any) -> Any:
+    from tunedb.runtime.executor_ops import to_bf16_bits
+
+    return to_bf16_bits(cp, v)
+
+
+def _widen(cp: Any, a: Any, dtype: str) -> Any:
+    if dtype == "bfloat16":
+        return (a.astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
+    return a.astype(cp.float64)
+
+
+class _Case:
+    """Device operands, an output, the launch and its float64 reference."""
+
+    def __init__(self, cp: Any, blas: Any, spec: tuple, seed: int) -> None:
+        self.name, xs, ys, self.dtype, tx, ty, self.alpha, self.beta = spec
+        rng = np.random.default_rng(seed)
+        store = np.float16 if self.dtype == "float16" else np.float32
+
+        def make(shape: tuple[int, ...], trans: bool) -> Any:
+            full = shape[::-1] if trans else shape
+            v = cp.asarray(rng.standard_normal(full).astype(np.float32))
+            a = _bf16_bits(cp, v) if self.dtype == "bfloat16" else v.astype(store)
+            return a.T if trans else a  # a transposed view: cuBLAS reads it with op T
+
+        self.x, self.y = make(xs, tx), make(ys, ty)
+        ref = cp.matmul(_widen(cp, self.x, self.dtype), _widen(cp, self.y, self.dtype))
+        self.out = cp.empty(ref.shape, dtype=self.x.dtype)
+        self.c0 = None
+        if self.beta != 0.0:
+            c = cp.asarray(rng.standard_normal(ref.shape).astype(np.float32))
+            self.c0 = _bf16_bits(cp, c) if self.dtype == "bfloat16" else c.astype(store)
+            ref = self.alpha * ref + self.beta * _widen(cp, self.c0, self.dtype)
+        elif self.alpha != 1.0:
+            ref = self.alpha * ref
+        self.ref = ref
+        self.launch: Callable[[], None] = blas.gemm(self.x, self.y, self.out, alpha=self.alpha,
+                                                    beta=self.beta, dtype=self.dtype)
+
+    def reset(self) -> None:
+        if self.c0 is not None:
+            self.out[...] = self.c0
+        else:
+            self.out.fill(0)
+
+    def rel_err(self, cp: Any) -> float:
+        got = _widen(cp, self.out, self.dtype)
+        scale = float(cp.abs(self.ref).max()) or 1.0
+        return float(cp.abs(got - self.ref).max()) / scale
+
+
+def _line(ok: bool, name: str, detail: str) -> bool:
+    print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
+    return ok
+
+
+def main() -> int:
+    try:
+        import cupy as cp
+
+        from tunedb.runtime.blas import DATA_TYPES, Blas, library
+    except Exception as e:  # noqa: BLE001
+        print(f"FAIL  import: {type(e).__name__}: {e}")
+        return 1
+    fails = 0
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    print(f"device {dev.id}: {props.get('name', b'?')!r}, CuPy {cp.__version__}, "
+          f"CUDA runtime {cp.cuda.runtime.runtimeGetVersion()}", flush=True)
+    rt = cp.cuda.runtime
+    for name, value in DATA_TYPES.items():
+        attr = {"float32": "CUDA_R_32F", "float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF"}[name]
+        if hasattr(rt, attr):
+            fails += not _line(getattr(rt, attr) == value, f"enum {attr}",
+                               f"ours {value}, CuPy's {getattr(rt, attr)}")
+    stream = cp.cuda.Stream(non_blocking=True)
+    try:
+        lib = library()
+        blas = Blas(cp, stream)
+    except Exception as e:  # noqa: BLE001
+        _line(False, "cuBLAS handle", f"{type(e).__name__}: {e}")
+        return fails + 1
+    _line(True, "cuBLAS handle", f"library {getattr(lib, '_name', '?')}, version {blas.version}, "
+          f"fixed workspace {'set' if blas.has_workspace else 'NOT available (warm-up only)'}")
+    cases: list[_Case] = []
+    with stream:
+        for i, spec in enumerate(CASES):
+            try:
+                c = _Case(cp, blas, spec, i)
+                c.reset()
+                c.launch()
+                stream.synchronize()
+                err = c.rel_err(cp)
+                fails += not _line(err <= TOL[c.dtype], f"eager {c.name}", f"rel err {err:.2e}")
+                cases.append(c)
+            except Exception as e:  # noqa: BLE001
+                fails += not _line(False, f"eager {spec[0]}", f"{type(e).__name__}: {e}")
+    fails += _capture_check(cp, stream, cases)
+    fails += _executor_check()
+    print(f"selfcheck: {'all passed' if not fails else f'{fails} failed'}", flush=True)
+    return fails
+
+
+def _capture_check(cp: Any, stream: Any, cases: list[_Case]) -> int:
+    """All cases' GEMMs captured into one CUDA graph, replayed on reset outputs."""
+    if not cases:
+        return not _line(False, "capture", "no case ran eagerly")
+    try:
+        with stream:
+            stream.begin_capture()
+            try:
+                for c in cases:
+                    c.launch()
+            finally:
+                graph = stream.end_capture()
+            for c in cases:
+                c.reset()
+            graph.launch(stream)
+        stream.synchronize()
+    except Exception as e:  # noqa: BLE001
+        return not _line(False, f"capture of {len(cases)} GEMMs into one CUDA graph",
+                         f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+    _line(True, f"capture of {len(cases)} GEMMs into one CUDA graph", "captured and replayed")
+    fails = 0
+    for c in cases:
+        err = c.rel_err(cp)
+        fails += not _line(err <= TOL[c.dtype], f"graph replay {c.name}", f"rel err {err:.2e}")
+    try:  # a second replay on garbage outputs must overwrite them the same way
+        with stream:
+            for c in cases:
+                if c.c0 is None:
+                    c.out.fill(7)
+            graph.launch(stream)
+        stream.synchronize()
+        worst = max(c.rel_err(cp) / TOL[c.dtype] for c in cases if c.c0 is None)
+        fails += not _line(worst <= 1.0, "second graph replay", f"worst err/tol {worst:.2f}")
+    except Exception as e:  # noqa: BLE001
+        fails += not _line(False, "second graph replay", f"{type(e).__name__}: {e}")
+    return fails
+
+
+def _executor_check() -> int:
+    """A small plan (matmuls, gemm with bias, a fused softmax) through ``PlanExecutor``."""
+    try:
+        from tunedb.graph.builder import GraphBuilder
+        from tunedb.graph.reference import run_reference
+        from tunedb.plan import compile
+        from tunedb.runtime.executor import PlanExecutor
+
+        b = GraphBuilder("selfcheck_attention")
+        x = b.input("x", (2, 64, 96))
+        w = b.input("w", (96, 96))
+        h = b.matmul(x, w)
+        s = b.softmax(b.matmul(h, b.transpose(h, perm=(0, 2, 1))), axis=-1)
+        a2 = b.input("a2", (64, 96))
+        g = b.gemm(a2, w, b.input("c", (96,)), trans_b=True, alpha=0.5, beta=1.0)
+        graph = b.build([s, g])
+        plan = compile(graph, device="cuda")
+        ex = PlanExecutor(plan)
+        rng = np.random.default_rng(0)
+        ins = {v: rng.standard_normal(graph.type_of(v).shape).astype(np.float32) * 0.2
+               for v in graph.inputs}
+        outs = {k: v.get() for k, v in ex.run(ins).items()}
+        ref = run_reference(graph, ins)
+        err = max(float(np.abs(outs[v] - ref[v]).max() / (np.abs(ref[v]).max() or 1.0))
+                  for v in graph.outputs)
+        fails = not _line(err <= 1e-4, "executor plan vs reference", f"rel err {err:.2e}, paths "
+                          f"{sorted(set(ex.paths))}")
+        fails += not _line(ex.graph_capture, "executor one CUDA graph",
+                           f"{ex.launches} launches; {ex.capture_error or 'captured'}")
+        return int(fails)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc(limit=3)
+        return not _line(False, "executor plan", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+
+
+if __name__ == "__main__":
+    sys.exit(min(main(), 100))
