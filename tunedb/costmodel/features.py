@@ -45,13 +45,14 @@ _DERIVED_FEATURES: tuple[str, ...] = (
     "threads_per_row", "rows_per_block", "row_iters", "cached_values", "cache_regs", "kernels",
     "grid", "elems_per_thread", "lane_utilization", "regs_est", "smem_est", "blocks_per_sm",
     "occupancy", "waves", "wave_efficiency", "stride_iters", "stride_efficiency", "access_bytes",
-    "inflight_bytes_per_sm", "extra_bytes", "est_bytes", "traffic_ratio",
+    "ilp", "inflight_bytes_per_sm", "concurrency", "flops_per_byte", "trans_per_element",
+    "fast_trans_per_element", "extra_bytes", "est_bytes", "traffic_ratio",
     "floor_us", "roofline_us",
     "regs_measured", "smem_measured", "local_bytes_measured", "occupancy_measured",
 )
 _LOG_OF: tuple[str, ...] = ("floor_bytes", "est_bytes", "flops", "transcendental_ops", "rows",
                             "row_len", "grid", "waves", "roofline_us", "elems_per_thread", "block",
-                            "smem_est", "inflight_bytes_per_sm")
+                            "smem_est", "inflight_bytes_per_sm", "ilp")
 FEATURE_NAMES: tuple[str, ...] = (
     *WORKLOAD_FEATURES, *_CONFIG_FEATURES, *_DERIVED_FEATURES, *(f"log2_{n}" for n in _LOG_OF))
 ROOFLINE_FEATURE = "roofline_us"
@@ -254,9 +255,17 @@ def assemble(wl: np.ndarray, cf: np.ndarray, dev: DeviceFacts, registers: np.nda
     stride = np.ceil(units / grid)
     stride_eff = units / (grid * np.maximum(stride, 1.0))
     # Little's law: HBM needs enough bytes in flight per SM to hide its latency.
+    # Independent loads a thread issues before it needs their data: the unroll of a grid-stride
+    # or column sweep, the fully unrolled row of a row kernel, the rows a col_cluster thread keeps.
     access = V * eb
+    ilp = np.select([m["elementwise"] | m["col_tiled"], rowmap | m["col_cluster"]], [U, np.maximum(nit, 1.0)],
+                    default=1.0)
     blocks_on_sm = np.minimum(bps, np.ceil(grid / dev.sm_count))
-    inflight = blocks_on_sm * B * access * np.where(m["elementwise"], U, 1.0) * full_inputs
+    inflight = blocks_on_sm * B * access * ilp * full_inputs
+    concurrency = np.minimum(grid, resident) * B / (dev.sm_count * dev.max_threads_per_sm)
+    elems = np.maximum(w["domain_elements"], 1.0)
+    flops_per_byte = w["flops"] / np.maximum(w["floor_bytes"], 1.0)
+    trans_per_elem = w["transcendental_ops"] / elems
 
     regs_m = _nan_array(registers, len(wl))
     smem_m = _nan_array(shared, len(wl))
@@ -288,7 +297,9 @@ def assemble(wl: np.ndarray, cf: np.ndarray, dev: DeviceFacts, registers: np.nda
         "cache_regs": cache_regs, "kernels": kernels, "grid": grid, "elems_per_thread": ept,
         "lane_utilization": lane, "regs_est": regs, "smem_est": smem, "blocks_per_sm": bps,
         "occupancy": occ, "waves": waves, "wave_efficiency": wave_eff, "stride_iters": stride,
-        "stride_efficiency": stride_eff, "access_bytes": access, "inflight_bytes_per_sm": inflight,
+        "stride_efficiency": stride_eff, "access_bytes": access, "ilp": ilp, "inflight_bytes_per_sm": inflight,
+        "concurrency": concurrency, "flops_per_byte": flops_per_byte, "trans_per_element": trans_per_elem,
+        "fast_trans_per_element": trans_per_elem * c["fast_math"],
         "extra_bytes": extra,
         "est_bytes": est, "traffic_ratio": est / np.maximum(w["floor_bytes"], 1.0), "floor_us": floor_us,
         "roofline_us": roofline, "regs_measured": regs_m, "smem_measured": smem_m,
