@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
 
+from tunedb.runtime import selfcheck
 from tunedb.runtime.blas import OP_N, OP_T, GemmCall, as_transposed, plan_matmul
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,3 +158,23 @@ def test_blas_module_imports_without_cupy():
     code = "import sys, tunedb.runtime.blas, tunedb.runtime.selfcheck; assert 'cupy' not in sys.modules"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("spec", selfcheck.CASES, ids=[c[0] for c in selfcheck.CASES])
+def test_selfcheck_cases_are_valid_matmuls(spec):
+    """The GPU self-check's operands, built on the CPU the same way: the float64 reference must
+    accept them, transposed views must really be transposed, and the planned calls must compute
+    the product without copies."""
+    name, xs, ys, _, tx, ty, alpha, beta = spec
+    rng = np.random.default_rng(0)
+    x, y = selfcheck.operand(np, rng, xs, tx), selfcheck.operand(np, rng, ys, ty)
+    np.matmul(x.astype(np.float64), y.astype(np.float64))  # raised for "x^T @ y^T"
+    for a, trans in ((x, tx), (y, ty)):
+        assert (a.ndim >= 2 and a.strides[-2] == a.itemsize) == trans, name
+    xst = tuple(s // x.itemsize for s in x.strides)
+    yst = tuple(s // y.itemsize for s in y.strides)
+    calls = _run_case(rng, x.shape, y.shape, xst, yst, alpha=alpha, beta=beta)
+    assert calls, name
+    if tx or ty:  # the transposed views are read in place, with op T
+        assert {c.transb for c in calls} == {OP_T if tx else OP_N}
+        assert {c.transa for c in calls} == {OP_T if ty else OP_N}

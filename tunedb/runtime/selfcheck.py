@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-# (name, x shape, y shape, dtype, transpose x, transpose y, alpha, beta)
+# (name, x shape, y shape, dtype, transpose x, transpose y, alpha, beta). The shapes are those of
+# the stored arrays; "transpose x" makes the left operand the transposed view x.T (gemm's trans_a),
+# so x^T @ y^T needs x (K, M) and y (N, K).
 CASES: list[tuple[str, tuple[int, ...], tuple[int, ...], str, bool, bool, float, float]] = [
     ("gemm f32 257x129 @ 129x65", (257, 129), (129, 65), "float32", False, False, 1.0, 0.0),
     ("gemm f16 128x96 @ 96x80", (128, 96), (96, 80), "float16", False, False, 1.0, 0.0),
@@ -45,6 +47,14 @@ def _bf16_bits(cp: Any, v: Any) -> Any:
     return to_bf16_bits(cp, v)
 
 
+def operand(xp: Any, rng: np.random.Generator, shape: tuple[int, ...], trans: bool,
+            convert: Callable[[Any], Any] = lambda a: a) -> Any:
+    """A stored array of ``shape`` (standard normal values, ``convert``-ed to the case's dtype);
+    with ``trans`` its transposed view, which cuBLAS reads with op T. ``xp``: cupy or numpy."""
+    a = convert(xp.asarray(rng.standard_normal(shape).astype(np.float32)))
+    return a.T if trans else a
+
+
 def _widen(cp: Any, a: Any, dtype: str) -> Any:
     if dtype == "bfloat16":
         return (a.astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
@@ -59,13 +69,10 @@ class _Case:
         rng = np.random.default_rng(seed)
         store = np.float16 if self.dtype == "float16" else np.float32
 
-        def make(shape: tuple[int, ...], trans: bool) -> Any:
-            full = shape[::-1] if trans else shape
-            v = cp.asarray(rng.standard_normal(full).astype(np.float32))
-            a = _bf16_bits(cp, v) if self.dtype == "bfloat16" else v.astype(store)
-            return a.T if trans else a  # a transposed view: cuBLAS reads it with op T
+        def convert(v: Any) -> Any:
+            return _bf16_bits(cp, v) if self.dtype == "bfloat16" else v.astype(store)
 
-        self.x, self.y = make(xs, tx), make(ys, ty)
+        self.x, self.y = operand(cp, rng, xs, tx, convert), operand(cp, rng, ys, ty, convert)
         ref = cp.matmul(_widen(cp, self.x, self.dtype), _widen(cp, self.y, self.dtype))
         self.out = cp.empty(ref.shape, dtype=self.x.dtype)
         self.c0 = None
