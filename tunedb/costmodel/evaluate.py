@@ -29,8 +29,7 @@ from tunedb.costmodel.train import (
     TrainError,
     TrainParams,
     group_codes,
-    predict_margin,
-    to_cost,
+    predict_us,
     train_booster,
 )
 
@@ -51,8 +50,8 @@ def baseline_predictions(X: np.ndarray, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _predict_us(result: Any, X: np.ndarray) -> np.ndarray:
-    a, b = result.calibration
-    return np.exp(a * to_cost(predict_margin(result.booster, X), result.objective) + b)
+    return predict_us(result.booster, X, result.objective, result.calibration,
+                      getattr(result, "calibration_floor", 0.0))
 
 
 def _score(y: np.ndarray, groups: np.ndarray, pred: np.ndarray, pred_measured: np.ndarray | None,

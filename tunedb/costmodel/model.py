@@ -18,13 +18,14 @@ from tunedb.costmodel.features import (
     featurize_candidates,
     featurize_frame,
 )
-from tunedb.costmodel.train import REGRESSION, predict_margin, to_cost
+from tunedb.costmodel.train import REGRESSION, predict_margin, predict_us, to_cost
 
 
 @dataclass
 class CostModel:
-    """``card`` holds at least objective, calibration [a, b], device (DeviceFacts JSON),
-    feature_schema_version and feature_names; see ``registry.make_card``."""
+    """``card`` holds at least objective, calibration [a, b] (and calibration_floor c for ranking
+    models), device (DeviceFacts JSON), feature_schema_version and feature_names; see
+    ``registry.make_card``."""
 
     booster: xgb.Booster
     card: dict[str, Any] = field(default_factory=dict)
@@ -63,8 +64,9 @@ class CostModel:
 
     def predict(self, frame_or_features: Any) -> np.ndarray:
         """Predicted latency in microseconds, one per row of a frame or feature matrix."""
-        a, b = self.card.get("calibration", (1.0, 0.0))
-        return np.exp(float(a) * self.predict_cost(frame_or_features) + float(b))
+        X = self._matrix(frame_or_features)
+        return predict_us(self.booster, X, self.objective, self.card.get("calibration", (1.0, 0.0)),
+                          float(self.card.get("calibration_floor", 0.0)))
 
     def predict_candidates(self, graph: Any, configs: Sequence[Mapping[str, Any]],
                            workload_hash: str | None = None) -> np.ndarray:

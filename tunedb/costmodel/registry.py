@@ -69,6 +69,7 @@ def make_card(result: TrainResult, params: TrainParams, device: DeviceFacts, kin
         "feature_names": list(FEATURE_NAMES),
         "objective": result.objective,
         "calibration": [float(result.calibration[0]), float(result.calibration[1])],
+        "calibration_floor": float(result.calibration_floor),
         "best_iteration": int(result.best_iteration),
         "objectives_tried": result.tried,
         "hyperparameters": params.to_json(),
@@ -89,6 +90,10 @@ def _atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        # mkstemp creates the file private (0600); a model is an ordinary shared file.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
