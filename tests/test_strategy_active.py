@@ -18,9 +18,10 @@ def test_model_needs_fewer_measurements_than_random(tmp_path: Path) -> None:
     data = load_dataset(path)
     n = data.candidates
     assert len(data.jobs) == 24 and n == sum(len(j.specs) for j in data.jobs) > 24 * 15
-    # Random's first-hit counts vary a lot with its seed: average five (cheap); the model once.
+    # First-hit counts vary a lot with the seed (model: 0.40-0.81 of random's over seeds 0-3):
+    # average five random runs (cheap) and three model runs.
     rnd = run_experiment(data, ("random",), seeds=5, per_round=3)["strategies"]["random"]
-    res = run_experiment(data, ("model",), seeds=1, per_round=3)
+    res = run_experiment(data, ("model",), seeds=3, per_round=3)
     mdl = res["strategies"]["model"]
     for s in (rnd, mdl):
         assert s["total_measured"] == n  # no budget: everything, each candidate once

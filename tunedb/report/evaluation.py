@@ -26,8 +26,7 @@ from tunedb.costmodel.train import (
     TrainError,
     TrainParams,
     group_codes,
-    predict_margin,
-    to_cost,
+    predict_us,
     train_booster,
 )
 from tunedb.report.data import Dataset, ReportError
@@ -47,8 +46,8 @@ class Evaluation:
 
 
 def _predict_us(result: Any, X: np.ndarray) -> np.ndarray:
-    a, b = result.calibration
-    return np.exp(a * to_cost(predict_margin(result.booster, X), result.objective) + b)
+    return predict_us(result.booster, X, result.objective, result.calibration,
+                      getattr(result, "calibration_floor", 0.0))
 
 
 def held_out(ds: Dataset, params: TrainParams, folds: int = 5, hide_measured_facts: bool = True
