@@ -9,7 +9,15 @@ from typing import Annotated, Any
 
 import typer
 
-from tunedb.cli_common import DB_ENV, default_db_path, fail, handle_errors, print_json, register_error
+from tunedb.cli_common import (
+    DB_ENV,
+    default_db_path,
+    fail,
+    handle_errors,
+    parse_bindings,
+    print_json,
+    register_error,
+)
 
 DEFAULT_OUT = Path("data/bench/plan_h200.json")
 
@@ -22,19 +30,6 @@ def _bench_group(app: typer.Typer) -> typer.Typer:
     bench_app = typer.Typer(help="Benchmarks on a GPU: tunedb next to its peers.", no_args_is_help=True)
     app.add_typer(bench_app, name="bench")
     return bench_app
-
-
-def _bindings(items: list[str] | None) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep or not name:
-                raise ValueError
-            out[name] = int(value)
-        except ValueError:
-            fail(f"--bind expects NAME=INT (e.g. batch=1), got {item!r}")
-    return out
 
 
 def _peers(text: str) -> list[str]:
@@ -157,7 +152,7 @@ def register(app: typer.Typer) -> None:
         from tunedb.bench.plan import collect_entries, run_bench
         from tunedb.runtime.device import import_cupy
 
-        entries = collect_entries(models or [], graphs, anchors, batch or [], _bindings(bind))
+        entries = collect_entries(models or [], graphs, anchors, batch or [], parse_bindings(bind))
         names = _peers(peers)
         if db is not None and not db.expanduser().is_file():
             fail(f"database {db} does not exist")

@@ -102,3 +102,17 @@ def handle_errors(func: F) -> F:
 
 def print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj))
+
+
+def parse_bindings(items: list[str] | None) -> dict[str, int]:
+    """``--bind NAME=INT`` options as a dict (sizes of symbolic ONNX dimensions)."""
+    out: dict[str, int] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = int(value)
+        except ValueError:
+            fail(f"--bind expects NAME=INT (e.g. batch=1), got {item!r}")
+    return out

@@ -7,20 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tunedb.cli_common import DbOption, JsonOption, default_db_path, fail, handle_errors
-
-
-def _bindings(items: list[str] | None) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep or not name:
-                raise ValueError
-            out[name] = int(value)
-        except ValueError:
-            fail(f"--bind expects NAME=INT (e.g. batch=1), got {item!r}")
-    return out
+from tunedb.cli_common import DbOption, JsonOption, default_db_path, fail, handle_errors, parse_bindings
 
 
 def register(app: typer.Typer) -> None:
@@ -65,7 +52,7 @@ def register(app: typer.Typer) -> None:
             db = default_db_path()
         try:
             result = compile_plan(str(model), db=db, cost_model=cost_model, device=device,
-                                  measure_top=measure_top, beam=beam, bindings=_bindings(bind),
+                                  measure_top=measure_top, beam=beam, bindings=parse_bindings(bind),
                                   measure_device=measure_device)
         except (PlanError, CostModelError, NoGPUError, ReplayError) as e:
             fail(str(e))
