@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 
 from tunedb.kernels.analysis import FULL, ROW, cache_values
-from tunedb.kernels.expr import RED_INIT, emit_nodes, red_comb
+from tunedb.kernels.expr import RED_INIT, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
-from tunedb.kernels.gen_cols import _col_outputs, _combine, _finished_env, _leaf_loads
+from tunedb.kernels.gen_cols import _col_outputs, _combine, _element_loop, _finished_env, _leaf_loads
 
 
 def _pass(f: Frame, env: dict[str, str], cached: list[str], first: bool, reds: list, outs: list[str],
@@ -52,19 +52,8 @@ def _pass(f: Frame, env: dict[str, str], cached: list[str], first: bool, reds: l
         for i, v in enumerate(cached):
             e[v] = f"rc{i}[j * {V} + k]"
     inner += [f"{f.ct(v)} res_{f.n(v)}[{V}];" for v in outs]
-    el: list[str] = []
-    emit_nodes(f.a, f.names, nodes, e, el, f.s.fast_math)
-    if first:
-        el += [f"rc{i}[j * {V} + k] = {e[v]};" for i, v in enumerate(cached)]
-    for r in reds:
-        acc = f"acc{f.names.idx[r.value]}[k]"
-        el.append(f"{acc} = {red_comb(r.op, acc, e[r.input])};")
-    el += [f"res_{f.n(v)}[k] = {e[v]};" for v in outs]
-    inner.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {{")
-    inner += indent(el)
-    inner.append("}")
-    for v in outs:
-        inner += f.vec_store_lines(v, f"r * {C}LL + col", V, f"res_{f.n(v)}")
+    cache_lines = tuple(f"rc{i}[j * {V} + k] = {e[v]};" for i, v in enumerate(cached)) if first else ()
+    inner += _element_loop(f, nodes, e, reds, outs, V, C, cache_lines)
     body += indent(inner)
     body.append("}")
     lines += indent(body)

@@ -24,6 +24,23 @@ def _leaf_loads(f: Frame, lc: dict, V: int, lines: list[str]) -> dict[str, str]:
     return env
 
 
+def _element_loop(f: Frame, nodes: list, env: dict[str, str], reds: list, outs: list[str], V: int,
+                  C: int, after_nodes: tuple[str, ...] = ()) -> list[str]:
+    """The unrolled loop over one vector of a row segment: evaluate ``nodes``, run
+    ``after_nodes`` lines, fold into the column accumulators, then store the outputs."""
+    el: list[str] = []
+    emit_nodes(f.a, f.names, nodes, env, el, f.s.fast_math)
+    el += after_nodes
+    for r in reds:
+        acc = f"acc{f.names.idx[r.value]}[k]"
+        el.append(f"{acc} = {red_comb(r.op, acc, env[r.input])};")
+    el += [f"res_{f.n(v)}[k] = {env[v]};" for v in outs]
+    lines = [f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {{", *indent(el), "}"]
+    for v in outs:
+        lines += f.vec_store_lines(v, f"r * {C}LL + col", V, f"res_{f.n(v)}")
+    return lines
+
+
 def _sweep(f: Frame, env: dict[str, str], targets: list[str], reds: list[Reduction], outs: list[str],
            TX: int, TY: int, V: int, U: int, reverse: bool, lines: list[str]) -> None:
     """One sweep over the block's rows: accumulate ``reds`` and store the full-size ``outs``."""
@@ -61,17 +78,7 @@ def _sweep(f: Frame, env: dict[str, str], targets: list[str], reds: list[Reducti
     for v in lc[FULL]:
         ee[v] = f.conv(v, f"ld_{f.n(v)}[u].v[k]")
     inner += [f"{f.ct(v)} res_{f.n(v)}[{V}];" for v in outs]
-    el: list[str] = []
-    emit_nodes(f.a, f.names, nodes, ee, el, f.s.fast_math)
-    for r in reds:
-        acc = f"acc{f.names.idx[r.value]}[k]"
-        el.append(f"{acc} = {red_comb(r.op, acc, ee[r.input])};")
-    el += [f"res_{f.n(v)}[k] = {ee[v]};" for v in outs]
-    inner.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {{")
-    inner += indent(el)
-    inner.append("}")
-    for v in outs:
-        inner += f.vec_store_lines(v, f"r * {C}LL + col", V, f"res_{f.n(v)}")
+    inner += _element_loop(f, nodes, ee, reds, outs, V, C)
     body += indent(inner, 2)
     body.append("  }\n}")
     lines += indent(body)
