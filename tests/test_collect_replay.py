@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
+from cli_apps import collect_app
 from typer.testing import CliRunner
 
 from collectors.base import Collector, Job, load_collector, to_measurement
@@ -153,19 +153,6 @@ def test_unknown_collector_is_a_one_line_error() -> None:
     assert load_collector("fusion").name == "fusion"
 
 
-def _cli() -> typer.Typer:
-    from tunedb.cli_collect import register
-
-    app = typer.Typer()
-
-    @app.callback()
-    def main() -> None:
-        """tunedb"""
-
-    register(app)
-    return app
-
-
 def test_collect_without_gpu_is_a_one_line_error(tmp_path: Path) -> None:
     pytest.importorskip("tunedb.cli_common")
     try:
@@ -174,12 +161,12 @@ def test_collect_without_gpu_is_a_one_line_error(tmp_path: Path) -> None:
         pytest.skip("CuPy is installed here")
     except ImportError:
         pass
-    r = CliRunner().invoke(_cli(), ["collect", "--suite", "quick", "--db", str(tmp_path / "x.duckdb")])
+    r = CliRunner().invoke(collect_app(), ["collect", "--suite", "quick", "--db", str(tmp_path / "x.duckdb")])
     assert r.exit_code == 1
     out = r.output.strip()
     assert out.startswith("error: no CUDA device: CuPy is not installed") and "\n" not in out
-    r = CliRunner().invoke(_cli(), ["collect", "--suite", "quick", "--device", f"replay:{tmp_path / 'no'}",
-                                    "--db", str(tmp_path / "x.duckdb")])
+    r = CliRunner().invoke(collect_app(), ["collect", "--suite", "quick", "--device",
+                                           f"replay:{tmp_path / 'no'}", "--db", str(tmp_path / "x.duckdb")])
     assert r.exit_code == 1 and r.output.strip().startswith("error: replay data")
     assert "does not exist" in r.output
 
@@ -216,12 +203,12 @@ def test_fusion_collect_replay_cli_on_the_quick_suite(tmp_path: Path) -> None:
         db.export_parquet(tmp_path / "exp")
     args = ["collect", "--suite", "quick", "--device", f"replay:{tmp_path / 'exp'}",
             "--db", str(tmp_path / "fresh.duckdb"), "--json"]
-    r = CliRunner().invoke(_cli(), args)
+    r = CliRunner().invoke(collect_app(), args)
     assert r.exit_code == 0, r.output
     first = json.loads(r.output.strip().splitlines()[-1])
     assert first["measured"] == n and first["ok"] == n
     assert first["missing"] == first["total"] - n
-    r = CliRunner().invoke(_cli(), args)
+    r = CliRunner().invoke(collect_app(), args)
     second = json.loads(r.output.strip().splitlines()[-1])
     assert second["measured"] == 0 and second["already"] == n
     with TuningStore.open(tmp_path / "fresh.duckdb", read_only=True) as db:

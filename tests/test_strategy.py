@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import typer
+from cli_apps import collect_app
 from typer.testing import CliRunner
 
 from collectors import base
@@ -173,19 +173,6 @@ def test_rounds_must_be_positive(stored: tuple[Path, int]) -> None:
         StoredCollector().run(db, ReplayDevice(data), str(data), rounds=0)
 
 
-def _cli() -> typer.Typer:
-    from tunedb.cli_collect import register
-
-    app = typer.Typer()
-
-    @app.callback()
-    def main() -> None:
-        """tunedb"""
-
-    register(app)
-    return app
-
-
 def test_collect_cli_strategy_flag_with_replay(stored: tuple[Path, int], tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     data, n = stored
@@ -194,15 +181,15 @@ def test_collect_cli_strategy_flag_with_replay(stored: tuple[Path, int], tmp_pat
     db = tmp_path / "c.duckdb"
     common = ["collect", "--collector", "stored-test", "--suite", str(data), "--device", f"replay:{data}",
               "--db", str(db)]
-    r = CliRunner().invoke(_cli(), [*common, "--strategy", "model", "--rounds", "2", "--per-round", "3",
-                                    "--json"])
+    r = CliRunner().invoke(collect_app(), [*common, "--strategy", "model", "--rounds", "2",
+                                           "--per-round", "3", "--json"])
     assert r.exit_code == 0, r.output
     first = json.loads(r.output.strip().splitlines()[-1])
     assert first["measured"] == 2 * 3 * W and first["stopped"] == "rounds"
-    r = CliRunner().invoke(_cli(), [*common, "--strategy", "random", "--seed", "5"])
+    r = CliRunner().invoke(collect_app(), [*common, "--strategy", "random", "--seed", "5"])
     assert r.exit_code == 0, r.output
     assert f"already measured {2 * 3 * W}" in r.output and f"measured {n - 2 * 3 * W} " in r.output
-    r = CliRunner().invoke(_cli(), [*common, "--strategy", "best"])
+    r = CliRunner().invoke(collect_app(), [*common, "--strategy", "best"])
     assert r.exit_code == 1 and r.output.strip().startswith("error: unknown strategy 'best'")
     assert "\n" not in r.output.strip()
     with TuningStore.open(db, read_only=True) as s:
