@@ -140,9 +140,10 @@ def test_write_json_is_valid_json_and_rejects_nan(tmp_path):
 # -- candidates ------------------------------------------------------------------------------------
 DEV = DeviceInfo("NVIDIA H200", "abc", "9.0", 132, 60 << 20, 141 << 30, "13.0", "13.0", "14.2.0")
 OTHER = DeviceInfo("NVIDIA A100", "def", "8.0", 108, 40 << 20, 80 << 30, "13.0", "13.0", "14.2.0")
+TWIN = DeviceInfo("NVIDIA H200", "fed", "9.0", 132, 60 << 20, 141 << 30, "13.0", "13.0", "14.2.0")
 
 
-def test_db_candidates_top_k_on_this_device_only(tmp_path):
+def test_db_candidates_top_k_on_this_device_model_only(tmp_path):
     g = _softmax()
     w = Workload.from_graph(g, "softmax", g.name)
     legal, _ = schedule_space(g)
@@ -154,17 +155,24 @@ def test_db_candidates_top_k_on_this_device_only(tmp_path):
           Measurement(cands[3].hash, OTHER.id, "r1", "ok", (1.0,))]
     path = tmp_path / "t.duckdb"
     with TuningStore.open(path) as db:
-        db.add_devices([DEV, OTHER])
+        db.add_devices([DEV, OTHER, TWIN])
         db.add_runs([run])
         db.add_workloads([w])
         db.add_candidates(cands)
         db.add_measurements(ms)
-    got = db_candidates(path, DEV.id, [w.hash, "0" * 64], k=3)
+    got = db_candidates(path, DEV, [w.hash, "0" * 64], k=3)
     assert [c["config"] for c in got[w.hash]] == [cands[1].config_dict, cands[0].config_dict]
     assert [c["db_us"] for c in got[w.hash]] == [11.0, 31.0]
     assert got[w.hash][0]["db_source_hash"] == "src1" and got[w.hash][0]["source"] == "db"
     assert got["0" * 64] == []
     assert Schedule.from_config(got[w.hash][0]["config"]) == legal[1]
+    # another board of the same model (new device id) still gets these measurements; a board
+    # that was never stored gets them too, through its model
+    for board in (TWIN, DeviceInfo("NVIDIA H200", "new", "9.0", 132, 60 << 20, 141 << 30,
+                                   "13.0", "13.0", "14.2.0")):
+        again = db_candidates(path, board, [w.hash], k=3)
+        assert [c["db_us"] for c in again[w.hash]] == [11.0, 31.0]
+    assert db_candidates(path, OTHER, [w.hash], k=3)[w.hash][0]["db_us"] == 1.0
 
 
 def test_prepare_generates_a_launchable_wire_plan():

@@ -19,11 +19,13 @@ from tunedb.bench.plan import (
     Entry,
     batch_bindings,
     collect_entries,
+    is_memory_bound,
     load_entry,
     onnxruntime_outputs,
     op_by_op_count,
     sample_inputs,
     summarize,
+    summary_lines,
     verify,
 )
 from tunedb.graph.builder import GraphBuilder
@@ -209,6 +211,51 @@ def test_summary_and_table():
     assert "torch.compile" in text and "100.0" in text and "error" in text
     line = summary_line(r)
     assert "3 graph(s), 2 verified" in line and "failed: c" in line
+
+
+def _entry(name, t, jax, tc, memory_bound=None, source="x.onnx", ok=True, ops=50, kernels=17):
+    peers = {"torch_eager": None, "torch_compile": tc, "torch_compile_ro": None, "jax": jax}
+    graph = {"op_by_op": ops} if memory_bound is None else {"op_by_op": ops, "memory_bound": memory_bound}
+    return {"name": name, "source": source, "graph": graph, "plan": {"kernels": kernels, "launches": kernels},
+            "verify": {"reference": {"ok": ok}}, "tunedb": {"us": t},
+            "peers": {p: {"us": u} for p, u in peers.items()},
+            "speedup": {p: (u / t if t and u else None) for p, u in peers.items()}}
+
+
+def test_summary_separates_memory_bound_subgraphs_from_whole_models():
+    r = {"peers": list(PEERS), "entries": [
+        _entry("bert_layer b1", 150.0, 100.0, 450.0, memory_bound=False, ops=53, kernels=17),
+        _entry("bert_layer b32", 1000.0, 900.0, 1500.0, memory_bound=False, ops=53, kernels=20),
+        _entry("fusion_softmax_262144x128", 70.0, 140.0, 84.0, memory_bound=True),
+        _entry("softmax_1024x32768", 80.0, 90.0, 100.0, source="anchor"),  # older results: no flag
+        _entry("fusion_bad", 10.0, 1000.0, 1000.0, memory_bound=True, ok=False),  # wrong: left out
+        _entry("fusion_no_jax", 50.0, None, 55.0, memory_bound=True),
+    ]}
+    s = summarize(r)
+    mb = s["memory_bound"]
+    assert mb["graphs"] == ["fusion_softmax_262144x128", "softmax_1024x32768", "fusion_bad", "fusion_no_jax"]
+    assert mb["speedup_vs_jax"] == pytest.approx(math.sqrt(2.0 * 1.125)) and mb["n_vs_jax"] == 2
+    assert mb["speedup_vs_torch_compile"] == pytest.approx((1.2 * 1.25 * 1.1) ** (1 / 3))
+    assert mb["min_speedup_vs_torch_compile"] == pytest.approx(1.1) and mb["n_vs_torch_compile"] == 3
+    assert [(m["name"], m["op_by_op"], m["kernels"]) for m in s["models"]] == [
+        ("bert_layer b1", 53, 17), ("bert_layer b32", 53, 20)]
+    assert s["models"][0]["reduction"] == pytest.approx(53 / 17)
+    r["summary"] = s
+    lines = summary_lines(r)
+    assert lines[0].startswith("memory-bound subgraphs (4): geomean 1.50x over jax.jit (min 1.12x, 2 graphs, "
+                               "target 1.5x); 1.18x over torch.compile (min 1.10x, 3 graphs, target 1.1x)")
+    assert lines[1:] == ["bert_layer b1: 53 ops op by op -> 17 kernels (3.12x fewer)",
+                         "bert_layer b32: 53 ops op by op -> 20 kernels (2.65x fewer)"]
+    # A run without the JAX and torch.compile peers says so rather than printing blanks.
+    assert "no JAX / torch.compile peer" in summary_lines({**r, "peers": ["torch_eager"]})[0]
+
+
+def test_memory_bound_graphs_are_the_ones_without_compute_ops():
+    from tunedb.kernels.suites import ANCHOR_CASES
+
+    assert all(is_memory_bound(c.graph) for c in ANCHOR_CASES)
+    bert, _ = load_entry(Entry("bert", "x", path=GRAPHS / "bert_layer.onnx"))
+    assert not is_memory_bound(bert)
 
 
 def test_cli_help_and_bench_group():

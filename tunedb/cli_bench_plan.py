@@ -145,7 +145,9 @@ def register(app: typer.Typer) -> None:
         Each plan runs as one CUDA graph of its kernels (fused kernels, cuBLAS GEMMs, im2col
         convolutions) and is checked against the float64 reference and, for ONNX models,
         onnxruntime. Peers run the same graph translated to torch / JAX on the same inputs.
-        Needs a GPU with CuPy (a missing torch or JAX is recorded with its error).
+        Under the table: the geomean speedup over JAX and torch.compile across the memory-bound
+        subgraphs, and each whole model's kernel count against op by op. Needs a GPU with CuPy
+        (a missing torch or JAX is recorded with its error).
 
         Example: tunedb bench plan --graphs data/graphs --db h200.duckdb --model models/
         """
@@ -174,6 +176,10 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         # A wide table: when piped (a log file), rich would squeeze it into 80 columns.
+        from tunedb.bench.plan import summary_lines
+
         Console(width=None if sys.stdout.isatty() else 240).print(render_table(result))
         typer.echo(summary_line(result))
+        for line in summary_lines(result):  # memory-bound geomeans, per-model kernel reduction
+            typer.echo(line)
         typer.echo(f"wrote {os.fspath(out)}")

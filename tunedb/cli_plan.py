@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from tunedb.cli_common import DbOption, JsonOption, default_db_path, fail, handle_errors, parse_bindings
+from tunedb.cli_common import (
+    DbOption,
+    JsonOption,
+    default_db_path,
+    fail,
+    handle_errors,
+    parse_bindings,
+    resolve_db,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +34,8 @@ def register(app: typer.Typer) -> None:
                                           help="States kept per node by the fusion search.")] = 4,
         measure_top: Annotated[int, typer.Option(
             "--measure-top", min=0, help="Measure the N best-ranked schedules of each fused kernel "
-                                         "on --measure-device.")] = 0,
+                                         "on --measure-device and store the results in the "
+                                         "database (created if missing).")] = 0,
         measure_device: Annotated[str, typer.Option(
             "--measure-device", help="cuda (this GPU), or replay:PATH to look the schedules up in "
                                      "stored measurements.")] = "cuda",
@@ -37,7 +46,9 @@ def register(app: typer.Typer) -> None:
         """Plan a model: fusion groups, schedules, stitch schemes, predicted times and buffers.
 
         Exact database hits come first, then the cost model, then the roofline. Without --db the
-        default database is used when it exists. Needs no GPU unless --measure-top is given.
+        default database is used when it exists. Needs no GPU unless --measure-top is given;
+        the measurements are then recorded in the database (--db, else the default one, created
+        if missing), so that a later plan gets exact hits for those kernels.
 
         Example: tunedb plan data/graphs/bert_layer.onnx --db h200.duckdb --model models/
         """
@@ -48,7 +59,9 @@ def register(app: typer.Typer) -> None:
 
         if not model.exists():
             fail(f"no such model file: {model}")
-        if db is None and default_db_path().is_file():
+        if db is None and measure_top > 0:
+            db = resolve_db(None)  # measurements are kept, in the default database like collect's
+        elif db is None and default_db_path().is_file():
             db = default_db_path()
         try:
             result = compile_plan(str(model), db=db, cost_model=cost_model, device=device,
@@ -56,6 +69,10 @@ def register(app: typer.Typer) -> None:
                                   measure_device=measure_device)
         except (PlanError, CostModelError, NoGPUError, ReplayError) as e:
             fail(str(e))
+        if measure_top > 0:
+            counts = dict(result.search)
+            typer.echo(f"measured {counts.get('measured', 0)} schedule(s); stored "
+                       f"{counts.get('stored', 0)} measurement(s) in {db}", err=True)
         if json_out:
             typer.echo(result.dumps())
         else:

@@ -230,10 +230,11 @@ class _Row:
         T, B, G, V, NIT = self.T, self.B, self.G, self.V, self.NIT
         smem = row_smem_bytes(a, s)
         bps = max(1, min(2048 // B, SMEM_PER_SM // max(1, smem + 1024)))
+        full = s.grid == "full"  # a block (cluster) per row group, no grid-stride trips
         if self.S > 1:
-            P = self.S * max(1, min(a.R, f.sm * bps // self.S))
+            P = self.S * max(1, a.R if full else min(a.R, f.sm * bps // self.S))
         else:
-            P = max(1, min(math.ceil(a.R / G), f.sm * bps))
+            P = max(1, math.ceil(a.R / G) if full else min(math.ceil(a.R / G), f.sm * bps))
         lines = ["extern __shared__ __align__(16) unsigned char tdb_smem[];",
                  "const int tid = threadIdx.x;",
                  f"const int lane = tid % {T};" if G > 1 else "const int lane = tid;",

@@ -81,7 +81,9 @@ def gen_elementwise(f: Frame) -> list[KText]:
         _element(f, env, full, {}, {}, 1, "idx", t)
         lines += indent(t)
         lines.append("}")
-    grid = max(1, min(math.ceil(NV / (B * U)), f.sm * max(1, 2048 // B)))
+    grid = max(1, math.ceil(NV / (B * U)))
+    if s.grid == "wave":
+        grid = min(grid, f.sm * max(1, 2048 // B))
     body = f.signature("@K@", [], B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
     return [KText(body, (grid, 1, 1), (B, 1, 1))]
 

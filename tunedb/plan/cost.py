@@ -100,11 +100,13 @@ def model_predict_us(model: Any, graph: Graph, configs: Sequence[dict], workload
 class Coster:
     """Prices groups of nodes of one graph; see the module docstring."""
 
-    def __init__(self, index: GraphIndex, *, store: Any = None, device_id: str | None = None,
-                 model: Any = None, device: DeviceFacts | None = None) -> None:
+    def __init__(self, index: GraphIndex, *, store: Any = None,
+                 device_id: str | Sequence[str] | None = None, model: Any = None,
+                 device: DeviceFacts | None = None) -> None:
         self.index = index
         self.store = store
-        self.device_id = device_id
+        # the device's id, or several (boards of one model): exact hits from any of them
+        self.device_ids = ([device_id] if isinstance(device_id, str) else list(device_id or ()))
         self.model = model
         self.device = device or DeviceFacts()
         self._by_key: dict[tuple, GroupCost | None] = {}
@@ -120,12 +122,13 @@ class Coster:
 
     def _measured_hashes(self) -> set[str]:
         """Workloads with an ok measurement on this device, in one query (most groups miss)."""
-        if self.store is None or not self.device_id:
+        if self.store is None or not self.device_ids:
             return set()
+        marks = ", ".join("?" for _ in self.device_ids)
         rows = self.store.con.execute(
             "SELECT DISTINCT c.workload_hash FROM measurements m JOIN candidates c "
-            "ON c.hash = m.candidate_hash WHERE m.device_id = ? AND m.status = 'ok'",
-            [self.device_id]).fetchall()
+            f"ON c.hash = m.candidate_hash WHERE m.device_id IN ({marks}) AND m.status = 'ok'",
+            self.device_ids).fetchall()
         return {r[0] for r in rows}
 
     # -- cached facts of a cut ----------------------------------------------------------------
@@ -173,7 +176,7 @@ class Coster:
         h = self.workload_hash(nodes, key)
         if h not in self._measured:
             return None
-        for cand, us in self.store.top_k(h, self.device_id, 8):
+        for cand, us in self.store.top_k(h, self.device_ids, 8):
             if fused:
                 try:
                     Schedule.from_config(cand.config_dict)

@@ -2,8 +2,9 @@
 
 Import the model (ONNX path / ModelProto, a Graph, or a graph JSON file), partition it into
 steps with the fusion explorer (exact DB hits first, the cost model next, the roofline last),
-pick each fused kernel's schedule (optionally measuring the top few on the GPU), assign the
-intermediate buffers and return the frozen Plan. Planning needs no GPU unless ``measure_top``.
+pick each fused kernel's schedule (optionally measuring the top few on the GPU and recording
+the results in the database: ``tunedb.plan.measure``), assign the intermediate buffers and
+return the frozen Plan. Planning needs no GPU unless ``measure_top``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import replace
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from tunedb.graph.ops import infer_graph
 from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.cost import Coster, GroupCost, stitch_of
 from tunedb.plan.fusion import explore
+from tunedb.plan.measure import Recorder, measure_steps
 from tunedb.plan.record import KernelStep, Plan, PlanError
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
@@ -45,14 +46,15 @@ def load_graph(model: Any, bindings: dict[str, int] | None = None, fill_initiali
 
 
 @contextmanager
-def _store(db: Any) -> Iterator[Any]:
-    """``db`` as an open TuningStore (opened read-only from a path, closed afterwards)."""
+def _store(db: Any, write: bool = False) -> Iterator[Any]:
+    """``db`` as an open TuningStore: a store object as it is; a path opened read-only, or
+    read-write (created if missing) when ``write``; closed afterwards."""
     if db is None or hasattr(db, "top_k"):
         yield db
         return
     from tunedb.store import TuningStore
 
-    store = TuningStore.open(db, read_only=True)
+    store = TuningStore.open(db, read_only=not write)
     try:
         yield store
     finally:
@@ -74,7 +76,9 @@ def resolve_device(device: Any, store: Any) -> DeviceInfo | None:
         try:
             return device_info()
         except NoGPUError:
-            return devices[0] if len(devices) == 1 else None
+            # boards of one model measure alike: any of them stands for "this GPU" when absent
+            models = {(d.name, d.compute_capability, d.sm_count) for d in devices}
+            return devices[0] if len(models) == 1 else None
     for d in devices:
         if device in (d.id, d.name):
             return d
@@ -105,88 +109,62 @@ def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: 
         cost_source=cost.source, launches=cost.launches, note=cost.note)
 
 
-def _measure(steps: list[KernelStep], costs: list[GroupCost], top: int, gpu: Any) -> list[KernelStep]:
-    """Measure the ``top`` best-ranked schedules of every fused step on the GPU; keep the
-    fastest correct one (``measured_us``)."""
-    from tunedb.kernels.codegen import generate
-    from tunedb.kernels.schedule import Schedule
-    from tunedb.records import Candidate, Workload
-    from tunedb.runtime.cuda import plan_to_wire
-
-    out = []
-    for step, cost in zip(steps, costs):
-        configs = [cfg for _, cfg in cost.ranked[:top]]
-        if step.kind != "fused" or not configs:
-            out.append(step)
-            continue
-        wl = Workload.from_graph(step.graph, "plan", step.workload_hash[:12])
-        wires = []
-        for cfg in configs:
-            try:
-                wire = plan_to_wire(generate(step.graph, Schedule.from_config(cfg), gpu.info.sm_count))
-            except ValueError as e:  # UnsupportedFusion is a ValueError too
-                wire = {"kernels": [], "scratch": [], "error": str(e)}
-            # A replay device answers by candidate hash.
-            wires.append({**wire, "candidate_hash": Candidate(wl.hash, "fusion", cfg).hash})
-        best: tuple[float, dict] | None = None
-        for i, res in gpu.measure(wl, wires):
-            res = res or {}  # None: a replay device has no data for this candidate
-            samples = sorted(res.get("samples_us") or [])
-            if res.get("status") == "ok" and samples:
-                med = samples[len(samples) // 2]
-                if best is None or med < best[0]:
-                    best = (med, configs[i])
-        if best is None:
-            note = (step.note + "; " if step.note else "") + "no measured schedule ran"
-            out.append(replace(step, note=note))
-            continue
-        out.append(replace(step, config=best[1], stitch=stitch_of(best[1]), measured_us=best[0]))
-    return out
-
-
 def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any = "cuda",
             measure_top: int = 0, beam: int = 4, horizontal: bool = True,
             bindings: dict[str, int] | None = None, fill_initializers: bool = True,
             measure_device: str = "cuda") -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
-    ``db``: a TuningStore or a database path (opened read-only) for exact hits; ``cost_model``:
-    a CostModel or a model directory / registry root; ``measure_top``: measure that many of
-    each fused kernel's best-ranked schedules on ``measure_device`` (``"cuda"``: the local GPU,
-    or ``"replay:PATH"``: stored measurements); ``beam``: states kept per node by the fusion
-    search; ``horizontal``: pack small independent kernels."""
+    ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
+    model directory / registry root; ``measure_top``: measure that many of each fused kernel's
+    best-ranked schedules on ``measure_device`` (``"cuda"``: the local GPU, or
+    ``"replay:PATH"``: stored measurements); ``beam``: states kept per node by the fusion
+    search; ``horizontal``: pack small independent kernels.
+
+    Measurements are stored: with ``measure_top`` > 0 a database path is opened read-write
+    (created if missing) and every result, ok or failed, is recorded there with its provenance
+    (a Run of collector ``plan``), like a collection, so that the next ``compile`` on that
+    database gets exact hits (cost source ``db``) for those kernels; candidates it already holds
+    are not measured again. A writable TuningStore object is written to the same way; a
+    read-only one (or ``db=None``) is only read, and nothing is written.
+    ``plan.search`` counts ``measured`` (device results) and ``stored`` (rows written)."""
     t0 = time.perf_counter()
     if measure_top < 0:
         raise PlanError(f"measure_top must be >= 0, got {measure_top}")
-    gpu_ctx: Any = nullcontext(None)
-    if measure_top > 0:
-        from tunedb.runtime import open_device
+    with ExitStack() as stack:
+        gpu = None
+        if measure_top > 0:
+            from tunedb.runtime import open_device
 
-        gpu_ctx = open_device(measure_device)  # NoGPUError here, before any planning work
-    graph = load_graph(model, bindings, fill_initializers)
-    with _store(db) as store, (gpu_ctx if measure_top == 0 else _closing(gpu_ctx)) as gpu:
+            gpu = open_device(measure_device)  # NoGPUError here, before any planning work
+            stack.callback(gpu.close)
+        graph = load_graph(model, bindings, fill_initializers)
+        store = stack.enter_context(_store(db, write=measure_top > 0))
         info = gpu.info if gpu is not None else resolve_device(device, store)
         facts = DeviceFacts.from_device_info(info) if info is not None else DeviceFacts()
         model_obj = load_cost_model(cost_model, info)
         index = GraphIndex(graph)
-        coster = Coster(index, store=store, device_id=info.id if info is not None else None,
+        ids = None if info is None else store.same_model_ids(info) if store is not None else [info.id]
+        coster = Coster(index, store=store, device_id=ids,
                         model=model_obj, device=facts)
         part = explore(index, coster, beam=beam, launch_us=facts.launch_us, horizontal=horizontal)
         steps = [_make_step(index, coster, g, c) for g, c in zip(part.groups, part.costs)]
+        counts: dict[str, int] = {}
         if gpu is not None:
-            steps = _measure(steps, part.costs, measure_top, gpu)
+            recorder = None
+            if store is not None and not store.read_only:
+                config = {"graph": graph.name, "measure_top": measure_top, "beam": beam,
+                          "cost_model": type(model_obj).__name__ if model_obj is not None else ""}
+                recorder = Recorder(store, gpu, config)
+            try:
+                steps, counts["measured"] = measure_steps(steps, part.costs, measure_top, gpu, recorder)
+            finally:
+                # Whatever was measured is kept, even when measuring stopped half-way.
+                counts["stored"] = recorder.flush() if recorder is not None else 0
     buffers = plan_buffers(graph, steps)
-    search = {**part.stats, "plan_s": round(time.perf_counter() - t0, 4),
+    search = {**part.stats, **counts, "plan_s": round(time.perf_counter() - t0, 4),
               "cost_model": type(model_obj).__name__ if model_obj is not None else "",
               "db": bool(store is not None)}
     device_text = f"{info.name} ({info.id})" if info is not None else ""
     return Plan(graph_json=canonical_json(graph.to_json()), steps=tuple(steps), buffers=buffers,
                 device=device_text, launch_us=facts.launch_us, search=search)
-
-
-@contextmanager
-def _closing(dev: Any) -> Iterator[Any]:
-    try:
-        yield dev
-    finally:
-        dev.close()

@@ -415,20 +415,35 @@ class TuningStore:
         rows = self.con.execute(f"SELECT DISTINCT candidate_hash FROM measurements{where}", params).fetchall()
         return {r[0] for r in rows}
 
-    def top_k(self, workload_hash: str, device_id: str, k: int) -> list[tuple[Candidate, float]]:
-        """The ``k`` fastest candidates of a workload on a device (status ok), best first.
+    def top_k(self, workload_hash: str, device_id: str | Sequence[str], k: int
+              ) -> list[tuple[Candidate, float]]:
+        """The ``k`` fastest candidates of a workload on a device, or on any of several device
+        ids (status ok), best first.
 
         A candidate measured in several runs is ranked by the median of its runs' medians.
         """
-        if k <= 0:
+        ids = [device_id] if isinstance(device_id, str) else list(device_id)
+        if k <= 0 or not ids:
             return []
+        marks = ", ".join("?" for _ in ids)
         rows = self.con.execute(
             "SELECT c.workload_hash, c.kind, c.config_json, c.source_hash, median(m.median_us) AS t "
             "FROM measurements m JOIN candidates c ON c.hash = m.candidate_hash "
-            "WHERE c.workload_hash = ? AND m.device_id = ? AND m.status = 'ok' "
+            f"WHERE c.workload_hash = ? AND m.device_id IN ({marks}) AND m.status = 'ok' "
             "GROUP BY c.hash, c.workload_hash, c.kind, c.config_json, c.source_hash "
-            "ORDER BY t, c.hash LIMIT ?", [workload_hash, device_id, int(k)]).fetchall()
+            "ORDER BY t, c.hash LIMIT ?", [workload_hash, *ids, int(k)]).fetchall()
         return [(Candidate(w, kd, json.loads(cfg), s), float(t)) for w, kd, cfg, s, t in rows]
+
+    def same_model_ids(self, device: DeviceInfo) -> list[str]:
+        """``device.id`` first, then the stored devices of the same model (name, compute
+        capability, SM count): two boards of one model rank kernels alike (on the shipped H200
+        data, re-measurements on a second board drift by about as much as on the same board),
+        while a new driver or board gets a new device id."""
+        rows = self.con.execute(
+            "SELECT id FROM devices WHERE name = ? AND compute_capability = ? AND sm_count = ? "
+            "AND id <> ? ORDER BY id",
+            [device.name, device.compute_capability, int(device.sm_count), device.id]).fetchall()
+        return [device.id] + [r[0] for r in rows]
 
     def training_frame(self, kind: str | None = "fusion", device_id: str | None = None,
                        status: str | None = "ok", include_graph: bool = True) -> pa.Table:
