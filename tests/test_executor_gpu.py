@@ -57,6 +57,16 @@ def test_shipped_graph_plan_matches_the_reference(name):
         assert np.array_equal(outs[v], again[v])
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (GRAPHS / "dynamic").glob("*.onnx")))
+def test_dynamic_batch_graph_plans_match_the_reference(name):
+    from tunedb.plan import compile
+
+    plan = compile(str(GRAPHS / "dynamic" / name), device="cuda", bindings={"batch": 3})
+    assert plan.graph.type_of(plan.graph.inputs[0]).shape[0] == 3
+    dev, ref_in = sample_inputs(plan.graph, 5)
+    _check(plan, plan.run(dev), ref_in)
+
+
 def _fusion_cases():
     from tunedb.kernels import suites
 

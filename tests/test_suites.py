@@ -82,3 +82,10 @@ def test_unknown_names_are_refused():
         suite("huge")
     with pytest.raises(ValueError, match="unknown softmax variant"):
         case("softmax", "sparsemax", 8, 8)
+
+
+def test_anchors_suite_is_the_anchor_cases_alone():
+    from tunedb.kernels.suites import ANCHOR_CASES
+
+    assert [c.name for c in suite("anchors")] == [c.name for c in ANCHOR_CASES]
+    assert {c.name for c in ANCHOR_CASES} <= {c.name for c in suite("standard")}

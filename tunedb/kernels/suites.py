@@ -20,7 +20,7 @@ from tunedb.graph.ir import Graph
 
 FAMILIES = ("bias_act", "gated", "norm", "softmax", "xent", "col_reduce", "norm_backward",
             "permute", "broadcast", "eltwise_chain")
-SUITES = ("quick", "standard", "full")
+SUITES = ("quick", "standard", "full", "anchors")
 
 
 @dataclass(frozen=True)
@@ -298,7 +298,10 @@ def _full() -> list[tuple[str, str, int, int, str]]:
 
 
 def suite(name: str) -> list[SuiteCase]:
-    """The workloads of suite ``name`` (quick, standard, full), deterministic, names unique."""
+    """The workloads of suite ``name`` (quick, standard, full, or anchors: the 12 anchor cases
+    alone), deterministic, names unique."""
+    if name == "anchors":
+        return list(ANCHOR_CASES)
     if name == "quick":
         specs = QUICK
     elif name == "standard":
