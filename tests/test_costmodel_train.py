@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
+import xgboost as xgb
 
 from tunedb.costmodel.evaluate import cross_validate, hide_measured, leave_one_family_out, summary
 from tunedb.costmodel.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, featurize_frame
@@ -26,7 +27,15 @@ from tunedb.costmodel.registry import (
     slug,
 )
 from tunedb.costmodel.synthetic import synthetic_frame
-from tunedb.costmodel.train import TrainError, TrainParams, split_by_group, train_booster
+from tunedb.costmodel.train import (
+    TrainError,
+    TrainParams,
+    average_boosters,
+    predict_margin,
+    predict_us,
+    split_by_group,
+    train_booster,
+)
 
 FAST = TrainParams(num_boost_round=150, max_depth=6, eta=0.2)
 
@@ -105,7 +114,45 @@ def test_big_data_compares_objectives_on_a_workload_subsample(data):
     assert all(v["train_rows"] < r.n_train / 2 for v in r.tried.values())
     # The winner is then trained on every training row.
     assert r.n_train + r.n_valid == len(y) and r.n_train > 1000
-    assert r.booster.num_boosted_rounds() == r.best_iteration + 1
+    # The model is the bag of early-stopped members, each cut at its best round.
+    assert len(r.best_iterations) == FAST.bag and r.best_iterations[0] == r.best_iteration
+    assert r.booster.num_boosted_rounds() == sum(i + 1 for i in r.best_iterations)
+
+
+def test_average_boosters_predicts_the_mean_margin():
+    rng = np.random.default_rng(0)
+    X = rng.random((400, 6)).astype(np.float32)
+    y = 3 * X[:, 0] - X[:, 1] ** 2 + 0.1 * rng.random(400)
+    members = [xgb.train({"max_depth": 4, "eta": 0.3, "subsample": 0.7, "seed": s}, xgb.DMatrix(X, label=y),
+                         num_boost_round=8 + s) for s in range(3)]
+    mean = np.mean([predict_margin(b, X) for b in members], axis=0)
+    merged = average_boosters(members)
+    assert merged.num_boosted_rounds() == 8 + 9 + 10
+    assert np.allclose(predict_margin(merged, X), mean, atol=1e-5)
+    assert not np.allclose(predict_margin(members[0], X), mean, atol=1e-3)
+    again = xgb.Booster()
+    again.load_model(bytearray(merged.save_raw(raw_format="ubj")))
+    assert np.array_equal(predict_margin(again, X), predict_margin(merged, X))
+    assert average_boosters(members[:1]) is members[0]
+
+
+def test_floor_relative_target_and_bag_of_one(data):
+    X, y, g, _ = data
+    reg = TrainParams(**{**FAST.to_json(), "objective": "reg:squarederror"})
+    floor = train_booster(X, y, g, reg)
+    # log(us) = margin + log(floor_us + 2.5): the calibration adds the workload's scale back.
+    assert floor.calibration == (1.0, 0.0) and floor.calibration_floor == 1.0
+    plain = train_booster(X, y, g, TrainParams(**{**reg.to_json(), "target": "log_us", "bag": 1}))
+    assert plain.calibration_floor == 0.0 and len(plain.best_iterations) == 1
+    assert plain.booster.num_boosted_rounds() == plain.best_iteration + 1
+    Xh = hide_measured(X)
+    for r in (floor, plain):
+        us = predict_us(r.booster, Xh, r.objective, r.calibration, r.calibration_floor)
+        assert mape(y, us) < 0.5 and pairwise_accuracy(y, us, g) > 0.7
+    with pytest.raises(TrainError, match="unknown target"):
+        TrainParams(target="latency")
+    with pytest.raises(TrainError, match="bag sizes"):
+        TrainParams(bag=0)
 
 
 def test_train_rejects_bad_input(data):

@@ -111,6 +111,28 @@ def test_tolerances_by_dtype_and_reduction_length() -> None:
     assert tolerance(small, "int64") == (0.0, 0.0)
 
 
+def test_column_sums_widen_atol_by_their_length_and_catch_a_wrong_sum() -> None:
+    from tunedb.graph.reference import run_reference
+    from tunedb.runtime.inputs import sum_length
+
+    b = GraphBuilder("colsum")
+    x = b.input("x", (65536, 8), "float32")
+    g = b.build([b.reduce_sum(x, axes=[0])])
+    m = GraphBuilder("m")
+    assert sum_length(g) == 65536 and sum_length(m.build([m.reduce_mean(m.input("y", (4, 4)), axes=[0])])) == 0
+    atol, rtol = tolerance(g, "float32")
+    xs = np.random.default_rng(0).standard_normal((65536, 8)).astype(np.float32)
+    ref = run_reference(g, {"x": xs})[g.outputs[0]]
+    naive = np.zeros(8, np.float32)
+    for row in xs:  # sequential float32 accumulation, the worst order a kernel might use
+        naive += row
+    assert np.abs(naive - ref).max() > 1e-4  # the old bound (sqrt(n) * eps) would fail it
+    assert check_host(naive, ref, atol, rtol)[0]
+    wrong = naive.copy()
+    wrong[3] += 0.05  # one row of 65,536 counted twice is off by ~1: far outside
+    assert not check_host(wrong, ref, atol, rtol)[0]
+
+
 def test_host_check_rule_fails_nan_and_wrong_values() -> None:
     ref = np.array([1.0, 2.0, np.inf, np.nan], dtype=np.float32)
     assert check_host(ref.copy(), ref, 1e-5, 1e-4)[0]

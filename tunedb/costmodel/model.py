@@ -18,13 +18,14 @@ from tunedb.costmodel.features import (
     featurize_candidates,
     featurize_frame,
 )
-from tunedb.costmodel.train import REGRESSION, predict_margin, predict_us, to_cost
+from tunedb.costmodel.train import REGRESSION, predict_us
 
 
 @dataclass
 class CostModel:
-    """``card`` holds at least objective, calibration [a, b] (and calibration_floor c for ranking
-    models), device (DeviceFacts JSON), feature_schema_version and feature_names; see
+    """``card`` holds at least objective, calibration [a, b] (and calibration_floor c: log(us) =
+    a * cost + b + c * log(floor_us + 2.5), c = 1 for regression on the floor-relative target),
+    device (DeviceFacts JSON), feature_schema_version and feature_names; see
     ``registry.make_card``."""
 
     booster: xgb.Booster
@@ -59,8 +60,9 @@ class CostModel:
         return X
 
     def predict_cost(self, frame_or_features: Any) -> np.ndarray:
-        """The model's ordering key (lower = faster); log microseconds for regression models."""
-        return to_cost(predict_margin(self.booster, self._matrix(frame_or_features)), self.objective)
+        """The model's ordering key (lower = faster): predicted log microseconds. Within one
+        workload this is the booster's own order (the calibration adds a workload constant)."""
+        return np.log(self.predict(frame_or_features))
 
     def predict(self, frame_or_features: Any) -> np.ndarray:
         """Predicted latency in microseconds, one per row of a frame or feature matrix."""

@@ -71,6 +71,10 @@ def make_card(result: TrainResult, params: TrainParams, device: DeviceFacts, kin
         "calibration": [float(result.calibration[0]), float(result.calibration[1])],
         "calibration_floor": float(result.calibration_floor),
         "best_iteration": int(result.best_iteration),
+        # The booster is the average of this many early-stopped members (``average_boosters``).
+        "bag": len(result.best_iterations) or 1,
+        "best_iterations": [int(i) for i in result.best_iterations],
+        "target": params.target,
         "objectives_tried": result.tried,
         "hyperparameters": params.to_json(),
         # Threads depend on the machine's load at training time, not on the model.
