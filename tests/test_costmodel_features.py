@@ -23,6 +23,7 @@ from tunedb.costmodel.features import (
 from tunedb.costmodel.workload import WORKLOAD_FEATURES, analyze_graph
 from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.hashing import graph_hash
+from tunedb.kernels.codegen import generate
 from tunedb.kernels.schedule import schedule_space
 from tunedb.kernels.suites import case
 
@@ -135,6 +136,31 @@ def test_split_column_reduction_is_two_launches():
     assert col(X, "grid")[1] == 8 * col(X, "grid")[0]
     dev = DeviceFacts()
     assert col(X, "roofline_us")[1] - col(X, "roofline_us")[0] >= dev.launch_us
+
+
+def test_launch_grid_is_the_generators(workloads):
+    """The first kernel's grid, for every legal schedule (wave and full grids) of real workloads."""
+    graphs = workloads + [case("softmax", "softmax", 8192, 4096, "float16").graph,
+                          case("bias_act", "gelu", 1000, 3001, "float32").graph]
+    n = 0
+    for g in graphs:
+        legal = schedule_space(g)[0]
+        X = featurize_candidates(g, [s.to_config() for s in legal])
+        for s, x in zip(legal, X):
+            k = generate(g, s).kernels[0]
+            assert x[feature_index("grid")] == k.grid[0] * k.grid[1] * k.grid[2], s.label()
+            n += 1
+    assert n > 500
+
+
+def test_full_grid_has_no_grid_stride_trips():
+    g = case("bias_act", "gelu", 8192, 4096, "float32").graph
+    wave = {"mapping": "elementwise", "block": 256, "vec": 4, "unroll": 2}
+    X = featurize_candidates(g, [wave, {**wave, "grid": "full"}])
+    assert list(col(X, "grid_full")) == [0, 1]
+    assert col(X, "grid")[0] == 132 * 2048 // 256 and col(X, "stride_iters")[0] > 1
+    assert col(X, "grid")[1] == 8192 * 4096 / (4 * 256 * 2) and col(X, "stride_iters")[1] == 1
+    assert col(X, "waves")[1] > 4 * col(X, "waves")[0]
 
 
 def test_device_facts_change_waves(softmax):

@@ -1,10 +1,14 @@
 """The cost model on the shipped H200 fusion measurements (the Parquet export under data/) and
 the shipped model (models/nvidia-h200/fusion).
 
-Held-out evaluation (5-fold GroupKFold by workload) must stay well above the baselines; the
-project's targets (pairwise >= 0.95, top-1 >= 0.97) are recorded as an expected failure until a
-model reaches them: re-measurement noise alone caps a perfect model near 0.97 on this data.
-Set TUNEDB_H200_EXPORT to evaluate another export directory.
+Held-out evaluation (5-fold GroupKFold by workload) must stay above floors just below what the
+shipped training reaches (pairwise 0.893, top-1 0.957, top-5 0.991, MAPE 0.122, Spearman 0.861)
+and beat both baselines on every metric. The project's targets (pairwise >= 0.95, top-1 >= 0.97)
+are recorded as an expected failure until a model reaches them. They are not at the noise
+floor: the same 10,417 candidates measured on a second H200 board order 0.974 of their pairs
+alike and pick a best within 0.996 of it (data/fusion_h200_boards).
+The data is data/fusion_h200 (one board; the model in models/ is trained on it); set
+TUNEDB_H200_EXPORT to evaluate another export directory (its H200 with the most measurements).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ SHIPPED_MODEL = ROOT / "models" / "nvidia-h200" / "fusion"
 
 def _exports() -> list[Path]:
     given = os.environ.get("TUNEDB_H200_EXPORT")
-    manifests = [Path(given) / "manifest.json"] if given else sorted((ROOT / "data").glob("**/manifest.json"))
+    export = Path(given) if given else ROOT / "data" / "fusion_h200"
+    manifests = [export / "manifest.json"]
     out = []
     for m in manifests:
         try:
@@ -51,10 +56,13 @@ def h200(tmp_path_factory):
         devices = [d for d in store.devices() if "H200" in d.name]
         if not devices:
             pytest.skip("the shipped exports hold no H200 measurements")
-        frame = store.training_frame(kind="fusion", device_id=devices[0].id)
+        # One model per board: the board with the most measurements (other boards' shards may
+        # sit in the same export).
+        frames = [(store.training_frame(kind="fusion", device_id=d.id), d) for d in devices]
+        frame, device = max(frames, key=lambda fd: fd[0].num_rows)
     if frame.num_rows == 0:
         pytest.skip("no ok fusion measurements on the H200")
-    return frame, DeviceFacts.from_device_info(devices[0])
+    return frame, DeviceFacts.from_device_info(device)
 
 
 @pytest.fixture(scope="module")
@@ -82,18 +90,23 @@ def test_shipped_model_matches_the_shipped_data(h200):
 @needs_data
 def test_h200_held_out_metrics_beat_baselines(held_out):
     m = held_out
-    assert m["pairwise_accuracy"] >= 0.85, m
-    assert m["top1_score"] >= 0.92, m
-    assert m["spearman"] >= 0.75, m
-    assert m["mape"] <= 0.25, m
+    assert m["pairwise_accuracy"] >= 0.88, m
+    assert m["top1_score"] >= 0.945, m
+    assert m["top5_score"] >= 0.985, m
+    assert m["spearman"] >= 0.83, m
+    assert m["mape"] <= 0.14, m
     for base in ("roofline", "random"):
-        assert m["pairwise_accuracy"] > m["baselines"][base]["pairwise_accuracy"] + 0.3
-        assert m["top1_score"] > m["baselines"][base]["top1_score"] + 0.2
+        b = m["baselines"][base]
+        assert m["pairwise_accuracy"] > b["pairwise_accuracy"] + 0.3
+        assert m["top1_score"] > b["top1_score"] + 0.2
+        assert m["top5_score"] > b["top5_score"] + 0.05
+        assert m["spearman"] > b["spearman"] + 0.5
+        assert m["mape"] < b["mape"] / 2
 
 
 @pytest.mark.slow
 @needs_data
-@pytest.mark.xfail(reason="project target not reached yet (held-out 0.88 / 0.95 at the time of writing)",
+@pytest.mark.xfail(reason="project target not reached yet (held-out 0.893 / 0.957 at the time of writing)",
                    strict=False)
 def test_h200_held_out_metrics_meet_project_targets(held_out):
     assert held_out["pairwise_accuracy"] >= 0.95

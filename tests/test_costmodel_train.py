@@ -151,7 +151,7 @@ def test_floor_relative_target_and_bag_of_one(data):
         assert mape(y, us) < 0.5 and pairwise_accuracy(y, us, g) > 0.7
     with pytest.raises(TrainError, match="unknown target"):
         TrainParams(target="latency")
-    with pytest.raises(TrainError, match="bag sizes"):
+    with pytest.raises(TrainError, match="must be at least 1"):
         TrainParams(bag=0)
 
 

@@ -6,7 +6,7 @@ JSON text, and the interactions (launch geometry, occupancy, waves, traffic, roo
 vectorised over rows.
 
 Configs are fused-kernel schedules (``tunedb.kernels.schedule.Schedule.to_config``): mapping,
-block, vec, unroll, group, split, tile, row_cache, cache, fast_math and the stitch map. The
+block, vec, unroll, group, split, tile, row_cache, cache, fast_math, grid and the stitch map. The
 launch geometry below mirrors the generators (``gen_simple``, ``gen_rows``, ``gen_cols``)
 without generating code. Unknown keys are ignored and missing ones take the Schedule defaults,
 so featurisation never depends on a config being legal. Changing what any feature means bumps
@@ -26,7 +26,9 @@ import pyarrow as pa
 
 from tunedb.costmodel.workload import WORKLOAD_FEATURES, workload_vector
 
-FEATURE_SCHEMA_VERSION: int = 1
+# v2: the schedule's ``grid`` ("full": a block per chunk of work, no grid-stride loop) sets the
+# launch geometry and the ``grid_full`` column; v1 took every config as one wave of blocks.
+FEATURE_SCHEMA_VERSION: int = 2
 
 # The generator's mappings (tunedb.kernels.schedule.MAPPINGS) plus "other" for anything else.
 MAPPINGS: tuple[str, ...] = ("elementwise", "warp_per_row", "block_per_row", "rows_per_block",
@@ -36,7 +38,7 @@ ROW_CACHES: tuple[str, ...] = ("registers", "smem", "reread")
 STITCH_SCHEMES: tuple[str, ...] = ("recompute", "register", "shuffle", "smem", "dsmem", "global")
 
 _CONFIG_FEATURES: tuple[str, ...] = (
-    "block", "vec", "unroll", "group", "split", "tile", "fast_math", "cache_inputs",
+    "block", "vec", "unroll", "group", "split", "tile", "fast_math", "cache_inputs", "grid_full",
     *(f"mapping_{m}" for m in MAPPINGS),
     *(f"row_cache_{r}" for r in ROW_CACHES),
     *(f"stitch_{s}" for s in STITCH_SCHEMES),
@@ -139,6 +141,7 @@ def config_vector(cfg: Mapping[str, Any]) -> np.ndarray:
         *(max(_number(cfg.get(k), d), 0.0) for k, d in _DEFAULTS.items()),
         float(bool(cfg.get("fast_math", False))),
         float(cfg.get("cache", "boundary") == "inputs"),
+        float(cfg.get("grid", "wave") == "full"),
         *(float(mapping == m) for m in MAPPINGS),
         *(float(row_cache == r) for r in ROW_CACHES),
         *_stitch_counts(cfg.get("stitch", "")),
@@ -229,12 +232,21 @@ def assemble(wl: np.ndarray, cf: np.ndarray, dev: DeviceFacts, registers: np.nda
     bps = _blocks_per_sm(B, regs, smem, dev)
     resident = dev.sm_count * np.maximum(bps, 1.0)
 
-    # Launch geometry: grid-stride kernels are capped at one resident wave by the generators;
+    # Launch geometry: grid-stride kernels are capped at one resident wave by the generators
+    # unless the schedule asks for a full grid (a block, or a cluster, per chunk of work);
     # a split row takes a whole cluster of blocks.
     work = R * C
-    ew_grid = np.minimum(np.ceil(work / (V * B * U)), dev.sm_count * np.maximum(np.floor(2048.0 / B), 1.0))
-    clusters = np.maximum(1.0, np.minimum(R, np.floor(resident / cluster)))
-    row_grid = np.where(m["split_row"], cluster * clusters, np.minimum(np.ceil(R / G), resident))
+    full = c["grid_full"] > 0
+    ew_blocks = np.ceil(work / (V * B * U))
+    one_wave = dev.sm_count * np.maximum(np.floor(2048.0 / B), 1.0)
+    ew_grid = np.where(full, ew_blocks, np.minimum(ew_blocks, one_wave))
+    # Row kernels size their wave by threads and shared memory only (gen_rows): with many
+    # registers a second, partial wave follows.
+    row_resident = dev.sm_count * np.maximum(1.0, np.minimum(np.floor(dev.max_threads_per_sm / B),
+                                                            np.floor(dev.smem_per_sm / (smem + 1024.0))))
+    clusters = np.where(full, R, np.maximum(1.0, np.minimum(R, np.floor(row_resident / cluster))))
+    row_grid = np.where(m["split_row"], cluster * clusters,
+                        np.where(full, np.ceil(R / G), np.minimum(np.ceil(R / G), row_resident)))
     gx = np.ceil(C / strip)
     grid = np.select([m["elementwise"], rowmap, colmap, m["transpose_tiled"]],
                      [ew_grid, row_grid, gx * S, np.ceil(C / tile) * np.ceil(R / tile)],
