@@ -175,3 +175,24 @@ def test_plan_to_wire_normalises_args_and_scratch() -> None:
     assert k["args"] == ["x", "y", {"type": "int32", "value": 128}, {"type": "float32", "value": 0.5},
                          {"type": "int64", "value": 3}]
     assert wire["scratch"] == [{"name": "ws", "nbytes": 64, "zero": False}]
+
+
+def test_batching_is_decided_per_workload_not_per_candidate_probe() -> None:
+    from tunedb.records import Protocol
+    from tunedb.runtime.measure import MAX_BATCH, SHORT_BYTES, batch_size, batched_workload
+
+    def copy_graph(n: int):
+        b = GraphBuilder("c")
+        return b.build([b.relu(b.input("x", (n, 1024), "float32"))])
+
+    small, big = copy_graph(1024), copy_graph(16384)  # 8 MiB and 128 MiB moved
+    assert batched_workload(small) and not batched_workload(big)
+    assert 4 * 1024 * 1024 * 2 < SHORT_BYTES < 4 * 16384 * 1024 * 2
+    proto = Protocol()
+    # the same workload-level decision whatever the probe says: no split around 10 µs
+    assert batch_size(9.9, proto, True) > 1 and batch_size(10.1, proto, True) > 1
+    assert batch_size(9.9, proto, False) == 1 and batch_size(10.1, proto, False) == 1
+    # without a decision (the bench's quick timing) the probe decides, as before
+    assert batch_size(9.9, proto, None) == 6 and batch_size(10.1, proto, None) == 1
+    assert batch_size(0.01, proto, True) == min(MAX_BATCH, 250)  # probes floored at 0.2 µs
+    assert batch_size(3.0, Protocol(batch=7), False) == 7  # an explicit batch wins

@@ -5,8 +5,9 @@ buffers. Per candidate: compile (NVRTC through ``cupy.RawModule``; CuPy's on-dis
 a module compiled by the parallel pre-compile pool load instantly here), record registers / shared /
 local bytes, poison outputs, launch once, compare on the GPU (wrong -> ``incorrect``, never timed),
 then time with CUDA events: warm-up, L2 flush (memset of 2x L2) before every sample, >= 10 samples;
-plans shorter than ``SHORT_US`` are timed as a CUDA graph of ``batch`` back-to-back launches
-(sample >= ``TARGET_US``) divided by ``batch``. All kernels of a plan (and its scratch zeroing) are
+plans of workloads moving fewer than ``SHORT_BYTES`` are timed as a CUDA graph of ``batch``
+back-to-back launches (sample >= ``TARGET_US``) divided by ``batch``, every candidate of the
+workload alike. All kernels of a plan (and its scratch zeroing) are
 inside the events. Every CUDA error becomes a status; a sticky one (illegal address) also asks the
 worker to restart, so the next candidate gets a clean context.
 
@@ -37,7 +38,8 @@ from tunedb.runtime.inputs import (
 )
 
 NVRTC_OPTIONS: tuple[str, ...] = ("-std=c++17",)
-SHORT_US = 10.0     # plans faster than this are timed in batches
+SHORT_US = 10.0     # without a workload-level decision: plans faster than this are batched
+SHORT_BYTES = 32 << 20  # workloads moving fewer bytes (~8 µs at full bandwidth) are batched
 TARGET_US = 50.0    # ... so that one sample lasts at least this long
 MAX_BATCH = 256
 MODULE_CACHE = 512  # compiled modules kept per worker (LRU)
@@ -303,16 +305,37 @@ def timed_samples(state: dict, run: Any, batch: int, n: int, flush: Any) -> list
     return [cp.cuda.get_elapsed_time(start, end) * 1000.0 / batch for start, end in evs]
 
 
-def time_plan(state: dict, launch: Any, proto: Protocol) -> tuple[list[float], Protocol]:
+def batched_workload(graph: Any) -> bool:
+    """Whether every candidate of ``graph`` is timed in CUDA-graph batches. Decided once per
+    workload from the bytes it must move: deciding per candidate from a probe split kernels of
+    ~10 µs between L2-cold single launches (>= 10 µs) and L2-warm batches (<= 8 µs), so the
+    H200 data has almost no medians between 8 and 10 µs and candidates of one workload were
+    compared across two protocols."""
+    from tunedb.kernels.suites import floor_bytes
+
+    return floor_bytes(graph) < SHORT_BYTES
+
+
+def batch_size(probe_us: float, proto: Protocol, batched: bool | None) -> int:
+    """Launches per timed sample: ``proto.batch`` when set (> 1); else batches when ``batched``
+    (a workload-level decision) or, when that is None, when the probe is under ``SHORT_US``."""
+    if proto.batch > 1:
+        return proto.batch
+    if batched is None:
+        batched = probe_us < SHORT_US
+    return min(MAX_BATCH, max(2, math.ceil(TARGET_US / max(probe_us, 0.2)))) if batched else 1
+
+
+def time_plan(state: dict, launch: Any, proto: Protocol, batched: bool | None = None
+              ) -> tuple[list[float], Protocol]:
     cp, stream = state["cp"], state["stream"]
     flush = state["flush"] if proto.flush_l2 else None
     for _ in range(max(1, proto.warmup)):
         launch()
-    run, batch = launch, max(1, proto.batch)
+    run = launch
     probe = min(timed_samples(state, launch, 1, 3, flush))
     # CUDA-graph batches only for short plans: a capture costs ~ms, a long plan needs none.
-    if probe < SHORT_US and proto.batch <= 1:
-        batch = min(MAX_BATCH, max(2, math.ceil(TARGET_US / max(probe, 0.2))))
+    batch = batch_size(probe, proto, batched)
     if batch > 1:
         graph_run = _graph_runner(cp, stream, launch, batch)
         if graph_run is not None:
@@ -366,7 +389,7 @@ def measure_item(state: dict, wl: WorkloadBuffers, item: dict, proto: Protocol) 
         if not ok:
             res.update(status="incorrect", error=f"max abs error {err:.6g} in output {name!r}")
             return res
-        samples, used = time_plan(state, launch, proto)
+        samples, used = time_plan(state, launch, proto, batched_workload(wl.graph))
         phases["time_s"] = time.perf_counter() - t1
         bad = [s for s in samples if not math.isfinite(s) or s <= 0]
         if bad:
