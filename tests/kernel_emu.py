@@ -221,14 +221,18 @@ def bf16_round(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return r, (r.astype(np.uint32) << 16).view(np.float32)
 
 
-def make_inputs(graph, C: int, seed: int = 0) -> tuple[dict, dict]:
+def make_inputs(graph, C: int, seed: int = 0, masks: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """Device-layout and reference inputs: normal floats (positive for names starting with
-    'rstd'), gather indices in [0, C), bool masks."""
+    'rstd'), gather indices in [0, C), bool masks; integer inputs named 'mask*' or listed in
+    ``masks`` are 0/1 attention masks (mostly 1, as padding masks are)."""
     rng = np.random.default_rng(seed)
     dev, ref = {}, {}
     for v in graph.inputs:
         t = graph.type_of(v)
-        if t.dtype in ("int32", "int64"):
+        if t.dtype in ("int32", "int64") and (v.startswith("mask") or v in masks):
+            a = (rng.random(t.shape) < 0.7).astype(t.dtype)
+            dev[v], ref[v] = a, a
+        elif t.dtype in ("int32", "int64"):
             a = rng.integers(0, C, size=t.shape).astype(t.dtype)
             dev[v], ref[v] = a, a
         elif t.dtype == "bool":

@@ -111,7 +111,7 @@ def test_errors_are_one_line(tmp_path, db):
     res = invoke("train", "--db", str(two), "--out", str(tmp_path))
     assert res.exit_code == 1 and "choose one with --device-id" in res.stderr
     res = invoke("train", "--db", str(two), "--out", str(tmp_path), "--device-id", "NVIDIA B200")
-    assert res.exit_code == 1 and "matches 0 of the devices" in res.stderr
+    assert res.exit_code == 1 and "matches 0 of the device models" in res.stderr
     res = invoke("train", "--db", str(two), "--out", str(tmp_path), "--device-id", "NVIDIA A100", "--json")
     assert res.exit_code == 1 and "at least 3 workloads to train and hold some out, got 2" in res.stderr
 

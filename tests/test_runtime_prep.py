@@ -101,3 +101,18 @@ def test_prefetch_finds_the_collectors_workload_in_its_caller() -> None:
 
     assert producer() is w
     assert prefetch() is None
+
+
+def test_non_index_integer_inputs_are_masks_that_stay_finite_in_float32() -> None:
+    from tunedb.runtime.inputs import make_inputs
+
+    b = GraphBuilder("masked")
+    x = b.input("x", (4, 64), "float32")
+    m = b.input("mask", (4, 64), "int64")
+    # BERT's additive mask: (1 - mask) * float32 min, added to the scores
+    bias = b.mul(b.sub(1.0, b.cast(m, to="float32")), -3.4e38)
+    g = b.build([b.add(x, bias)])
+    dev, ref = make_inputs(g, 5)
+    assert set(np.unique(dev["mask"])) == {0, 1}
+    out = run_reference(g, ref)[g.outputs[0]]
+    assert np.isfinite(out.astype(np.float32)).all()

@@ -59,21 +59,31 @@ def _print(metrics: dict[str, Any], where: Path | None) -> None:
         console.print(f"model saved to {where}", highlight=False, soft_wrap=True)
 
 
-def _pick_device(frame: Any, device_id: str | None) -> str:
-    ids = sorted(set(frame["device_id"].to_pylist()))
+def _pick_boards(frame: Any, devices: list[Any], device_id: str | None) -> tuple[list[str], list[Any]]:
+    """The boards (device ids) of the one device model to learn: the database's only model, or
+    the model of ``device_id`` (a board's id, or a device name naming one model)."""
+    with_data = set(frame["device_id"].to_pylist())
+    boards = [d for d in devices if d.id in with_data]
+    models: dict[tuple[str, str, int], list[Any]] = {}
+    for d in boards:
+        models.setdefault((d.name, d.compute_capability, int(d.sm_count)), []).append(d)
+
+    def label(key: tuple[str, str, int]) -> str:
+        ids = ", ".join(d.id for d in models[key])
+        return f"{key[0]} (cc {key[1]}, {key[2]} SMs: {ids})"
+
+    keys = sorted(models)
     if device_id is not None:
-        names = {}
-        for i, n in zip(frame["device_id"].to_pylist(), frame["device_name"].to_pylist()):
-            names.setdefault(i, n)
-        hits = [i for i in ids if i == device_id] or [i for i in ids if names[i] == device_id]
-        if len(hits) != 1:
-            fail(f"--device-id {device_id!r} matches {len(hits)} of the devices with data "
-                 f"({', '.join(f'{i} {names[i]}' for i in ids)})")
-        return hits[0]
-    if len(ids) > 1:
-        fail(f"the database holds measurements from {len(ids)} devices ({', '.join(ids)}); "
-             "choose one with --device-id")
-    return ids[0]
+        keys = [k for k in keys if any(d.id == device_id for d in models[k])] or \
+            [k for k in keys if k[0] == device_id]
+        if len(keys) != 1:
+            fail(f"--device-id {device_id!r} matches {len(keys)} of the device models with data "
+                 f"({'; '.join(label(k) for k in sorted(models))})")
+    elif len(keys) > 1:
+        fail(f"the database holds measurements from {len(keys)} device models "
+             f"({'; '.join(label(k) for k in keys)}); choose one with --device-id")
+    chosen = models[keys[0]]
+    return [d.id for d in chosen], chosen
 
 
 def train(
@@ -84,8 +94,12 @@ def train(
                                       "OUT/<device>/<kind>/ (model.ubj + card.json).")] = Path("models"),
     device: Annotated[str, typer.Option("--device", help="Where XGBoost trains: cpu or cuda.")] = "cpu",
     device_id: Annotated[str | None, typer.Option(
-        "--device-id", help="GPU whose measurements to learn (id or name); needed when the database "
-        "holds several.")] = None,
+        "--device-id", help="GPU model whose measurements to learn, as a device name or any of its "
+        "boards' ids; needed when the database holds several models. All boards of the model "
+        "(name, compute capability, SM count) are learnt together.")] = None,
+    boards: Annotated[str, typer.Option(
+        "--boards", help="With several boards: each (a row per candidate and board) or median "
+        "(a row per candidate, the median over boards).")] = "each",
     folds: Annotated[int, typer.Option("--folds", min=2, help="GroupKFold folds by workload.")] = 5,
     objective: Annotated[str, typer.Option(
         "--objective", help="auto (regression vs ranking, better held-out pairwise accuracy wins), "
@@ -100,33 +114,40 @@ def train(
     Every metric comes from workloads the model did not see: GroupKFold by workload (and, with
     --lofo, leave-one-family-out), next to the analytic roofline and a random baseline. The
     model is saved as OUT/<device>/<kind>/model.ubj with card.json, and recorded in the
-    database's models table. With --json, prints one JSON object: pairwise_accuracy, top1_score,
-    top5_score, mape, spearman, baselines {roofline, random}, leave_one_family_out, objective,
-    folds, rows, workloads, model_dir and model_id.
+    database's models table. Several boards of one GPU model (name, compute capability, SM
+    count) train one model; held-out pairs never compare measurements of two boards. With
+    --json, prints one JSON object: pairwise_accuracy, top1_score, top5_score, mape, spearman,
+    baselines {roofline, random}, leave_one_family_out, objective, folds, rows, workloads,
+    boards, grid_pairs, model_dir and model_id.
 
     Example: tunedb train --db h200.duckdb --out models --json
     """
     # XGBoost and scikit-learn load only when training, not for every tunedb command.
-    from tunedb.costmodel.fit import device_facts_for, fit_frame
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tunedb.costmodel.fit import BOARD_ROWS, device_facts_for, fit_frame
     from tunedb.costmodel.train import TrainParams
 
+    if boards not in BOARD_ROWS:
+        fail(f"--boards must be one of {', '.join(BOARD_ROWS)}, got {boards!r}")
     params = TrainParams(objective=objective, device=device, seed=seed)
     with open_store(db, read_only=True) as store:
         # Graphs once per workload, not once per measurement row.
         frame = store.training_frame(kind=kind, include_graph=False)
         if frame.num_rows == 0:
             fail(f"no ok measurements of kind {kind!r} in {store.path}")
-        dev_id = _pick_device(frame, device_id)
-        if len(set(frame["device_id"].to_pylist())) > 1:
-            frame = store.training_frame(kind=kind, device_id=dev_id, include_graph=False)
-        devices = store.devices()
+        ids, devices = _pick_boards(frame, store.devices(), device_id)
+        if len(set(frame["device_id"].to_pylist())) > len(ids):
+            frame = frame.filter(pc.is_in(frame["device_id"], value_set=pa.array(ids)))
         wanted = set(frame["workload_hash"].to_pylist())
         graphs = {w.hash: w.graph_json for w in store.workloads() if w.hash in wanted}
     facts = device_facts_for(frame, devices)
     err = Console(stderr=True)
     say = None if json_out or not err.is_terminal else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     model, metrics, where = fit_frame(frame, kind=kind, out_root=out, device=facts, params=params,
-                                      folds=folds, lofo=lofo, progress=say, graphs=graphs)
+                                      folds=folds, lofo=lofo, progress=say, graphs=graphs,
+                                      devices=devices, boards=boards)
     card_json = canonical_json(model.card)
     model_id = sha256_hex(card_json)[:16]
     with open_store(db) as store:

@@ -7,6 +7,12 @@ scored once with the metrics of ``metrics.py``; the baselines are scored on the 
 
 Compile-time facts (registers, shared memory, spills) are hidden from the held-out rows by
 default: the planner predicts candidates before compiling them.
+
+Several boards of one device model: rows are (candidate, board); folds stay by workload (a
+workload's rows on every board are held out together), while ``pairs`` (per-row labels, e.g.
+workload|board) decides which rows the metrics compare: pairs, top-k and Spearman never mix two
+boards' measurements. ``merge`` (per-row candidate labels) trains each fold on one row per
+candidate, the median over its boards, and still scores every (candidate, board) row.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ def _predict_us(result: Any, X: np.ndarray) -> np.ndarray:
 
 
 def _score(y: np.ndarray, groups: np.ndarray, pred: np.ndarray, pred_measured: np.ndarray | None,
-           X: np.ndarray, seed: int) -> dict[str, Any]:
+           X: np.ndarray, seed: int, workloads: np.ndarray | None = None) -> dict[str, Any]:
+    """Metrics over ``groups`` (the rows compared with each other); ``workloads`` counts them."""
     out: dict[str, Any] = all_metrics(y, pred, groups, seed=seed)
     if pred_measured is not None:
         out["with_measured"] = {
@@ -65,38 +72,64 @@ def _score(y: np.ndarray, groups: np.ndarray, pred: np.ndarray, pred_measured: n
     out["baselines"] = {name: all_metrics(y, p, groups, seed=seed)
                         for name, p in baseline_predictions(X, seed).items()}
     out["rows"] = int(len(y))
-    out["workloads"] = int(len(np.unique(groups)))
+    out["workloads"] = int(len(np.unique(groups if workloads is None else workloads)))
     return out
 
 
+def merge_rows(rows: np.ndarray, merge: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One row per ``merge`` label among ``rows`` and the median of ``y`` over the label's rows:
+    a candidate measured on several boards becomes one training row (its features do not
+    depend on the board)."""
+    rows = np.asarray(rows)
+    order = rows[np.lexsort((y[rows], merge[rows]))]
+    _, counts = np.unique(merge[rows], return_counts=True)
+    starts = np.cumsum(counts) - counts
+    med = (y[order[starts + (counts - 1) // 2]] + y[order[starts + counts // 2]]) / 2.0
+    return order[starts], med
+
+
 def _held_out(X: np.ndarray, y: np.ndarray, groups: np.ndarray, splits: list[tuple[np.ndarray, np.ndarray]],
-              params: TrainParams, hide: bool) -> tuple[np.ndarray, np.ndarray]:
+              params: TrainParams, hide: bool, pairs: np.ndarray | None = None,
+              merge: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Out-of-fold predictions (µs): hidden compile facts, and as given."""
     pred = np.full(len(y), np.nan)
     pred_m = np.full(len(y), np.nan)
     for i, (tr, te) in enumerate(splits):
-        result = train_booster(X[tr], y[tr], groups[tr], TrainParams.from_json(
-            {**params.to_json(), "seed": params.seed + i}))
+        fold = TrainParams.from_json({**params.to_json(), "seed": params.seed + i})
+        if merge is not None:
+            rows, y_tr = merge_rows(tr, merge, y)
+            result = train_booster(X[rows], y_tr, groups[rows], fold)
+        else:
+            result = train_booster(X[tr], y[tr], groups[tr], fold,
+                                   query=None if pairs is None else pairs[tr])
         pred_m[te] = _predict_us(result, X[te])
         pred[te] = _predict_us(result, hide_measured(X[te])) if hide else pred_m[te]
     return pred, pred_m
 
 
+def _codes(labels: Any) -> np.ndarray | None:
+    return None if labels is None else group_codes(labels)
+
+
 def cross_validate(X: np.ndarray, latency_us: np.ndarray, groups: Any, params: TrainParams | None = None,
-                   folds: int = 5, hide_measured_facts: bool = True, seed: int = 0) -> dict[str, Any]:
-    """GroupKFold by workload: metrics of the pooled out-of-fold predictions, plus baselines."""
+                   folds: int = 5, hide_measured_facts: bool = True, seed: int = 0,
+                   pairs: Any = None, merge: Any = None) -> dict[str, Any]:
+    """GroupKFold by workload: metrics of the pooled out-of-fold predictions (``pred``, µs per
+    row), plus baselines. ``pairs`` and ``merge``: see the module's docstring."""
     params = params or TrainParams()
     X = np.asarray(X, dtype=np.float32)
     y = np.asarray(latency_us, dtype=np.float64)
     g = group_codes(groups)
+    p, mg = _codes(pairs), _codes(merge)
     n_groups = len(np.unique(g))
     # Each training fold is split again for early stopping, so it needs two workloads.
     if n_groups < 3:
         raise TrainError(f"cross-validation needs at least 3 workloads, got {n_groups}")
     k = max(2, min(folds, n_groups))
     splits = list(GroupKFold(n_splits=k).split(X, groups=g))
-    pred, pred_m = _held_out(X, y, g, splits, params, hide_measured_facts)
-    out = _score(y, g, pred, pred_m if hide_measured_facts else None, X, seed)
+    pred, pred_m = _held_out(X, y, g, splits, params, hide_measured_facts, p, mg)
+    out = _score(y, g if p is None else p, pred, pred_m if hide_measured_facts else None, X, seed, g)
+    out["pred"] = pred
     out["folds"] = k
     out["measured_facts"] = "hidden" if hide_measured_facts else "given"
     return out
@@ -104,13 +137,15 @@ def cross_validate(X: np.ndarray, latency_us: np.ndarray, groups: Any, params: T
 
 def leave_one_family_out(X: np.ndarray, latency_us: np.ndarray, groups: Any, families: Any,
                          params: TrainParams | None = None, hide_measured_facts: bool = True,
-                         seed: int = 0) -> dict[str, Any]:
+                         seed: int = 0, pairs: Any = None, merge: Any = None) -> dict[str, Any]:
     """Train without each family in turn, score on it. Returns per-family metrics and the
     pooled metrics over all held-out families ({} when there is only one family)."""
     params = params or TrainParams()
     X = np.asarray(X, dtype=np.float32)
     y = np.asarray(latency_us, dtype=np.float64)
     g = group_codes(groups)
+    p, mg = _codes(pairs), _codes(merge)
+    cmp = g if p is None else p
     fam = np.asarray(families).astype(str)
     names = sorted(set(fam.tolist()))
     if len(names) < 2:
@@ -123,14 +158,14 @@ def leave_one_family_out(X: np.ndarray, latency_us: np.ndarray, groups: Any, fam
             continue
         splits.append((tr, te))
         held.append(name)
-    pred, pred_m = _held_out(X, y, g, splits, params, hide_measured_facts)
+    pred, pred_m = _held_out(X, y, g, splits, params, hide_measured_facts, p, mg)
     per_family = {}
     for name, (_, te) in zip(held, splits):
-        m = all_metrics(y[te], pred[te], g[te], seed=seed)
+        m = all_metrics(y[te], pred[te], cmp[te], seed=seed)
         per_family[name] = {k: m[k] for k in METRIC_KEYS} | {"rows": int(len(te))}
     rows = np.concatenate([te for _, te in splits])
     given = pred_m[rows] if hide_measured_facts else None
-    pooled = _score(y[rows], g[rows], pred[rows], given, X[rows], seed)
+    pooled = _score(y[rows], cmp[rows], pred[rows], given, X[rows], seed, g[rows])
     return {"families": per_family, "pooled": pooled}
 
 

@@ -1,12 +1,19 @@
 """One call from a training frame to a saved, evaluated model (what ``tunedb train`` runs).
 
-frame -> clean (ok rows, one row per candidate and device) -> features -> train (objective
+frame -> clean (ok rows, one row per candidate and board) -> features -> train (objective
 chosen on a held-out split) -> GroupKFold and leave-one-family-out with the chosen objective ->
 card -> ``<out>/<device>/<kind>/``.
+
+A frame may hold several boards of one device model (name, compute capability, SM count: the
+store's ``same_model_ids``), never two models. Folds stay by workload; held-out metrics compare
+candidates of one workload measured on one board (pairs never cross boards). ``boards="each"``
+trains on every (candidate, board) row; ``"median"`` on one row per candidate, the median over
+its boards (the held-out scoring is the same per-board rows either way).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -17,7 +24,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tunedb.costmodel.evaluate import cross_validate, leave_one_family_out, summary
+from tunedb.costmodel.evaluate import (
+    baseline_predictions,
+    cross_validate,
+    leave_one_family_out,
+    merge_rows,
+    summary,
+)
 from tunedb.costmodel.features import DeviceFacts, featurize_frame
 from tunedb.costmodel.model import CostModel, CostModelError
 from tunedb.costmodel.registry import data_snapshot_hash, make_card, model_dir, save_model
@@ -55,17 +68,54 @@ def clean_frame(frame: pa.Table) -> pa.Table:
     return out.set_column(i, "median_us", pa.array(med, type=pa.float64()))
 
 
+BOARD_ROWS = ("each", "median")
+
+
+def _model_key(d: Any) -> tuple[str, str, int]:
+    return (str(d.name), str(d.compute_capability), int(d.sm_count))
+
+
 def device_facts_for(frame: pa.Table, devices: list[Any] | None = None) -> DeviceFacts:
-    """DeviceFacts of the one device a frame holds (its DeviceInfo when given, for SM count)."""
+    """DeviceFacts of the one device model a frame holds, from its boards' DeviceInfo when
+    given (name, compute capability, SM count must agree), else from the device_name column.
+    Refuses a frame that mixes device models."""
     ids = sorted(set(frame["device_id"].to_pylist()))
-    if len(ids) != 1:
-        raise CostModelError(f"training frame holds {len(ids)} devices ({', '.join(ids[:4])}); "
-                             "train one model per device")
-    for d in devices or []:
-        if getattr(d, "id", None) == ids[0]:
-            return DeviceFacts.from_device_info(d)
-    names = frame["device_name"].to_pylist() if "device_name" in frame.column_names else []
-    return DeviceFacts(name=names[0]) if names and names[0] else DeviceFacts()
+    if not ids:
+        raise CostModelError("training frame holds no device")
+    known = {getattr(d, "id", None): d for d in devices or []}
+    infos = [known[i] for i in ids if i in known]
+    if infos:
+        models = sorted({_model_key(d) for d in infos})
+        if len(models) > 1:
+            raise CostModelError("training frame mixes device models (" + "; ".join(
+                f"{n} cc {cc} {sm} SMs" for n, cc, sm in models) + "); train one model per device model")
+        return DeviceFacts.from_device_info(infos[0])
+    names = sorted({n for n in frame["device_name"].to_pylist() if n}) \
+        if "device_name" in frame.column_names else []
+    if len(names) > 1:
+        raise CostModelError(f"training frame mixes device models ({'; '.join(names)}); "
+                             "train one model per device model")
+    return DeviceFacts(name=names[0]) if names else DeviceFacts()
+
+
+def grid_pair_accuracy(frame: pa.Table, y: np.ndarray, pred: np.ndarray, pairs: np.ndarray) -> dict[str, Any]:
+    """Accuracy on pairs of candidates that differ only in the schedule's ``grid`` (wave vs
+    full), of one workload measured on one board (``pairs`` labels the rows compared together):
+    the one choice the v2 schema added. A prediction tie counts half, label ties are left out."""
+    keys: dict[tuple[Any, str], list[int]] = {}
+    for i, (p, cfg) in enumerate(zip(pairs.tolist(), frame["config_json"].to_pylist())):
+        c = json.loads(cfg)
+        grid = c.pop("grid", "wave")
+        keys.setdefault((p, json.dumps(c, sort_keys=True)), []).append(i if grid == "full" else -1 - i)
+    both = [(~min(v), max(v)) for v in keys.values() if len(v) == 2 and min(v) < 0 <= max(v)]
+    if not both:
+        return {"pairs": 0, "accuracy": None}
+    wave, full = (np.array(x, dtype=np.int64) for x in zip(*both))
+    dy, dp = np.sign(y[full] - y[wave]), np.sign(pred[full] - pred[wave])
+    ok = dy != 0
+    acc = (float(np.sum(dy[ok] == dp[ok])) + 0.5 * float(np.sum(dp[ok] == 0))) / max(1, int(ok.sum()))
+    return {"pairs": int(ok.sum()), "accuracy": acc if ok.any() else None,
+            "full_faster": float(np.mean(dy[ok] < 0)) if ok.any() else None}
 
 
 def _jsonable(v: Any) -> Any:
@@ -85,16 +135,22 @@ def _jsonable(v: Any) -> Any:
 def fit_frame(frame: pa.Table, *, kind: str = "fusion", out_root: str | Path | None = None,
               device: DeviceFacts | None = None, params: TrainParams | None = None, folds: int = 5,
               lofo: bool = True, progress: Callable[[str], None] | None = None,
-              graphs: Mapping[str, Any] | None = None) -> tuple[CostModel, dict[str, Any], Path | None]:
+              graphs: Mapping[str, Any] | None = None, devices: list[Any] | None = None,
+              boards: str = "each") -> tuple[CostModel, dict[str, Any], Path | None]:
     """Train, evaluate on held-out workloads and (with ``out_root``) save. Returns the model,
     the metrics (the card's ``metrics``) and the model directory. ``graphs`` (workload hash ->
-    graph JSON) stands in for a frame without the graph_json column."""
+    graph JSON) stands in for a frame without the graph_json column; ``devices`` (DeviceInfo of
+    the frame's boards) lets the check that they are one device model use compute capability
+    and SM count; ``boards``: see the module's docstring."""
     params = params or TrainParams()
+    if boards not in BOARD_ROWS:
+        raise CostModelError(f"boards must be one of {', '.join(BOARD_ROWS)}, got {boards!r}")
     say = progress or (lambda _msg: None)
     t = clean_frame(frame)
     if t.num_rows == 0:
         raise CostModelError(f"no ok measurements of kind {kind!r} to train on")
-    dev = device or device_facts_for(t)
+    checked = device_facts_for(t, devices)  # refuses mixed device models even when given facts
+    dev = device or checked
     say(f"features for {t.num_rows:,} candidates")
     if graphs is None and "graph_json" not in t.column_names:
         raise CostModelError("training frame has no graph_json column and no graphs were given")
@@ -109,27 +165,49 @@ def fit_frame(frame: pa.Table, *, kind: str = "fusion", out_root: str | Path | N
     if n_workloads < 3:
         raise CostModelError(f"need measurements of at least 3 workloads to train and hold some out, "
                              f"got {n_workloads}")
+    board_ids = t["device_id"].to_pylist()
+    several = len(set(board_ids)) > 1
+    # One board: the labels below would equal the workload's, so they are left out (same path,
+    # same numbers as a one-board model always had).
+    pairs = group_codes(pc.binary_join_element_wise(t["workload_hash"], t["device_id"], "|")) \
+        if several else None
+    merge = group_codes(t["candidate_hash"]) if several and boards == "median" else None
 
     say("training")
-    result = train_booster(X, y, groups, params)
+    if merge is not None:
+        rows, y_fit = merge_rows(np.arange(len(y)), merge, y)
+        result = train_booster(X[rows], y_fit, groups[rows], params)
+    else:
+        result = train_booster(X, y, groups, params, query=pairs)
     pinned = replace(params, objective=result.objective)
     say(f"cross-validation ({folds} folds by workload)")
-    cv = cross_validate(X, y, groups, pinned, folds=folds, seed=params.seed)
+    cv = cross_validate(X, y, groups, pinned, folds=folds, seed=params.seed, pairs=pairs, merge=merge)
     metrics: dict[str, Any] = summary(cv)
     metrics.update(objective=result.objective, folds=cv["folds"], rows=int(len(y)), workloads=n_workloads,
                    measured_facts=cv["measured_facts"], with_measured=cv.get("with_measured", {}),
                    pairwise_accuracy_per_workload=cv["pairwise_accuracy_per_workload"],
-                   spearman_global=cv["spearman_global"], objectives_tried=result.tried)
+                   spearman_global=cv["spearman_global"], objectives_tried=result.tried,
+                   boards=len(set(board_ids)), board_rows=boards,
+                   candidates=int(len(np.unique(group_codes(t["candidate_hash"])))))
+    cmp = groups if pairs is None else pairs
+    metrics["grid_pairs"] = {"model": grid_pair_accuracy(t, y, cv["pred"], cmp),
+                             "roofline": grid_pair_accuracy(t, y, baseline_predictions(X)["roofline"], cmp)}
     if lofo and len(set(families.tolist())) > 1:
         say("leave-one-family-out")
-        lo = leave_one_family_out(X, y, groups, families, pinned, seed=params.seed)
+        lo = leave_one_family_out(X, y, groups, families, pinned, seed=params.seed, pairs=pairs, merge=merge)
         metrics["leave_one_family_out"] = {"families": lo["families"], **summary(lo["pooled"])}
     else:
         metrics["leave_one_family_out"] = {}
     metrics = _jsonable(metrics)
 
+    per_board: dict[str, int] = {}
+    for b in board_ids:
+        per_board[b] = per_board.get(b, 0) + 1
     snapshot = {"hash": data_snapshot_hash(t), "rows": int(t.num_rows), "workloads": n_workloads,
                 "families": sorted(set(families.tolist()))}
+    if several:
+        snapshot["boards"] = dict(sorted(per_board.items()))
+        snapshot["board_rows"] = boards
     model = CostModel(result.booster, make_card(result, params, dev, kind, snapshot, metrics))
     where = None
     if out_root is not None:

@@ -300,22 +300,29 @@ def predict_margin(booster: xgb.Booster, X: np.ndarray) -> np.ndarray:
                       dtype=np.float64).reshape(-1)
 
 
-def _split(g_all: np.ndarray, X: np.ndarray, label: np.ndarray, params: TrainParams, seed: int
-           ) -> tuple[np.ndarray, ...]:
-    """Train and validation sides of one workload split, rows sorted by workload (ranking needs
-    rows grouped by query), compile facts hidden at random, dense 0..G-1 group codes per side."""
+def _split(g_all: np.ndarray, q_all: np.ndarray, X: np.ndarray, label: np.ndarray, params: TrainParams,
+           seed: int) -> tuple[np.ndarray, ...]:
+    """Train and validation sides of one workload split (``g_all``), rows sorted by query
+    (``q_all``: ranking needs rows grouped by query), compile facts hidden at random, dense
+    0..Q-1 query codes per side."""
     tr, va = split_by_group(g_all, params.valid_fraction, seed)
-    tr = tr[np.argsort(g_all[tr], kind="stable")]
-    va = va[np.argsort(g_all[va], kind="stable")]
+    tr = tr[np.argsort(q_all[tr], kind="stable")]
+    va = va[np.argsort(q_all[va], kind="stable")]
     Xtr, Xva = X[tr], X[va]
     mask_measured(Xtr, params.mask_measured, seed)
     mask_measured(Xva, params.mask_measured, seed + 1)
-    return Xtr, label[tr], _dense(g_all[tr]), Xva, label[va], _dense(g_all[va]), tr, va
+    return Xtr, label[tr], _dense(q_all[tr]), Xva, label[va], _dense(q_all[va]), tr, va
 
 
 def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
-                  params: TrainParams | None = None) -> TrainResult:
-    """Train on features ``X`` (float32), measured latencies (µs) and per-row workload labels."""
+                  params: TrainParams | None = None, query: Any = None) -> TrainResult:
+    """Train on features ``X`` (float32), measured latencies (µs) and per-row workload labels.
+
+    ``query`` (per-row labels, default ``groups``) names the rows that are compared with each
+    other: with several boards of one device model, (workload, board), so that the ranking
+    objective and the validation pairs never set a candidate on one board against one on
+    another board. Splits stay by workload (``groups``): a workload's rows on every board fall
+    on the same side."""
     params = params or TrainParams()
     X = np.asarray(X, dtype=np.float32)
     y = np.asarray(latency_us, dtype=np.float64).reshape(-1)
@@ -326,12 +333,15 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
     g_all = group_codes(groups)
     if len(g_all) != len(y):
         raise TrainError(f"{len(g_all)} group labels for {len(y)} rows")
+    q_all = g_all if query is None else group_codes(query)
+    if len(q_all) != len(y):
+        raise TrainError(f"{len(q_all)} query labels for {len(y)} rows")
     log_y = np.log(y)
     # The floor offset is constant within a workload: ranking labels and pairwise accuracy are
     # the same with or without it, so every objective trains on the same label.
     offset = calibration_base(X) if params.target == "log_over_floor" else np.zeros(len(y))
     label = log_y - offset
-    Xtr, ltr, gtr, Xva, lva, gva, tr, va = _split(g_all, X, label, params, params.seed)
+    Xtr, ltr, gtr, Xva, lva, gva, tr, va = _split(g_all, q_all, X, label, params, params.seed)
     n_bag = int(params.large_data_bag if len(tr) >= LARGE_DATA else params.bag)
     rounds = params.num_boost_round if n_bag == 1 else min(params.num_boost_round, params.bag_rounds)
     fit = replace(params, num_boost_round=rounds)
@@ -367,7 +377,7 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
         # Another workload split and another seed per member: they differ where the data
         # leaves the answer open, and their average is steadier than any one of them.
         seed = params.seed + 7919 * m
-        mXtr, mltr, mgtr, mXva, mlva, mgva, _, _ = _split(g_all, X, label, params, seed)
+        mXtr, mltr, mgtr, mXva, mlva, mgva, _, _ = _split(g_all, q_all, X, label, params, seed)
         b, i = _fit_one(obj, replace(fit, seed=seed), mXtr, mltr, mgtr, mXva, mlva, mgva, len(tr))
         members.append(b)
         iterations.append(i)

@@ -10,6 +10,13 @@ coordinates it depends on:
 * ``col``    [1, C]  one value per column (bias/gamma vectors, column-reduction results)
 * ``scalar`` [1, 1]
 * ``trans``  a graph input read transposed: element (r, c) lives at offset ``c * R + r``
+* ``bcol``   [R/Q, C]  one value per column of each block of Q consecutive rows: element (r, c)
+  lives at offset ``(r // Q) * C + c``. An attention mask [B, 1, 1, S] added to scores
+  [B, H, S, S] (R = B*H*S, C = S) is one, with Q = H*S. Q follows from the value's size
+  (Q = R*C / numel), is kept per value in ``Analysis.bcol_q``, and the class is checked where
+  the value is broadcast: leading dims equal, then size-1 dims up to the row/column split.
+  Values computed from bcol leaves only (cast, 1 - m, * -10000) are bcol too; kernels evaluate
+  them per element from the leaves (recompute).
 
 Layout ops (reshape, squeeze, unsqueeze, expand, identity, transpose of an input) produce no
 code: their outputs are aliases of their inputs under this evaluation rule. Reductions are
@@ -25,7 +32,7 @@ from dataclasses import dataclass
 from tunedb.graph.ir import Graph, GraphError, Node
 from tunedb.graph.ops import canonical_attrs
 
-FULL, ROW, COL, SCALAR, TRANS = "full", "row", "col", "scalar", "trans"
+FULL, ROW, COL, SCALAR, TRANS, BCOL = "full", "row", "col", "scalar", "trans", "bcol"
 PATTERNS = ("elementwise", "row_reduce", "col_reduce", "transpose", "multi")
 
 ALIAS_OPS = frozenset(("reshape", "squeeze", "unsqueeze", "expand", "identity"))
@@ -63,6 +70,11 @@ class Analysis:
     aliases: tuple[tuple[str, str], ...]    # alias value -> the value it stands for
     nodes: tuple[Node, ...]                 # compute nodes (layout ops removed), topological
     reductions: tuple[Reduction, ...]
+    bcol_q: tuple[tuple[str, int], ...] = ()  # bcol value -> Q (rows per block)
+
+    @property
+    def q(self) -> dict[str, int]:
+        return dict(self.bcol_q)
 
     @property
     def cls(self) -> dict[str, str]:
@@ -103,7 +115,8 @@ class Analysis:
                 "col_reductions": sum(r.axis == "col" for r in self.reductions),
                 "row_levels": self.row_levels, "col_levels": self.col_levels,
                 "transposed_inputs": len(self.transposed_inputs),
-                "classes": {k: sum(1 for v in c.values() if v == k) for k in (FULL, ROW, COL, SCALAR, TRANS)},
+                "classes": {k: sum(1 for v in c.values() if v == k)
+                            for k in (FULL, ROW, COL, SCALAR, TRANS, BCOL)},
                 "transcendentals": sum(n.op in TRANSCENDENTAL for n in self.nodes)}
 
 
@@ -136,8 +149,14 @@ def _broadcast_class(si: tuple[int, ...], so: tuple[int, ...], R: int, what: str
         return ROW
     if rows_one and cols_one:
         return SCALAR
+    j = 0
+    while j < q and si[j] == so[j]:
+        j += 1
+    if cols_full and all(si[i] == 1 for i in range(j, q)):
+        return BCOL  # leading row dims kept, inner ones broadcast: value[r // Q, c]
     raise UnsupportedFusion(f"{what}: operand of shape {si} broadcast to {so} is neither per-row, "
-                            f"per-column nor scalar in the [{R}, {math.prod(so) // R}] domain")
+                            f"per-column, per-column of a block of rows nor scalar in the "
+                            f"[{R}, {math.prod(so) // R}] domain")
 
 
 def _transpose_split(perm: tuple[int, ...], shape: tuple[int, ...]) -> int | None:
@@ -194,6 +213,8 @@ class _Classifier:
             return COL
         if n == self.R:
             return ROW if t.rank >= 2 and t.shape[-1] == 1 else COL
+        if n % self.C == 0 and self.R % (n // self.C) == 0 and _split_at(t.shape, n // self.C) is not None:
+            return BCOL  # [P, C] with P | R: confirmed (or refused) where it is broadcast
         raise UnsupportedFusion(f"value {v!r} {t} does not fit the [{self.R}, {self.C}] domain")
 
     def operand(self, v: str, out_shape: tuple[int, ...], out_cls: str, what: str) -> None:
@@ -201,7 +222,8 @@ class _Classifier:
         si = self.types[v].shape
         if out_cls == FULL:
             if self.numel(v) == self.N:
-                k = FULL
+                # an expand alias stands for its (smaller) source, classified at the expand
+                k = FULL if self.numel(rv) == self.N else self.cls[rv]
             else:
                 k = _broadcast_class(si, out_shape, self.R, what)
         elif self.numel(v) == 1:
@@ -377,8 +399,12 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     for v, c in outs.items():
         if c == SCALAR:
             raise UnsupportedFusion(f"output {v!r} is a scalar")
+        if c == BCOL:
+            raise UnsupportedFusion(f"output {v!r} is per-column of a block of rows (bcol); "
+                                    f"only its full-size consumers are generated")
+    bq = tuple(sorted((v, k.N // k.numel(v)) for v, c in k.cls.items() if c == BCOL))
     return Analysis(graph, R, C, pattern, tuple(sorted(k.cls.items())), tuple(sorted(k.dep.items())),
-                    tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds))
+                    tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq)
 
 
 def _domains(graph: Graph) -> list[tuple[int, int]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tunedb.kernels.analysis import COL, FULL, ROW, SCALAR, TRANS, Analysis, UnsupportedFusion
+from tunedb.graph.ir import DTYPE_BYTES
+from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, SCALAR, TRANS, Analysis, UnsupportedFusion
 from tunedb.kernels.expr import (
     COMPUTE,
     STORAGE,
@@ -109,7 +110,7 @@ class Frame:
         return env
 
     def leaf_classes(self, leaves: list[str]) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {FULL: [], ROW: [], COL: [], TRANS: [], SCALAR: []}
+        out: dict[str, list[str]] = {FULL: [], ROW: [], COL: [], TRANS: [], SCALAR: [], BCOL: []}
         for v in leaves:
             k = self.cls.get(v)
             if k not in out:
@@ -119,6 +120,27 @@ class Frame:
 
     def vec_load(self, v: str, index: str, V: int) -> str:
         return f"tdb_ld<{self.st(v)}, {V}>({self.param[v]} + ({index}))"
+
+    def bcol_index(self, v: str, row: str, col: str) -> str:
+        """Offset of element (row, col) of bcol value ``v``: (row / Q) * C + col."""
+        r = row if row.isidentifier() else f"({row})"
+        return f"{r} / {self.a.q[v]}LL * {self.C}LL + {col}"
+
+    def bcol_loads(self, leaves: list[str], row: str, col: str, V: int, lines: list[str],
+                   env: dict[str, str]) -> None:
+        """Loads of the bcol leaves at (row, col .. col + V - 1), vectors like per-column ones
+        (V divides C, so a vector stays inside one row of the [R/Q, C] array). A leaf wider than
+        the full-size data (an int64 mask next to float scores) does not cap the kernel's vector
+        width: where V of its elements exceed 16 bytes it is read element by element (it is
+        small and stays in cache)."""
+        for v in leaves:
+            idx = self.bcol_index(v, row, col)
+            if V * DTYPE_BYTES[self.dtype(v)] > 16:
+                lines.append(f"const long long bo_{self.n(v)} = {idx};")
+                env[v] = self.conv(v, f"{self.param[v]}[bo_{self.n(v)} + k]")
+            else:
+                lines.append(f"const tdb_vec<{self.st(v)}, {V}> bl_{self.n(v)} = {self.vec_load(v, idx, V)};")
+                env[v] = self.conv(v, f"bl_{self.n(v)}.v[k]")
 
     def vec_store_lines(self, v: str, index: str, V: int, vals: str) -> list[str]:
         """Store the V computed values ``vals[v]`` of value ``v`` to every output buffer of it."""

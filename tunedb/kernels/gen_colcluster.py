@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import FULL, ROW, cache_values
+from tunedb.kernels.analysis import BCOL, FULL, ROW, cache_values
 from tunedb.kernels.expr import RED_INIT, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 from tunedb.kernels.gen_cols import _col_outputs, _combine, _element_loop, _finished_env, _leaf_loads
@@ -46,14 +46,15 @@ def _pass(f: Frame, env: dict[str, str], cached: list[str], first: bool, reds: l
     for v in lc[ROW]:
         inner.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[r]')};")
         e[v] = f.n(v, "r")
+    f.bcol_loads(lc[BCOL], "r", "col", V, inner, e)
     for v in lc[FULL]:
         e[v] = f.conv(v, f"ld_{f.n(v)}[j].v[k]")
     if not first:
         for i, v in enumerate(cached):
             e[v] = f"rc{i}[j * {V} + k]"
     inner += [f"{f.ct(v)} res_{f.n(v)}[{V}];" for v in outs]
-    cache_lines = tuple(f"rc{i}[j * {V} + k] = {e[v]};" for i, v in enumerate(cached)) if first else ()
-    inner += _element_loop(f, nodes, e, reds, outs, V, C, cache_lines)
+    stores = tuple((f"rc{i}[j * {V} + k]", v) for i, v in enumerate(cached)) if first else ()
+    inner += _element_loop(f, nodes, e, reds, outs, V, C, stores)
     body += indent(inner)
     body.append("}")
     lines += indent(body)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import COL, FULL, ROW, Reduction
+from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, Reduction
 from tunedb.kernels.expr import RED_INIT, emit_nodes, flit, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 
@@ -25,12 +25,13 @@ def _leaf_loads(f: Frame, lc: dict, V: int, lines: list[str]) -> dict[str, str]:
 
 
 def _element_loop(f: Frame, nodes: list, env: dict[str, str], reds: list, outs: list[str], V: int,
-                  C: int, after_nodes: tuple[str, ...] = ()) -> list[str]:
-    """The unrolled loop over one vector of a row segment: evaluate ``nodes``, run
-    ``after_nodes`` lines, fold into the column accumulators, then store the outputs."""
+                  C: int, stores: tuple[tuple[str, str], ...] = ()) -> list[str]:
+    """The unrolled loop over one vector of a row segment: evaluate ``nodes``, store each
+    ``(destination, value)`` of ``stores`` (a row cache: the value may be one of ``nodes``), fold
+    into the column accumulators, then store the outputs."""
     el: list[str] = []
     emit_nodes(f.a, f.names, nodes, env, el, f.s.fast_math)
-    el += after_nodes
+    el += [f"{dst} = {env[v]};" for dst, v in stores]
     for r in reds:
         acc = f"acc{f.names.idx[r.value]}[k]"
         el.append(f"{acc} = {red_comb(r.op, acc, env[r.input])};")
@@ -75,6 +76,7 @@ def _sweep(f: Frame, env: dict[str, str], targets: list[str], reds: list[Reducti
     for v in lc[ROW]:
         inner.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[r]')};")
         ee[v] = f.n(v, "r")
+    f.bcol_loads(lc[BCOL], "r", "col", V, inner, ee)
     for v in lc[FULL]:
         ee[v] = f.conv(v, f"ld_{f.n(v)}[u].v[k]")
     inner += [f"{f.ct(v)} res_{f.n(v)}[{V}];" for v in outs]

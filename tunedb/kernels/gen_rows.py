@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import COL, FULL, ROW, cache_values
+from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, cache_values
 from tunedb.kernels.expr import RCP, RED_INIT, RED_WARP, emit_nodes, flit, reciprocals, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 from tunedb.kernels.schedule import MAX_UNROLLED, row_smem_bytes
@@ -108,6 +108,8 @@ class _Row:
                 e[v] = f.conv(v, f"{f.param[v]}[(rv ? rbase : 0LL) + {gi}]")
             elif k == COL:
                 e[v] = f.conv(v, f"{f.param[v]}[{gi}]")
+            elif k == BCOL:
+                e[v] = f.conv(v, f"{f.param[v]}[{f.bcol_index(v, 'rv ? row : 0LL', gi)}]")
         emit_nodes(a, f.names, nodes, e, body, self.s.fast_math, prefix=f"g{f.names.idx[out]}_")
         body.append(f"{name} = {e[data]};")
         lines += indent(body)
@@ -151,6 +153,7 @@ class _Row:
                 inner.append(f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {ld};")
         for v in lc[COL]:
             inner.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
+        f.bcol_loads(lc[BCOL], "row", "col", V, inner, e)
         for v in outs:
             inner.append(f"{f.ct(v)} res_{f.n(v)}[{V}];")
         el: list[str] = []

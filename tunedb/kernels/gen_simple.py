@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import COL, FULL, ROW, TRANS
+from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, TRANS
 from tunedb.kernels.expr import emit_nodes
 from tunedb.kernels.frame import Frame, KText, indent
 
@@ -40,7 +40,7 @@ def gen_elementwise(f: Frame) -> list[KText]:
     env = f.prologue(lines)
     nodes, leaves = f.leaves_of(f.full_outputs(), set(env))
     lc = f.leaf_classes(leaves)
-    need_rc = bool(lc[ROW] or lc[COL] or lc[TRANS])
+    need_rc = bool(lc[ROW] or lc[COL] or lc[TRANS] or lc[BCOL])
     lines.append(f"constexpr long long NV = {NV}LL;")
     lines.append(f"for (long long base = (long long)blockIdx.x * {B * U} + threadIdx.x; base < NV; "
                  f"base += (long long)gridDim.x * {B * U}) {{")
@@ -65,6 +65,7 @@ def gen_elementwise(f: Frame) -> list[KText]:
         e[v] = f.n(v, "r")
     for v in lc[COL]:
         el.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
+    f.bcol_loads(lc[BCOL], "row", "col", V, el, e)
     full = {v: f.conv(v, f"ld_{f.n(v)}[u].v[k]") for v in lc[FULL]}
     col = {v: f.conv(v, f"cl_{f.n(v)}.v[k]") for v in lc[COL]}
     trans = {v: f.conv(v, f"{f.param[v]}[(col + k) * {R}LL + row]") for v in lc[TRANS]}
@@ -128,6 +129,7 @@ def gen_transpose(f: Frame) -> list[KText]:
         e[v] = f.n(v, "r")
     for v in lc[COL]:
         inner.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
+    f.bcol_loads(lc[BCOL], "row", "col", V, inner, e)
     full = {v: f.conv(v, f"ld_{f.n(v)}.v[k]") for v in lc[FULL]}
     col = {v: f.conv(v, f"cl_{f.n(v)}.v[k]") for v in lc[COL]}
     trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}

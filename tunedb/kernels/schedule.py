@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from tunedb.graph.ir import DTYPE_BYTES, Graph
 from tunedb.kernels.analysis import (
+    BCOL,
     COL,
     FULL,
     ROW,
@@ -146,7 +147,8 @@ class Schedule:
 # --- facts the space and the generator share -------------------------------------------------
 
 def full_bytes(a: Analysis) -> int:
-    """Widest element among the arrays accessed with vectors (full-size and per-column)."""
+    """Widest element among the arrays accessed with vectors (full-size and per-column; bcol
+    leaves too wide for the vector are read element by element, ``Frame.bcol_loads``)."""
     types = a.graph.type_map
     cls = a.cls
     vals = [v for v in list(a.graph.inputs) + list(a.graph.outputs)
@@ -249,7 +251,7 @@ def check(a: Analysis, s: Schedule) -> str:
     if s.vec * eb > 16:
         return f"vector width {s.vec} of {eb}-byte elements exceeds 16 bytes"
     cls = a.cls
-    needs_c = m != "elementwise" or any(c in (ROW, COL, TRANS) for c in cls.values())
+    needs_c = m != "elementwise" or any(c in (ROW, COL, TRANS, BCOL) for c in cls.values())
     if needs_c and a.C % s.vec:
         return f"vector width {s.vec} does not divide C={a.C}"
     if m == "transpose_tiled":
