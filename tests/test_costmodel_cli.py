@@ -129,3 +129,27 @@ def test_train_picks_one_device_by_name(tmp_path):
     assert m["device_name"] == "NVIDIA A100" and m["workloads"] == 12
     assert Path(m["model_dir"]) == tmp_path / "nvidia-a100" / "fusion"
     assert load_model(m["model_dir"]).device.sm_count == 108
+
+
+def test_device_id_picks_every_board_of_one_model(tmp_path):
+    """A name or any board's id picks the model; all its boards train together, the other
+    model's board is left out."""
+    second = DeviceInfo(*[("uuid-c" if f == "uuid_hash" else getattr(H200, f))
+                          for f in DeviceInfo.__dataclass_fields__])
+    three = tmp_path / "three.duckdb"
+    with TuningStore.open(three) as store:
+        frame = synthetic_frame(8, 6, seed=3, families=("softmax", "norm"))
+        fill_from_frame(store, frame, H200)
+        fill_from_frame(store, frame, second, run_id="run-2")
+        fill_from_frame(store, synthetic_frame(4, 5, seed=4, families=("norm",)), A100, run_id="run-3")
+    res = invoke("train", "--db", str(three), "--out", str(tmp_path))
+    assert res.exit_code == 1 and "2 device models" in res.stderr and res.stderr.count("\n") == 1
+    for pick in ("NVIDIA H200", second.id):
+        res = invoke("train", "--db", str(three), "--out", str(tmp_path), "--device-id", pick,
+                     "--folds", "2", "--no-lofo", "--json")
+        assert res.exit_code == 0, res.output
+        m = json.loads(res.stdout)
+        assert m["boards"] == 2 and m["workloads"] == 8 and m["rows"] == 2 * m["candidates"]
+    res = invoke("train", "--db", str(three), "--out", str(tmp_path), "--device-id", "NVIDIA H200",
+                 "--boards", "mean")
+    assert res.exit_code == 1 and "--boards must be one of each, median" in res.stderr
