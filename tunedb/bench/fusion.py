@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.bench.host import HostPrep, spawn_pool, submit_or_none
 from tunedb.graph.ir import Graph
-from tunedb.runtime.inputs import bf16_to_f32, make_inputs, storage_dtype, tolerance, workload_seed
+from tunedb.runtime.inputs import bf16_to_f32, storage_dtype, tolerance
 from tunedb.runtime.measure import WorkloadBuffers
 
 PEERS = ("torch_eager", "torch_compile", "jax")
@@ -212,30 +213,6 @@ class ContextLost(RuntimeError):
 QUICK_PROTOCOL = {"warmup": 2, "samples": 5, "flush_l2": False, "batch": 1}
 
 
-def _spawn_pool(n: int) -> Any:
-    """A process pool (spawn: no CUDA state is inherited), or None if one cannot start."""
-    if n <= 0:
-        return None
-    try:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"))
-    except Exception:  # noqa: BLE001 - the work then runs in this process
-        return None
-
-
-def _submit(owner: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """``owner.pool.submit(fn, *args)``; None (and no pool from now on) when the pool is broken."""
-    if owner.pool is None:
-        return None
-    try:
-        return owner.pool.submit(fn, *args)
-    except Exception:  # noqa: BLE001
-        owner.pool = None
-        return None
-
-
 class CaseSearch:
     """tunedb's side of each case: candidate plans generated and compiled ahead in a process
     pool (in case order), then per case verified, quick-timed (CUDA events), and the best
@@ -250,7 +227,7 @@ class CaseSearch:
         self.jobs: dict[str, list[tuple[dict, Any]]] = {}
         self.space: dict[str, dict] = {}
         # Leave cores for this process and the reference workers: host-side launch rates count.
-        self.pool = _spawn_pool(max(1, (os.cpu_count() or 2) - 4) if workers is None else workers)
+        self.pool = spawn_pool(max(1, (os.cpu_count() or 2) - 4) if workers is None else workers)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -287,7 +264,7 @@ class CaseSearch:
 
     def _queue(self, graph: Graph, metas: list[dict]) -> list[tuple[dict, Any]]:
         gj = graph.to_json()
-        return [(m, _submit(self, prepare, gj, m["config"], self.sm_count, True)) for m in metas]
+        return [(m, submit_or_none(self, prepare, gj, m["config"], self.sm_count, True)) for m in metas]
 
     def submit(self, workload_hash: str, graph: Graph, db_cands: list[dict]) -> None:
         """Queue the candidates of one case: the database's top-K, else the schedule space."""
@@ -427,79 +404,6 @@ class _Buffers(WorkloadBuffers):
     def download(self, name: str) -> np.ndarray:
         a = self.cp.asnumpy(self.outputs[name])
         return bf16_to_f32(a) if self.checks[name][0] == "bfloat16" else a
-
-
-def host_case(graph_json: dict, workload_hash: str, folder: str) -> dict[str, dict[str, str]]:
-    """Pool task: a case's random inputs (``make_inputs``, seeded by the workload) and float64
-    reference outputs, saved as ``.npy`` files in ``folder`` (arrays of up to a GiB: files, not
-    pipes). The reference takes seconds per large case, so worker processes compute it ahead."""
-    from tunedb.graph.reference import run_reference
-
-    g = Graph.from_json(graph_json)
-    dev, ref_in = make_inputs(g, workload_seed(workload_hash))
-    refs = run_reference(g, ref_in)
-    files: dict[str, dict[str, str]] = {"inputs": {}, "refs": {}}
-    for kind, names, arrays in (("inputs", g.inputs, dev), ("refs", g.outputs, refs)):
-        for i, n in enumerate(names):
-            files[kind][n] = path = os.path.join(folder, f"{workload_hash[:16]}_{kind}{i}.npy")
-            np.save(path, np.asarray(arrays[n]), allow_pickle=False)
-    return files
-
-
-class HostPrep:
-    """Inputs and references of the cases, ``ahead`` cases in advance, in worker processes."""
-
-    def __init__(self, jobs: list[tuple[str, Graph]], ahead: int = 2) -> None:
-        import tempfile
-
-        self.jobs, self.ahead, self.futs = jobs, ahead, {}
-        self.folder = tempfile.mkdtemp(prefix="tunedb-bench-")
-        # float64 references take seconds per large case: a worker per case, up to half the cores
-        self.pool = _spawn_pool(max(ahead, min(len(jobs), (os.cpu_count() or 2) // 2)))
-        self.want(0)
-
-    def want(self, i: int) -> None:
-        for j in range(i, min(i + self.ahead + 1, len(self.jobs))):
-            if j not in self.futs:
-                h, g = self.jobs[j]
-                self.futs[j] = _submit(self, host_case, g.to_json(), h, self.folder)
-
-    def get(self, i: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        self.want(i + 1)
-        fut = self.futs.pop(i, None)
-        try:
-            files = fut.result() if fut is not None else None
-        except Exception:  # noqa: BLE001 - the worker died (memory?): compute here
-            files = None
-        h, g = self.jobs[i]
-        files = files or host_case(g.to_json(), h, self.folder)
-        loaded = []
-        for kind in ("inputs", "refs"):
-            loaded.append({n: np.load(path, allow_pickle=False) for n, path in files[kind].items()})
-            for path in files[kind].values():
-                if os.path.exists(path):
-                    os.remove(path)
-        return loaded[0], loaded[1]
-
-    def settle(self) -> None:
-        """Prepare every case now and stop the workers (see ``CaseSearch.settle``)."""
-        self.ahead = len(self.jobs)
-        self.want(0)
-        for fut in self.futs.values():
-            try:
-                fut.result()
-            except Exception:  # noqa: BLE001 - ``get`` computes it in-process
-                pass
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-        self.pool = None
-
-    def close(self) -> None:
-        import shutil
-
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def run_bench(cases: list[Any], out: Path | None, db: Path | None = None, top: int = 3,
