@@ -10,13 +10,17 @@ coordinates it depends on:
 * ``col``    [1, C]  one value per column (bias/gamma vectors, column-reduction results)
 * ``scalar`` [1, 1]
 * ``trans``  a graph input read transposed: element (r, c) lives at offset ``c * R + r``
-* ``bcol``   [R/Q, C]  one value per column of each block of Q consecutive rows: element (r, c)
-  lives at offset ``(r // Q) * C + c``. An attention mask [B, 1, 1, S] added to scores
-  [B, H, S, S] (R = B*H*S, C = S) is one, with Q = H*S. Q follows from the value's size
-  (Q = R*C / numel), is kept per value in ``Analysis.bcol_q``, and the class is checked where
-  the value is broadcast: leading dims equal, then size-1 dims up to the row/column split.
-  Values computed from bcol leaves only (cast, 1 - m, * -10000) are bcol too; kernels evaluate
-  them per element from the leaves (recompute).
+* ``bcol``   [R/Q*P, C]  an operand broadcast over a middle block of rows: element (r, c) lives
+  at row ``(r // Q) * P + r % P``, offset ``((r // Q) * P + r % P) * C + c`` (P divides Q). Its
+  row dims are the domain's leading dims, then size-1 dims, then the domain's trailing row dims
+  (P is their product, Q that of the size-1 and trailing ones). An attention mask [B, 1, 1, S]
+  added to scores [B, H, S, S] (R = B*H*S, C = S) is one with Q = H*S, P = 1 (value[r // Q, c]);
+  GPT-2's causal mask [1, 1, S, S] is one with Q = R, P = S (value[r % S, c]), and a [B, 1, S, S]
+  mask one with Q = H*S, P = S. The class and (Q, P) are decided where the value is broadcast;
+  values computed from bcol leaves only (cast, 1 - m, * -10000) are bcol too, with the same
+  (Q, P) (a value never broadcast keeps P = 1, Q = R*C / numel), and kernels evaluate them per
+  element from the leaves (recompute). Q is kept per value in ``Analysis.bcol_q``, P where it
+  is above 1 in ``Analysis.bcol_p``.
 
 Layout ops (reshape, squeeze, unsqueeze, expand, identity, transpose of an input) produce no
 code: their outputs are aliases of their inputs under this evaluation rule. Reductions are
@@ -71,10 +75,18 @@ class Analysis:
     nodes: tuple[Node, ...]                 # compute nodes (layout ops removed), topological
     reductions: tuple[Reduction, ...]
     bcol_q: tuple[tuple[str, int], ...] = ()  # bcol value -> Q (rows per block)
+    bcol_p: tuple[tuple[str, int], ...] = ()  # bcol value -> P, where P > 1 (inner rows kept)
 
     @property
     def q(self) -> dict[str, int]:
         return dict(self.bcol_q)
+
+    @property
+    def p(self) -> dict[str, int]:
+        """P of every bcol value (1 where ``bcol_p`` has none)."""
+        out = {v: 1 for v, _ in self.bcol_q}
+        out.update(self.bcol_p)
+        return out
 
     @property
     def cls(self) -> dict[str, str]:
@@ -131,8 +143,10 @@ def _split_at(shape: tuple[int, ...], R: int) -> int | None:
     return None
 
 
-def _broadcast_class(si: tuple[int, ...], so: tuple[int, ...], R: int, what: str) -> str:
-    """Class of an operand of shape ``si`` broadcast to the full-size output shape ``so``."""
+def _broadcast_class(si: tuple[int, ...], so: tuple[int, ...], R: int,
+                     what: str) -> tuple[str, tuple[int, int] | None]:
+    """Class of an operand of shape ``si`` broadcast to the full-size output shape ``so``, and
+    (Q, P) where the class is bcol."""
     q = _split_at(so, R)
     if q is None:
         raise UnsupportedFusion(f"{what}: broadcast to {so} does not split into rows of {R}")
@@ -142,18 +156,22 @@ def _broadcast_class(si: tuple[int, ...], so: tuple[int, ...], R: int, what: str
     cols_full = all(si[i] == so[i] for i in range(q, len(so)))
     cols_one = all(si[i] == 1 for i in range(q, len(so)))
     if rows_full and cols_full:
-        return FULL
+        return FULL, None
     if rows_one and cols_full:
-        return COL
+        return COL, None
     if rows_full and cols_one:
-        return ROW
+        return ROW, None
     if rows_one and cols_one:
-        return SCALAR
+        return SCALAR, None
     j = 0
     while j < q and si[j] == so[j]:
         j += 1
-    if cols_full and all(si[i] == 1 for i in range(j, q)):
-        return BCOL  # leading row dims kept, inner ones broadcast: value[r // Q, c]
+    k = q
+    while k > j and si[k - 1] == so[k - 1]:
+        k -= 1
+    if cols_full and all(si[i] == 1 for i in range(j, k)):
+        # row dims so[:j] kept, so[j:k] broadcast, so[k:q] kept: value[(r // Q) * P + r % P, c]
+        return BCOL, (math.prod(so[j:q]), math.prod(so[k:q]))
     raise UnsupportedFusion(f"{what}: operand of shape {si} broadcast to {so} is neither per-row, "
                             f"per-column, per-column of a block of rows nor scalar in the "
                             f"[{R}, {math.prod(so) // R}] domain")
@@ -181,6 +199,7 @@ class _Classifier:
         self.dep: dict[str, int] = {}
         self.nodes: list[Node] = []
         self.reds: list[Reduction] = []
+        self.bqp: dict[str, set[tuple[int, int]]] = {}  # bcol value -> (Q, P) of its broadcasts
         self.leaves = set(graph.inputs) | set(graph.constant_map)
 
     def resolve(self, v: str) -> str:
@@ -225,7 +244,9 @@ class _Classifier:
                 # an expand alias stands for its (smaller) source, classified at the expand
                 k = FULL if self.numel(rv) == self.N else self.cls[rv]
             else:
-                k = _broadcast_class(si, out_shape, self.R, what)
+                k, qp = _broadcast_class(si, out_shape, self.R, what)
+                if qp is not None:
+                    self.bqp.setdefault(rv, set()).add(qp)
         elif self.numel(v) == 1:
             k = SCALAR
         elif self.numel(v) == math.prod(out_shape):
@@ -342,6 +363,41 @@ class _Classifier:
         self.nodes.append(node)
 
 
+def _bcol_blocks(k: _Classifier) -> dict[str, tuple[int, int]]:
+    """(Q, P) of every bcol value. A value computed from bcol values shares their row mapping
+    (its elements are evaluated from theirs), so each connected group of bcol values takes the
+    (Q, P) of its broadcasts; a group broadcast two ways is refused."""
+    parent: dict[str, str] = {}
+
+    def find(v: str) -> str:
+        while parent.get(v, v) != v:
+            v = parent[v]
+        return v
+
+    for n in k.nodes:
+        out = n.outputs[0]
+        if k.cls.get(out) != BCOL:
+            continue
+        for i in n.inputs:
+            ri = k.resolve(i)
+            if k.cls.get(ri) == BCOL and find(ri) != find(out):
+                parent[find(ri)] = find(out)
+    groups: dict[str, list[str]] = {}
+    for v, c in k.cls.items():
+        if c == BCOL:
+            groups.setdefault(find(v), []).append(v)
+    out: dict[str, tuple[int, int]] = {}
+    for vs in groups.values():
+        qps = set().union(*(k.bqp.get(v, set()) for v in vs))
+        if len(qps) > 1:
+            ways = " and ".join(f"value[(r // {q}) * {p} + r % {p}, c]" for q, p in sorted(qps))
+            raise UnsupportedFusion(f"bcol values {', '.join(sorted(vs))} are broadcast as {ways}")
+        # never broadcast (an unused input): the plain block of today's rows, P = 1
+        qp = qps.pop() if qps else (k.N // k.numel(vs[0]), 1)
+        out.update((v, qp) for v in vs)
+    return out
+
+
 def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     k = _Classifier(graph, R, C)
     k.run()
@@ -402,9 +458,11 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
         if c == BCOL:
             raise UnsupportedFusion(f"output {v!r} is per-column of a block of rows (bcol); "
                                     f"only its full-size consumers are generated")
-    bq = tuple(sorted((v, k.N // k.numel(v)) for v, c in k.cls.items() if c == BCOL))
+    blocks = _bcol_blocks(k)
+    bq = tuple(sorted((v, q) for v, (q, _) in blocks.items()))
+    bp = tuple(sorted((v, p) for v, (_, p) in blocks.items() if p > 1))
     return Analysis(graph, R, C, pattern, tuple(sorted(k.cls.items())), tuple(sorted(k.dep.items())),
-                    tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq)
+                    tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq, bp)
 
 
 def _domains(graph: Graph) -> list[tuple[int, int]]:
@@ -444,7 +502,9 @@ def _domains(graph: Graph) -> list[tuple[int, int]]:
 
 
 def analyze(graph: Graph) -> Analysis:
-    """Classify ``graph`` on the first domain split under which it is supported."""
+    """Classify ``graph`` on the first domain split under which it is supported, preferring
+    splits where no bcol value keeps inner rows (P > 1): x[B, 8, C] + bias[8, C] reads the bias
+    per column of [B, 8*C] more simply than as value[r % 8, c] of [B*8, C]."""
     if not graph.nodes:
         raise UnsupportedFusion("empty subgraph")
     for v, t in graph.types:
@@ -453,11 +513,18 @@ def analyze(graph: Graph) -> Analysis:
         if t.numel >= 2 ** 31:
             raise UnsupportedFusion(f"value {v!r} has {t.numel} elements; the limit is 2^31 - 1")
     first: UnsupportedFusion | None = None
+    inner: Analysis | None = None
     for R, C in _domains(graph):
         try:
-            return _analyze_with(graph, R, C)
+            a = _analyze_with(graph, R, C)
         except UnsupportedFusion as e:
             first = first or e
+            continue
+        if not a.bcol_p:
+            return a
+        inner = inner or a
+    if inner is not None:
+        return inner
     raise first or UnsupportedFusion("no [R, C] domain fits the subgraph")
 
 

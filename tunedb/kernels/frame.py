@@ -122,9 +122,15 @@ class Frame:
         return f"tdb_ld<{self.st(v)}, {V}>({self.param[v]} + ({index}))"
 
     def bcol_index(self, v: str, row: str, col: str) -> str:
-        """Offset of element (row, col) of bcol value ``v``: (row / Q) * C + col."""
+        """Offset of element (row, col) of bcol value ``v``: ((row / Q) * P + row % P) * C + col,
+        written without the terms that are constant (P = 1: row / Q; Q = R: row % P)."""
         r = row if row.isidentifier() else f"({row})"
-        return f"{r} / {self.a.q[v]}LL * {self.C}LL + {col}"
+        q, p = self.a.q[v], self.a.p[v]
+        if p == 1:
+            return f"{r} / {q}LL * {self.C}LL + {col}"
+        if q == self.R:
+            return f"{r} % {p}LL * {self.C}LL + {col}"
+        return f"({r} / {q}LL * {p}LL + {r} % {p}LL) * {self.C}LL + {col}"
 
     def bcol_loads(self, leaves: list[str], row: str, col: str, V: int, lines: list[str],
                    env: dict[str, str]) -> None:
