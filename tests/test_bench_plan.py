@@ -23,7 +23,6 @@ from tunedb.bench.plan import (
     load_entry,
     onnxruntime_outputs,
     op_by_op_count,
-    sample_inputs,
     summarize,
     summary_lines,
     verify,
@@ -32,6 +31,7 @@ from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.ir import OP_SPECS
 from tunedb.graph.onnx_import import import_onnx
 from tunedb.graph.reference import run_reference
+from tunedb.runtime.inputs import make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = ROOT / "data" / "graphs"
@@ -130,9 +130,9 @@ def test_batch_bindings(tmp_path):
 
 
 # -- inputs, verification -------------------------------------------------------------------------
-def test_sample_inputs_make_masks_of_zeros_and_ones():
+def test_bench_inputs_make_masks_of_zeros_and_ones():
     graph, _ = load_entry(Entry("bert", "x", path=GRAPHS / "bert_layer.onnx"))
-    dev, ref = sample_inputs(graph, 3)
+    dev, ref = make_inputs(graph, 3)
     mask = dev["attention_mask"]
     assert mask.dtype == np.int64 and set(np.unique(mask)) <= {0, 1} and mask.min() == 0 and mask.max() == 1
     assert np.array_equal(ref["attention_mask"], mask)
@@ -141,7 +141,7 @@ def test_sample_inputs_make_masks_of_zeros_and_ones():
     b = GraphBuilder("g")
     x, idx = b.input("x", (5, 3)), b.input("i", (7,), "int64")
     g = b.build([b.gather(x, idx, axis=0)])
-    dev, _ = sample_inputs(g, 0)
+    dev, _ = make_inputs(g, 0)
     assert dev["i"].min() >= 0 and dev["i"].max() < 5  # indices keep their range
 
 
@@ -164,7 +164,7 @@ def test_verify_reports_the_worst_output():
 
 def test_onnxruntime_agrees_with_the_reference_on_a_shipped_graph():
     graph, model = load_entry(Entry("resnet", "x", path=GRAPHS / "resnet_piece.onnx"))
-    dev, ref_in = sample_inputs(graph, 5)
+    dev, ref_in = make_inputs(graph, 5)
     ort_out = onnxruntime_outputs(model, graph, dev)
     refs = run_reference(graph, ref_in)
     res = verify(graph, ort_out, refs, slack=4.0)
@@ -348,7 +348,7 @@ def test_translations_match_the_reference(fw):
     pytest.importorskip(fw)
     graphs = _tricky_graphs() + [load_entry(Entry(p.stem, "x", path=p))[0] for p in SHIPPED[::2]]
     for g in graphs:
-        dev, ref_in = sample_inputs(g, 0)
+        dev, ref_in = make_inputs(g, 0)
         refs = run_reference(g, ref_in)
         outs = _run_peer(fw, g, dev)
         assert len(outs) == len(g.outputs)

@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tunedb.bench.plan import sample_inputs
 from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.reference import run_reference
-from tunedb.runtime.inputs import check_host, tolerance
+from tunedb.runtime.inputs import check_host, make_inputs, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +44,7 @@ def test_shipped_graph_plan_matches_the_reference(name):
     from tunedb.runtime.executor import executor_for
 
     plan = _compile(str(GRAPHS / name))
-    dev, ref_in = sample_inputs(plan.graph, 11)
+    dev, ref_in = make_inputs(plan.graph, 11)
     outs = plan.run(dev)
     _check(plan, outs, ref_in)
     ex = executor_for(plan)  # the one Plan.run built (cached by plan identity)
@@ -63,7 +62,7 @@ def test_dynamic_batch_graph_plans_match_the_reference(name):
 
     plan = compile(str(GRAPHS / "dynamic" / name), device="cuda", bindings={"batch": 3})
     assert plan.graph.type_of(plan.graph.inputs[0]).shape[0] == 3
-    dev, ref_in = sample_inputs(plan.graph, 5)
+    dev, ref_in = make_inputs(plan.graph, 5)
     _check(plan, plan.run(dev), ref_in)
 
 
@@ -86,7 +85,7 @@ def test_fusion_subgraph_plan_matches_the_reference(graph):
     plan = _compile(graph)
     ex = PlanExecutor(plan)
     assert ex.graph_capture, ex.capture_error
-    dev, ref_in = sample_inputs(plan.graph, 2)
+    dev, ref_in = make_inputs(plan.graph, 2)
     outs = {k: v.get() for k, v in ex.run(dev).items()}
     _check(plan, outs, ref_in)
 
@@ -105,7 +104,7 @@ def test_op_by_op_steps_and_layout_copies_run_too():
     c = b.concat(s, b.gather(s, idx, axis=0), axis=0)
     plan = _compile(b.build([p, b.argmax(x, axis=1), c]))
     ex = PlanExecutor(plan)
-    dev, ref_in = sample_inputs(plan.graph, 4)
+    dev, ref_in = make_inputs(plan.graph, 4)
     _check(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
     assert ex.graph_capture, ex.capture_error
 
@@ -114,7 +113,7 @@ def test_eager_and_graph_replay_agree_and_bad_inputs_are_one_line():
     from tunedb.runtime.executor import ExecutorError, PlanExecutor
 
     plan = _compile(str(GRAPHS / "resnet_piece.onnx"))
-    dev, _ = sample_inputs(plan.graph, 3)
+    dev, _ = make_inputs(plan.graph, 3)
     a = PlanExecutor(plan).run(dev)
     eager = PlanExecutor(plan, capture=False)
     assert not eager.graph_capture and eager.capture_error == "capture disabled"
@@ -128,7 +127,7 @@ def test_eager_and_graph_replay_agree_and_bad_inputs_are_one_line():
 
 def test_plan_json_replays_in_a_fresh_process(tmp_path):
     plan = _compile(str(GRAPHS / "gpt2_block.onnx"))
-    dev, _ = sample_inputs(plan.graph, 9)
+    dev, _ = make_inputs(plan.graph, 9)
     here = plan.run(dev)
     (tmp_path / "plan.json").write_text(plan.dumps())
     names = list(plan.graph.inputs)

@@ -35,6 +35,7 @@ import numpy as np
 
 from tunedb.bench.fusion import BenchError, _finite, _one_line, _versions, geomean, rel_l2, write_json
 from tunedb.graph.ir import Graph
+from tunedb.runtime.inputs import make_inputs
 
 PEERS = ("torch_eager", "torch_compile", "torch_compile_ro", "jax")
 PEER_LABELS = {"torch_eager": "torch eager", "torch_compile": "torch.compile",
@@ -150,23 +151,6 @@ def load_entry(entry: Entry) -> tuple[Graph, Any]:
             fill_model(entry.path))
 
 
-def sample_inputs(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """``make_inputs`` (normal floats, gather indices in range) with every other integer input
-    drawn from {0, 1}: such inputs are masks in real models (BERT's ``attention_mask``), and a
-    mask of 7 turns ``(1 - mask) * float32.min`` into -inf in float32 (NaN after the softmax)
-    where the float64 reference stays finite."""
-    from tunedb.runtime.inputs import index_bounds, make_inputs
-
-    dev, ref = make_inputs(graph, seed)
-    rng = np.random.default_rng(seed + 1)
-    bounds = index_bounds(graph)
-    for v in graph.inputs:
-        t = graph.type_of(v)
-        if t.dtype in ("int32", "int64") and v not in bounds:
-            dev[v] = ref[v] = rng.integers(0, 2, size=t.shape).astype(t.dtype)
-    return dev, ref
-
-
 def op_by_op_count(graph: Graph) -> int:
     """Kernels an op-by-op executor launches: every node that is not a free view."""
     from tunedb.plan.subgraph import is_view
@@ -262,7 +246,7 @@ def run_entry(entry: Entry, fw: Any, peers: Sequence[str], db: Any, cost_model: 
                     "inputs": {v: str(graph.type_of(v)) for v in graph.inputs},
                     "outputs": {v: str(graph.type_of(v)) for v in graph.outputs}}
     try:
-        dev, ref_in = sample_inputs(graph, INPUT_SEED)
+        dev, ref_in = make_inputs(graph, INPUT_SEED)
         refs = run_reference(graph, ref_in)
     except Exception as e:  # noqa: BLE001
         rec["error"] = f"reference failed: {_one_line(e)}"
