@@ -14,9 +14,16 @@ from __future__ import annotations
 import math
 
 from tunedb.kernels.analysis import BCOL, FULL, ROW, cache_values
-from tunedb.kernels.expr import RED_INIT, red_comb
+from tunedb.kernels.expr import red_comb
 from tunedb.kernels.frame import Frame, KText, indent
-from tunedb.kernels.gen_cols import _col_outputs, _combine, _element_loop, _finished_env, _leaf_loads
+from tunedb.kernels.gen_cols import (
+    _col_outputs,
+    _combine,
+    _element_loop,
+    _finished_env,
+    _leaf_loads,
+    acc_decls,
+)
 
 
 def _pass(f: Frame, env: dict[str, str], cached: list[str], first: bool, reds: list, outs: list[str],
@@ -28,10 +35,7 @@ def _pass(f: Frame, env: dict[str, str], cached: list[str], first: bool, reds: l
     lc = f.leaf_classes(leaves)
     e = dict(env)
     e.update(_leaf_loads(f, lc, V, lines))
-    for r in reds:
-        lines.append(f"float acc{f.names.idx[r.value]}[{V}];")
-        lines.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) acc{f.names.idx[r.value]}[k] = "
-                     f"{RED_INIT[r.op]};")
+    lines += acc_decls(f, reds, V)
     if lc[FULL]:
         for v in lc[FULL]:
             lines.append(f"tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)}[{NJ}];")

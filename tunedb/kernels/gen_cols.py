@@ -24,6 +24,16 @@ def _leaf_loads(f: Frame, lc: dict, V: int, lines: list[str]) -> dict[str, str]:
     return env
 
 
+def acc_decls(f: Frame, reds: list, V: int) -> list[str]:
+    """Per-thread accumulators of V columns for each column reduction, at their identity."""
+    out = []
+    for r in reds:
+        acc = f"acc{f.names.idx[r.value]}"
+        out.append(f"float {acc}[{V}];")
+        out.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {acc}[k] = {RED_INIT[r.op]};")
+    return out
+
+
 def _element_loop(f: Frame, nodes: list, env: dict[str, str], reds: list, outs: list[str], V: int,
                   C: int, stores: tuple[tuple[str, str], ...] = ()) -> list[str]:
     """The unrolled loop over one vector of a row segment: evaluate ``nodes``, store each
@@ -50,10 +60,7 @@ def _sweep(f: Frame, env: dict[str, str], targets: list[str], reds: list[Reducti
     lc = f.leaf_classes(leaves)
     e = dict(env)
     e.update(_leaf_loads(f, lc, V, lines))
-    for r in reds:
-        lines.append(f"float acc{f.names.idx[r.value]}[{V}];")
-        lines.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) "
-                     f"acc{f.names.idx[r.value]}[k] = {RED_INIT[r.op]};")
+    lines += acc_decls(f, reds, V)
     if reverse:
         lines.append(f"for (long long r0 = rend - 1 - ty; r0 >= rbeg; r0 -= {TY * U}) {{")
         rexpr, okexpr = f"r0 - u * {TY}", "r >= rbeg"

@@ -31,6 +31,19 @@ def _element(f: Frame, env: dict[str, str], full: dict[str, str], col: dict[str,
         lines += f.vec_store_lines(v, store_index, V, f"res_{f.n(v)}")
 
 
+def _side_loads(f: Frame, lc: dict[str, list[str]], V: int, lines: list[str],
+                env: dict[str, str]) -> dict[str, str]:
+    """Loads of the per-row, per-column and bcol leaves at (``row``, ``col``): per-row and
+    bcol ones go into ``env``; returns the per-column expressions of element k."""
+    for v in lc[ROW]:
+        lines.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[row]')};")
+        env[v] = f.n(v, "r")
+    for v in lc[COL]:
+        lines.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
+    f.bcol_loads(lc[BCOL], "row", "col", V, lines, env)
+    return {v: f.conv(v, f"cl_{f.n(v)}.v[k]") for v in lc[COL]}
+
+
 def gen_elementwise(f: Frame) -> list[KText]:
     s, R, C = f.s, f.R, f.C
     B, V, U = s.block, s.vec, s.unroll
@@ -60,14 +73,8 @@ def gen_elementwise(f: Frame) -> list[KText]:
         el.append(f"const long long row = idx / {C}LL;")
         el.append(f"const long long col = idx - row * {C}LL;")
     e = dict(env)
-    for v in lc[ROW]:
-        el.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[row]')};")
-        e[v] = f.n(v, "r")
-    for v in lc[COL]:
-        el.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
-    f.bcol_loads(lc[BCOL], "row", "col", V, el, e)
+    col = _side_loads(f, lc, V, el, e)
     full = {v: f.conv(v, f"ld_{f.n(v)}[u].v[k]") for v in lc[FULL]}
-    col = {v: f.conv(v, f"cl_{f.n(v)}.v[k]") for v in lc[COL]}
     trans = {v: f.conv(v, f"{f.param[v]}[(col + k) * {R}LL + row]") for v in lc[TRANS]}
     _element(f, e, full, col, trans, V, "idx", el)
     inner += indent(el, 2)
@@ -124,14 +131,8 @@ def gen_transpose(f: Frame) -> list[KText]:
     e = dict(env)
     for v in lc[FULL]:
         inner.append(f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {f.vec_load(v, 'idx', V)};")
-    for v in lc[ROW]:
-        inner.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[row]')};")
-        e[v] = f.n(v, "r")
-    for v in lc[COL]:
-        inner.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
-    f.bcol_loads(lc[BCOL], "row", "col", V, inner, e)
+    col = _side_loads(f, lc, V, inner, e)
     full = {v: f.conv(v, f"ld_{f.n(v)}.v[k]") for v in lc[FULL]}
-    col = {v: f.conv(v, f"cl_{f.n(v)}.v[k]") for v in lc[COL]}
     trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}
     _element(f, e, full, col, trans, V, "idx", inner)
     el += indent(inner)
