@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from tunedb.graph.ir import FLOAT_DTYPES, Graph
+from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node
 
 # Base tolerances by dtype: (atol, rtol, machine epsilon). Kernels compute in float32 and round
 # once on store, so rtol sits a few ulps above the storage dtype's epsilon.
@@ -122,35 +122,34 @@ def _prod(xs: list[int] | tuple[int, ...]) -> int:
     return int(math.prod(int(x) for x in xs)) if xs else 1
 
 
+def accumulated_terms(graph: Graph, node: Node) -> int:
+    """Terms one output element of ``node`` accumulates (1 for ops that accumulate nothing)."""
+    try:
+        shape = graph.type_of(node.inputs[0]).shape if node.inputs else ()
+    except ValueError:
+        return 1
+    if node.op.startswith("reduce_"):
+        axes = node.attr("axes")
+        if axes is None or axes == ():
+            return _prod(shape)
+        return _prod([shape[a] for a in axes if -len(shape) <= a < len(shape)])
+    if node.op == "argmax":
+        ax = int(node.attr("axis", 0) or 0)
+        return shape[ax] if shape and -len(shape) <= ax < len(shape) else 1
+    if node.op in ("matmul", "gemm") and shape:
+        return shape[0] if node.op == "gemm" and node.attr("trans_a") else shape[-1]
+    if node.op == "conv2d" and len(node.inputs) > 1:
+        return _prod(graph.type_of(node.inputs[1]).shape[1:])
+    if node.op in ("avg_pool2d", "max_pool2d"):
+        return _prod(node.attr("kernel", (1, 1)))
+    if node.op in ("global_avg_pool", "global_max_pool") and len(shape) > 2:
+        return _prod(shape[2:])
+    return 1
+
+
 def reduction_length(graph: Graph) -> int:
     """The longest chain of accumulated terms any node performs (widens the absolute tolerance)."""
-    longest = 1
-    for node in graph.nodes:
-        try:
-            shape = graph.type_of(node.inputs[0]).shape if node.inputs else ()
-        except ValueError:
-            continue
-        n = 1
-        if node.op.startswith("reduce_"):
-            axes = node.attr("axes")
-            if axes is None or axes == ():
-                n = _prod(shape)
-            else:
-                n = _prod([shape[a] for a in axes if -len(shape) <= a < len(shape)])
-        elif node.op == "argmax":
-            ax = int(node.attr("axis", 0) or 0)
-            n = shape[ax] if shape and -len(shape) <= ax < len(shape) else 1
-        elif node.op in ("matmul", "gemm") and shape:
-            n = shape[0] if node.op == "gemm" and node.attr("trans_a") else shape[-1]
-        elif node.op == "conv2d" and len(node.inputs) > 1:
-            w = graph.type_of(node.inputs[1]).shape
-            n = _prod(w[1:])
-        elif node.op in ("avg_pool2d", "max_pool2d"):
-            n = _prod(node.attr("kernel", (1, 1)))
-        elif node.op in ("global_avg_pool", "global_max_pool") and len(shape) > 2:
-            n = _prod(shape[2:])
-        longest = max(longest, n)
-    return longest
+    return max((accumulated_terms(graph, n) for n in graph.nodes), default=1)
 
 
 def tolerance(graph: Graph, out_dtype: str) -> tuple[float, float]:
@@ -169,14 +168,7 @@ def tolerance(graph: Graph, out_dtype: str) -> tuple[float, float]:
 
 def sum_length(graph: Graph) -> int:
     """Terms of the longest ``reduce_sum`` (0 without one); means divide their error by n."""
-    longest = 0
-    for node in graph.nodes:
-        if node.op == "reduce_sum" and node.inputs:
-            shape = graph.type_of(node.inputs[0]).shape
-            axes = node.attr("axes")
-            longest = max(longest, _prod(shape) if not axes else
-                          _prod([shape[a] for a in axes if -len(shape) <= a < len(shape)]))
-    return longest
+    return max((accumulated_terms(graph, n) for n in graph.nodes if n.op == "reduce_sum"), default=0)
 
 
 def poison_value(dtype: str) -> float | int:
