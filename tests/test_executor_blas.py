@@ -13,7 +13,7 @@ import pytest
 from numpy.lib.stride_tricks import as_strided
 
 from tunedb.runtime import selfcheck
-from tunedb.runtime.blas import OP_N, OP_T, GemmCall, as_transposed, plan_matmul
+from tunedb.runtime.blas import OP_N, OP_T, GemmCall, as_transposed, plan_matmul, pointer_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,3 +178,37 @@ def test_selfcheck_cases_are_valid_matmuls(spec):
     if tx or ty:  # the transposed views are read in place, with op T
         assert {c.transb for c in calls} == {OP_T if tx else OP_N}
         assert {c.transa for c in calls} == {OP_T if ty else OP_N}
+
+
+def _cublas_pointers(call, offs, xbuf, x0, ybuf, y0, obuf, o0):
+    """cublasGemmBatchedEx semantics: one matrix product per (a, b, c) offset triple."""
+    for a, b, c in offs:
+        one = GemmCall(call.transa, call.transb, call.m, call.n, call.k, a, call.lda, 0, b,
+                       call.ldb, 0, c, call.ldc, 0, 1)
+        _cublas([one], xbuf, x0, ybuf, y0, obuf, o0)
+
+
+def test_attention_heads_read_in_place_become_one_pointer_batched_call():
+    # q, k as heads of [B, S, H, D] read as [B, H, S, D] and [B, H, D, S]: the (B, H) batch has
+    # no single stride, so the planner loops over B; the loop merges into one pointer batch
+    B, S, H, D = 2, 5, 3, 4
+    rng = np.random.default_rng(11)
+    q, qbuf, q0, qst = _view(rng, (B, H, S, D), (S * H * D, D, H * D, 1))
+    k, kbuf, k0, kst = _view(rng, (B, H, D, S), (S * H * D, D, 1, H * D))
+    o, obuf, o0, ost = _view(rng, (B, H, S, S), start=5)
+    calls = plan_matmul(q.shape, qst, k.shape, kst, o.shape, ost)
+    assert calls is not None and len(calls) == B
+    call, offs = pointer_batch(calls)
+    assert len(offs) == B * H
+    _cublas_pointers(call, offs, qbuf, q0, kbuf, k0, obuf, o0)
+    np.testing.assert_allclose(o, q @ k, rtol=1e-12, atol=1e-12)
+
+
+def test_pointer_batch_only_merges_uniform_calls():
+    rng = np.random.default_rng(12)
+    assert pointer_batch(_run_case(rng, (2, 3, 4, 6), (2, 3, 6, 5))) is None  # one call already
+    a = GemmCall(OP_N, OP_N, 3, 5, 7, 0, 3, 21, 0, 7, 35, 0, 3, 15, 2)
+    b = GemmCall(OP_N, OP_N, 3, 5, 7, 100, 3, 21, 200, 7, 35, 300, 3, 15, 2)
+    call, offs = pointer_batch([a, b])
+    assert call == a and offs == [(0, 0, 0), (21, 35, 15), (100, 200, 300), (121, 235, 315)]
+    assert pointer_batch([a, GemmCall(OP_T, OP_N, 3, 5, 7, 100, 7, 21, 200, 7, 35, 300, 3, 15, 2)]) is None

@@ -98,7 +98,11 @@ def gen_elementwise(f: Frame) -> list[KText]:
 
 def gen_transpose(f: Frame) -> list[KText]:
     """32x32 or 64x64 tiles: transposed inputs are read along their contiguous axis into padded
-    shared memory, then every access to global memory is coalesced along C."""
+    shared memory, then every access to global memory is coalesced along C. With ``unroll`` > 1
+    every global load of the tile (transposed and full-size inputs) is issued into registers
+    before the first shared-memory store, so a thread has all of them in flight at once."""
+    if f.s.unroll > 1:
+        return _gen_transpose_hoisted(f)
     s, R, C = f.s, f.R, f.C
     T, V, B = s.tile, s.vec, s.block
     TX = T // V
@@ -133,6 +137,69 @@ def gen_transpose(f: Frame) -> list[KText]:
         inner.append(f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {f.vec_load(v, 'idx', V)};")
     col = _side_loads(f, lc, V, inner, e)
     full = {v: f.conv(v, f"ld_{f.n(v)}.v[k]") for v in lc[FULL]}
+    trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}
+    _element(f, e, full, col, trans, V, "idx", inner)
+    el += indent(inner)
+    el.append("}")
+    lines += indent(el)
+    lines.append("}")
+    grid = (math.ceil(C / T), math.ceil(R / T), 1)
+    body = f.signature("@K@", [], B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
+    return [KText(body, grid, (B, 1, 1), smem)]
+
+
+def _gen_transpose_hoisted(f: Frame) -> list[KText]:
+    s, R, C = f.s, f.R, f.C
+    T, V, B = s.tile, s.vec, s.block
+    TX = T // V
+    TY = B // TX
+    NI = T // TY  # tile rows per thread (legality: TY divides T)
+    lines: list[str] = []
+    env = f.prologue(lines)
+    nodes, leaves = f.leaves_of(f.full_outputs(), set(env))
+    lc = f.leaf_classes(leaves)
+    smem = 4 * T * (T + 1) * len(lc[TRANS])
+    lines.append("extern __shared__ __align__(16) unsigned char tdb_smem[];")
+    lines.append(f"const int tx = threadIdx.x % {TX}, ty = threadIdx.x / {TX};")
+    lines.append(f"const long long c0 = (long long)blockIdx.x * {T}, r0 = (long long)blockIdx.y * {T};")
+    # 1. every global load of the tile, into registers
+    for v in lc[TRANS]:
+        lines.append(f"tdb_vec<{f.st(v)}, {V}> tl_{f.n(v)}[{NI}];")
+    for v in lc[FULL]:
+        lines.append(f"tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)}[{NI}];")
+    lines.append(f"#pragma unroll\nfor (int i = 0; i < {NI}; ++i) {{")
+    lines.append(f"  const int j = ty + i * {TY};")
+    if lc[TRANS]:
+        lines.append(f"  const long long tc = c0 + j, tr = r0 + tx * {V};")
+        lines.append(f"  if (tc < {C}LL && tr < {R}LL) {{")
+        lines += [f"    tl_{f.n(v)}[i] = {f.vec_load(v, f'tc * {R}LL + tr', V)};" for v in lc[TRANS]]
+        lines.append("  }")
+    if lc[FULL]:
+        lines.append(f"  const long long row = r0 + j, col = c0 + tx * {V};")
+        lines.append(f"  if (row < {R}LL && col < {C}LL) {{")
+        lines += [f"    ld_{f.n(v)}[i] = {f.vec_load(v, f'row * {C}LL + col', V)};" for v in lc[FULL]]
+        lines.append("  }")
+    lines.append("}")
+    # 2. transposed tiles through shared memory
+    for k, v in enumerate(lc[TRANS]):
+        tile = f"tile_{f.n(v)}"
+        lines.append(f"float (*{tile})[{T + 1}] = reinterpret_cast<float (*)[{T + 1}]>"
+                     f"(tdb_smem + {4 * T * (T + 1) * k});")
+        lines.append(f"#pragma unroll\nfor (int i = 0; i < {NI}; ++i) {{")
+        lines.append(f"#pragma unroll\n  for (int k = 0; k < {V}; ++k) {tile}[ty + i * {TY}][tx * {V} + k] = "
+                     f"{f.conv(v, f'tl_{f.n(v)}[i].v[k]')};")
+        lines.append("}")
+    if lc[TRANS]:
+        lines.append("__syncthreads();")
+    # 3. compute and store, coalesced along C
+    lines.append(f"#pragma unroll\nfor (int i = 0; i < {NI}; ++i) {{")
+    el = [f"const int j = ty + i * {TY};",
+          f"const long long row = r0 + j, col = c0 + tx * {V};",
+          f"if (row < {R}LL && col < {C}LL) {{"]
+    inner = [f"const long long idx = row * {C}LL + col;"]
+    e = dict(env)
+    col = _side_loads(f, lc, V, inner, e)
+    full = {v: f.conv(v, f"ld_{f.n(v)}[i].v[k]") for v in lc[FULL]}
     trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}
     _element(f, e, full, col, trans, V, "idx", inner)
     el += indent(inner)

@@ -134,7 +134,7 @@ class Schedule:
         if self.mapping == "col_cluster":
             parts += [f"tx{self.group}", f"s{self.split}", self.cache]
         if self.mapping == "transpose_tiled":
-            parts += [f"tile{self.tile}"]
+            parts += [f"tile{self.tile}"] + ([f"u{self.unroll}"] if self.unroll > 1 else [])
         if self.mapping == "elementwise":
             parts += [f"u{self.unroll}"]
         if self.grid != "wave":
@@ -259,6 +259,10 @@ def check(a: Analysis, s: Schedule) -> str:
             return f"vector width {s.vec} does not divide R={a.R} (transposed rows)"
         if s.tile % s.vec or s.tile // s.vec > s.block or s.block % (s.tile // s.vec):
             return f"tile {s.tile} with vec {s.vec} does not fit block {s.block}"
+        if s.unroll not in (1, 2):
+            return f"transpose_tiled unroll is 1 (loads per tile row) or 2 (all loads first), not {s.unroll}"
+        if s.unroll == 2 and s.tile % (s.block // (s.tile // s.vec)):
+            return f"block {s.block} does not cover tile {s.tile} in whole rows per thread"
         if math.ceil(a.R / s.tile) > 65535:
             return f"R={a.R} needs more than 65535 tile rows"
     if m in ROW_MAPPINGS:
@@ -329,7 +333,9 @@ def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
             for b in (128, 256):
                 for v in (1, 2, 4, 8):
                     if b % (tile // v) == 0 and b // (tile // v) <= tile:
-                        out.append(Schedule("transpose_tiled", block=b, vec=v, tile=tile))
+                        # unroll 2: every load of the tile issued before the shared-memory stores
+                        out += [Schedule("transpose_tiled", block=b, vec=v, tile=tile, unroll=u)
+                                for u in (1, 2)]
     if pat in ("row_reduce", "multi"):
         top = [v for v in (8, 4, 2, 1)][:4]
         legal = [v for v in top if v in vecs_c][:2] or [1]

@@ -22,6 +22,17 @@ def _align(n: int) -> int:
     return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
 
 
+def _view_sources(step: Any) -> dict[str, str]:
+    """Each output of a view step -> the step input whose bytes it shares (a split's outputs
+    all share its one input; chains of views are followed back through the step's nodes)."""
+    sub = step.graph
+    src = dict(zip(sub.inputs, step.inputs))
+    for node in sub.nodes:
+        for o in node.outputs:
+            src[o] = src.get(node.inputs[0], "") if node.inputs else ""
+    return {v: src[o] for o, v in zip(sub.outputs, step.outputs) if src.get(o)}
+
+
 def plan_buffers(graph: Graph, steps: Sequence[Any]) -> BufferPlan:
     types = graph.type_map
     external = set(graph.inputs) | set(graph.constant_map)
@@ -31,8 +42,7 @@ def plan_buffers(graph: Graph, steps: Sequence[Any]) -> BufferPlan:
         for v in s.outputs:
             defined.setdefault(v, k)
         if s.kind == "layout_view":
-            for src, out in zip(s.inputs, s.outputs):
-                alias[out] = src
+            alias.update(_view_sources(s))
 
     def root(v: str) -> str:
         while v in alias:

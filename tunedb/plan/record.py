@@ -23,7 +23,7 @@ STEP_KINDS: tuple[str, ...] = (
     "fused",        # memory-intensive ops in one generated kernel (tunedb.kernels)
     "matmul", "gemm", "conv2d", "pool",   # compute ops: one library/generated kernel each
     "layout",       # a materialising layout op the generator cannot fuse (transpose copy, concat)
-    "layout_view",  # a reshape/squeeze/unsqueeze of a contiguous buffer: no kernel at all
+    "layout_view",  # a reshape of a buffer, or a strided view only matmuls read: no kernel at all
     "op",           # any other single op the generator cannot fuse (argmax, gather, ...)
 )
 COST_SOURCES: tuple[str, ...] = ("db", "model", "roofline", "none")

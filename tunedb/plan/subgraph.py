@@ -16,6 +16,7 @@ from typing import Any
 
 from tunedb.graph.ir import Graph, GraphError, Node, TensorType
 from tunedb.graph.ops import COMPUTE_OPS
+from tunedb.plan.views import strided_view_nodes
 
 # Ops that cost no kernel when they stand alone: every buffer is contiguous row-major, so a
 # reshape of one is the same bytes under another shape.
@@ -79,7 +80,8 @@ class GraphIndex:
         self._const_sig = {v: (c.type.dtype, c.type.shape, c.data) for v, c in self.constants.items()
                            if v in self.inline}
         self.sig = [(n.op, n.attrs, tuple(self.types[o] for o in n.outputs)) for n in self.nodes]
-        self.view = [is_view(n, self.types) for n in self.nodes]
+        strided = strided_view_nodes(self.nodes, self.types, self.consumers, self.outputs)
+        self.view = [is_view(n, self.types) or i in strided for i, n in enumerate(self.nodes)]
         self.compute = [n.op in COMPUTE_OPS or n.op in COMPUTE_KIND for n in self.nodes]
         self.fusable = [n.op in FUSABLE_OPS for n in self.nodes]
 

@@ -176,6 +176,25 @@ def plan_matmul(xs: Sequence[int], xst: Sequence[int], ys: Sequence[int], yst: S
     return _checked(calls)
 
 
+def pointer_batch(calls: Sequence[GemmCall]) -> tuple[GemmCall, list[tuple[int, int, int]]] | None:
+    """Several strided-batched calls that differ only in their offsets (a batch over two or more
+    dims that no single stride steps through, e.g. heads of ``[B, S, H, D]`` read as
+    ``[B, H, S, D]``) as one ``cublasGemmBatchedEx``: the shared call and, per matrix, its
+    ``(a, b, c)`` element offsets. None for a single call or calls of different shapes."""
+    if len(calls) < 2:
+        return None
+    first = calls[0]
+    same = ("transa", "transb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b",
+            "stride_c", "batch")
+    if any(getattr(c, f) != getattr(first, f) for c in calls for f in same):
+        return None
+    offs = [(c.a_off + i * c.stride_a, c.b_off + i * c.stride_b, c.c_off + i * c.stride_c)
+            for c in calls for i in range(c.batch)]
+    if len(offs) > INT_MAX:
+        raise ValueError("GEMM batch exceeds cuBLAS's 32-bit count")
+    return first, offs
+
+
 def _checked(calls: list[GemmCall]) -> list[GemmCall]:
     for c in calls:
         if max(c.m, c.n, c.k, c.lda, c.ldb, c.ldc, c.batch) > INT_MAX:
@@ -232,7 +251,9 @@ def library() -> Any:
         "cublasGemmStridedBatchedEx": [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i,
                                        i, ll, i, i, i],
     }
-    optional = {"cublasSetWorkspace_v2": [vp, vp, ctypes.c_size_t], "cublasSetMathMode": [vp, i],
+    optional = {"cublasSetWorkspace_v2": [vp, vp, ctypes.c_size_t],
+                "cublasGemmBatchedEx": [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i, i],
+                "cublasSetMathMode": [vp, i],
                 "cublasGetVersion_v2": [vp, ctypes.POINTER(i)]}
     for name, args in {**protos, **optional}.items():
         try:
@@ -325,6 +346,18 @@ class Blas:
         pa, pb = ctypes.addressof(scalars[0]), ctypes.addressof(scalars[1])
         px, py, po = x.data.ptr, y.data.ptr, out.data.ptr
         args = []
+        keep: list[Any] = []
+        merged = pointer_batch(calls) if hasattr(self.lib, "cublasGemmBatchedEx") else None
+        if merged is not None:  # one launch with a device array of matrix pointers
+            c, offs = merged
+            table = cp.asarray([[py + a * isz for a, _, _ in offs], [px + b * isz for _, b, _ in offs],
+                                [po + o * isz for _, _, o in offs]], dtype=cp.uint64)
+            keep.append(table)
+            pa_, pb_, pc_ = (table[i].data.ptr for i in range(3))
+            args.append((self.lib.cublasGemmBatchedEx,
+                         (h, c.transa, c.transb, c.m, c.n, c.k, pa, pa_, t, c.lda, pb_, t, c.ldb,
+                          pb, pc_, t, c.ldc, len(offs), comp, GEMM_DEFAULT)))
+            calls = []
         for c in calls:
             A, B, C = py + c.a_off * isz, px + c.b_off * isz, po + c.c_off * isz
             if c.batch == 1:
@@ -341,12 +374,13 @@ class Blas:
             for fn, a in args:
                 status = fn(*a)
                 if status != 0:
-                    check(status, f"cublasGemm{'Ex' if len(a) == 19 else 'StridedBatchedEx'} "
+                    kind = {19: "Ex", 20: "BatchedEx"}.get(len(a), "StridedBatchedEx")
+                    check(status, f"cublasGemm{kind} "
                                   f"(m={a[3]}, n={a[4]}, k={a[5]}, {name})")
             for f in post:
                 f()
 
-        run.keep = (x, y, out, scalars)  # type: ignore[attr-defined]  # what the pointers point into
+        run.keep = (x, y, out, scalars, keep)  # type: ignore[attr-defined]  # what the pointers point into
         return run
 
     def close(self) -> None:

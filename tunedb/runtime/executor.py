@@ -8,7 +8,9 @@
 
 1. allocates the plan's ``BufferPlan`` once: one arena that the intermediates share by liveness,
    one buffer per graph output; persistent buffers for the graph inputs; constants uploaded once.
-   Views (``layout_view`` steps) are reshapes of the same memory, no kernel.
+   Views (``layout_view`` steps) are reshapes of the same memory, or strided transposes /
+   slices / splits that only matmuls read (``tunedb.plan.views``; cuBLAS takes them in place,
+   a batch of matrices at uneven strides as a device array of pointers): no kernel.
 2. builds every step: fused steps are generated (``tunedb.kernels.codegen.generate`` with the
    step's schedule) and compiled with NVRTC (``cupy.RawModule``, cached by source); compute and
    layout steps use ``executor_ops`` (cuBLAS GEMMs called through ``tunedb.runtime.blas`` on the
@@ -45,6 +47,7 @@ from tunedb.runtime.executor_ops import (
     Evaluator,
     KernelSet,
     compute_launch,
+    device_views,
     layout_launch,
     load,
     storage_dtype,
@@ -310,8 +313,12 @@ class PlanExecutor:
             local[name] = self.cp.asarray(_const_storage(c))
         for node in sub.nodes:
             src = local[node.inputs[0]]
-            for o in node.outputs:
-                local[o] = src.reshape(sub.type_of(o).shape)  # contiguous: the same bytes
+            shapes = [sub.type_of(o).shape for o in node.outputs]
+            for o, view in zip(node.outputs, device_views(node, src, shapes)):
+                if view.data.mem is not src.data.mem:  # CuPy copies what no strides express
+                    raise ExecutorError(f"view step {'+'.join(step.ops)}: {node.op} of a "
+                                        f"{src.shape} array with strides {src.strides} needs a copy")
+                local[o] = view
         for s, v in zip(sub.outputs, step.outputs):
             self.env[v] = local[s]
 

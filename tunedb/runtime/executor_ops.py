@@ -32,6 +32,7 @@ import numpy as np
 
 from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node, TensorType
 from tunedb.graph.ops import check_node, slice_bounds
+from tunedb.runtime.copykernel import strided_copy
 
 Launch = Callable[[], None]
 BLOCK = 256
@@ -314,6 +315,19 @@ def _int_matmul(cp: Any, op: str, a: dict, args: list[Any]) -> Any:
     return out
 
 
+def device_views(node: Node, x: Any, out_shapes: Sequence[Sequence[int]]) -> list[Any]:
+    """The outputs of a view node (reshape-like, or a strided transpose/slice/split planned as a
+    view, tunedb.plan.views) as arrays over ``x``'s bytes; the caller checks no copy was made."""
+    op, a = node.op, dict(node.attrs)
+    if op == "transpose":
+        return [x.transpose(a.get("perm") or tuple(reversed(range(x.ndim))))]
+    if op == "slice":
+        return [x[_slices(x.ndim, a, x.shape)]]
+    if op == "split":
+        return _split_views(x, a["axis"], a["sizes"])
+    return [x.reshape(tuple(out_shapes[0]))]
+
+
 def _split_views(x: Any, axis: int, sizes: Sequence[int]) -> list[Any]:
     out, start = [], 0
     for s in sizes:
@@ -530,13 +544,13 @@ def layout_launch(cp: Any, node: Node, a: dict, ins: list[Any], outs: list[Any],
         n = sum(1 for t in args if t.size)
         return [lambda: _concat_into(cp, args, out, axis)], n
     elif op == "split":
-        pairs = list(zip(outs, _split_views(x, a["axis"], a["sizes"])))
-        return [lambda: [cp.copyto(o, s) for o, s in pairs if o.size]], sum(1 for o, _ in pairs if o.size)
+        copies = [strided_copy(cp, s, o) for o, s in zip(outs, _split_views(x, a["axis"], a["sizes"]))
+                  if o.size]
+        return [lambda: [c() for c in copies]], len(copies)
     elif op == "pad":
         out, pads, value = outs[0], a["pads"], storage_scalar(a["value"], dtype)
         n = int(any(p > 0 for p in pads)) + 1
         return [lambda: _pad_into(cp, x, out, pads, value)], n
     else:
         return None
-    out = outs[0]
-    return [lambda: cp.copyto(out, src)], 1
+    return [strided_copy(cp, src, outs[0])], 1

@@ -1,0 +1,158 @@
+"""Strided views: layout ops that need no kernel because cuBLAS reads their output in place.
+
+Attention reshapes the rows of a projection into heads and transposes them (``[B, S, H*D] ->
+[B, H, S, D]``, keys once more to ``[B, H, D, S]``); GPT-2 first splits the fused QKV projection
+into three column blocks. Copying each of those costs a full read and write of a 12 MiB tensor
+at batch 32, yet the only reader is a batched matmul, and cuBLAS takes any operand whose
+matrices have a unit stride on one axis (a leading dimension on the other) and whose batch of
+matrices is a list of pointers. So a transpose, slice or split whose every use, through
+reshape-like views, is a matmul operand is planned as a view: no kernel, no buffer.
+
+Layouts are (shape, element strides, element offset) computed without arrays; the executor
+builds the same views on the device and checks that they share their source's bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tunedb.graph.ir import Node
+from tunedb.graph.ops import slice_bounds
+from tunedb.runtime.blas import as_transposed
+
+STRIDED_OPS = frozenset(("transpose", "slice", "split"))
+RESHAPE_OPS = frozenset(("reshape", "squeeze", "unsqueeze", "identity"))
+
+
+@dataclass(frozen=True)
+class Layout:
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    offset: int = 0           # elements from the source buffer's first element
+
+
+def contiguous(shape: Sequence[int]) -> Layout:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(1, int(d))
+    return Layout(tuple(int(d) for d in shape), tuple(reversed(strides)))
+
+
+def reshaped(lay: Layout, shape: Sequence[int]) -> Layout | None:
+    """``lay`` under ``shape`` without a copy (NumPy's no-copy reshape rule), else None."""
+    shape = tuple(int(d) for d in shape)
+    old = [(d, s) for d, s in zip(lay.shape, lay.strides) if d != 1]
+    new = [d for d in shape if d != 1]
+    out: list[int] = []
+    i = j = 0
+    while i < len(old) and j < len(new):
+        i2, j2 = i + 1, j + 1
+        po, pn = old[i][0], new[j]
+        while po != pn:  # grow the smaller side until both blocks hold the same elements
+            if po < pn:
+                if i2 == len(old):
+                    return None
+                po *= old[i2][0]
+                i2 += 1
+            else:
+                if j2 == len(new):
+                    return None
+                pn *= new[j2]
+                j2 += 1
+        for k in range(i, i2 - 1):  # the old dims of the block must step as one
+            if old[k][1] != old[k + 1][1] * old[k + 1][0]:
+                return None
+        stride = old[i2 - 1][1]
+        block = []
+        for d in reversed(new[j:j2]):
+            block.append(stride)
+            stride *= d
+        out += reversed(block)
+        i, j = i2, j2
+    if i != len(old) or j != len(new):
+        return None
+    it = iter(out)
+    strides = tuple(next(it) if d != 1 else 1 for d in shape)
+    return Layout(shape, strides, lay.offset)
+
+
+def view_layouts(node: Node, lay: Layout, out_shapes: Sequence[Sequence[int]]) -> list[Layout] | None:
+    """The layouts of ``node``'s outputs as views of an input laid out as ``lay``; None when one
+    of them needs a copy (or a negative stride)."""
+    op, a = node.op, dict(node.attrs)
+    if op in RESHAPE_OPS:
+        r = reshaped(lay, out_shapes[0])
+        return None if r is None else [r]
+    if op == "transpose":
+        perm = a.get("perm") or tuple(reversed(range(len(lay.shape))))
+        return [Layout(tuple(lay.shape[p] for p in perm), tuple(lay.strides[p] for p in perm), lay.offset)]
+    if op == "slice":
+        if any(st <= 0 for st in a["steps"]):
+            return None
+        shape, strides, off = list(lay.shape), list(lay.strides), lay.offset
+        bounds = slice_bounds([lay.shape[i] for i in a["axes"]], a["starts"], a["ends"], a["steps"])
+        for ax, (s, _e, _n), st in zip(a["axes"], bounds, a["steps"]):
+            off += s * strides[ax]
+            strides[ax] *= st
+        shape = [int(d) for d in out_shapes[0]]
+        return [Layout(tuple(shape), tuple(strides), off)]
+    if op == "split":
+        axis, out, start = a["axis"], [], 0
+        for s in a["sizes"]:
+            shape = list(lay.shape)
+            shape[axis] = s
+            out.append(Layout(tuple(shape), lay.strides, lay.offset + start * lay.strides[axis]))
+            start += s
+        return out
+    return None
+
+
+def _matmul_operand(lay: Layout) -> bool:
+    """Whether cuBLAS reads ``lay`` in place: a matrix with a unit stride on one axis, batches
+    at any non-negative strides (a pointer per matrix)."""
+    if len(lay.shape) < 2:
+        return False
+    r, c = lay.shape[-2:]
+    return as_transposed(r, c, lay.strides[-2], lay.strides[-1]) is not None and min(lay.strides) >= 0
+
+
+def strided_view_nodes(nodes: Sequence[Node], types: dict, consumers: dict[str, list[int]],
+                       outputs: set[str]) -> set[int]:
+    """Indices of the transpose/slice/split nodes that can be strided views (module docstring)."""
+    found: set[int] = set()
+    lay_of: dict[str, Layout] = {}  # outputs of approved views (and reshapes of them)
+
+    def uses_ok(v: str, lay: Layout, depth: int = 0) -> bool:
+        if v in outputs or depth > 16:
+            return False
+        for c in consumers.get(v, ()):
+            n = nodes[c]
+            if n.op == "matmul" and v in n.inputs[:2]:
+                if not _matmul_operand(lay):
+                    return False
+                continue
+            if n.op not in RESHAPE_OPS and n.op not in STRIDED_OPS:
+                return False
+            outs = view_layouts(n, lay, [types[o].shape for o in n.outputs])
+            if outs is None or not all(uses_ok(o, lo, depth + 1) for o, lo in zip(n.outputs, outs)):
+                return False
+        return bool(consumers.get(v))
+
+    for i, n in enumerate(nodes):  # topological order: a view's source layout is known first
+        if not n.inputs or (n.op not in STRIDED_OPS and n.op not in RESHAPE_OPS):
+            continue
+        src = lay_of.get(n.inputs[0])
+        if n.op in RESHAPE_OPS:
+            if src is not None:
+                r = reshaped(src, types[n.outputs[0]].shape)
+                if r is not None:
+                    lay_of[n.outputs[0]] = r
+            continue
+        lay = src or contiguous(types[n.inputs[0]].shape)
+        outs = view_layouts(n, lay, [types[o].shape for o in n.outputs])
+        if outs is not None and all(uses_ok(o, lo) for o, lo in zip(n.outputs, outs)):
+            found.add(i)
+            lay_of.update(zip(n.outputs, outs))
+    return found
