@@ -35,6 +35,7 @@ def test_quick_suite_on_gpu():
         dev, ref = make_inputs(g, analyze(g).C)
         want = run_reference(g, ref)
         legal, _ = schedule_space(g, sm_count=sm)
+        print(f"{case.name}: {len(legal)} schedules", flush=True)  # progress, with -s
         for s in legal:
             plan = generate(g, s, sm_count=sm)
             bufs = {v: cp.asarray(a) for v, a in dev.items()}

@@ -139,7 +139,10 @@ def test_grid_knob_keeps_stored_configs_and_is_pruned_where_it_cannot_apply():
     legal, pruned = schedule_space(_softmax(64, 1024))
     wave = [s for s in legal if s.grid == "wave"]
     full = [s for s in legal if s.grid == "full"]
-    assert wave and len(full) == len(wave)
+    # every wave schedule has a full-grid twin, except row prefetch (it streams the next row of
+    # a block's grid-stride loop, which a block per row does not have)
+    assert wave and len(full) == len([s for s in wave if s.row_cache != "prefetch"])
+    assert all(s.row_cache != "prefetch" for s in full)
     # configs stored before the knob existed have no "grid" key and still parse to the same schedule
     assert all("grid" not in s.to_config() for s in wave)
     assert all(s.to_config()["grid"] == "full" and s.label().endswith(("gridfull", "gridfull_fast"))
@@ -154,3 +157,19 @@ def test_grid_knob_keeps_stored_configs_and_is_pruned_where_it_cannot_apply():
     assert "grid full needs one of" in check(analyze(g), full_col)
     with pytest.raises(ValueError, match="unknown grid"):
         Schedule("elementwise", grid="huge")
+
+
+def test_row_prefetch_streams_the_next_row_and_is_pruned_where_it_cannot_apply():
+    legal, pruned = schedule_space(_softmax(64, 1024))
+    pf = [s for s in legal if s.row_cache == "prefetch"]
+    assert pf and {s.mapping for s in pf} <= {"block_per_row", "warp_per_row"}
+    src = generate(_softmax(64, 1024), pf[0]).kernels[0].source
+    # the first row before the loop, the next one inside it, waited for at the top of each row
+    assert src.count("tdb_cp_async<") == 2 and src.count("tdb_cp_commit();") == 2
+    assert src.index("tdb_cp_wait();") > src.index("for (long long rb")
+    assert "cp.async.cg.shared.global" in src and "#ifndef TDB_CP_ASYNC" in src
+    # kernels without prefetch keep their exact sources (no new helpers in the prelude)
+    plain = [s for s in legal if s.row_cache == "registers"]
+    assert "TDB_CP_ASYNC" not in generate(_softmax(64, 1024), plain[0]).kernels[0].source
+    for s in (replace(pf[0], grid="full"), replace(pf[0], mapping="split_row", split=2)):
+        assert "prefetch" in check(analyze(_softmax(64, 1024)), s)

@@ -12,9 +12,31 @@ import math
 from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, cache_values
 from tunedb.kernels.expr import RCP, RED_INIT, RED_WARP, emit_nodes, flit, reciprocals, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
-from tunedb.kernels.schedule import MAX_UNROLLED, row_smem_bytes
+from tunedb.kernels.schedule import DTYPE_BYTES, MAX_UNROLLED, row_smem_bytes
 
 SMEM_PER_SM = 228 * 1024
+# Asynchronous global -> shared copies (sm_80+), emitted only into kernels that prefetch rows,
+# so every other generated source stays byte-identical. Host compilers (the CPU emulation of
+# the tests) get a plain copy.
+CP_ASYNC = r"""#ifndef TDB_CP_ASYNC
+#define TDB_CP_ASYNC
+#if defined(__CUDA_ARCH__)
+template <int N> static __device__ __forceinline__ void tdb_cp_async(void* s, const void* g) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(s);
+  if (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(g) : "memory");
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(a), "l"(g), "n"(N) : "memory");
+}
+static __device__ __forceinline__ void tdb_cp_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+static __device__ __forceinline__ void tdb_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#else
+template <int N> static inline void tdb_cp_async(void* s, const void* g) { memcpy(s, g, N); }
+static inline void tdb_cp_commit() {}
+static inline void tdb_cp_wait() {}
+#endif
+#endif
+"""
 
 
 class _Row:
@@ -31,6 +53,11 @@ class _Row:
         self.NIT = math.ceil(a.C / (self.TS * self.V))
         self.cover = a.C % (self.TS * self.V) == 0
         self.mode = s.row_cache
+        # prefetch: the row cache is in registers, and the next row's full-size inputs stream
+        # into shared memory (cp.async) while this row is reduced and written
+        self.regs = self.mode in ("registers", "prefetch")
+        self.pf = self.mode == "prefetch"
+        self.pf_leaves: list[str] = []
         self.cached = list(cache_values(a, s.cache)) if self.mode != "reread" else []
         self.rowreds = [r for r in a.reductions if r.axis == "row"]
         self.colreds = [r for r in a.reductions if r.axis == "col"]
@@ -46,7 +73,7 @@ class _Row:
 
     def cache_ref(self, v: str) -> str:
         k = self.cached.index(v)
-        if self.mode == "registers":
+        if self.regs:
             return f"rc{k}[i * {self.V} + k]"
         return f"rcs[({k * self.NIT * self.V} + i * {self.V} + k) * {self.T} + lane]"
 
@@ -134,14 +161,22 @@ class _Row:
         lc = f.leaf_classes(leaves)
         for r in reds:
             lines.append(f"float acc{f.names.idx[r.value]} = {RED_INIT[r.op]};")
-        preload = p == 0 and self.mode == "registers"
+        preload = p == 0 and self.regs
+        if preload and self.pf:
+            self.pf_leaves = [v for v in lc[FULL] if v in f.param]
         if preload and lc[FULL]:
             for v in lc[FULL]:
                 lines.append(f"tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)}[{self.NIT}];")
+            if self.pf_leaves:
+                lines.append("tdb_cp_wait();  // this row, prefetched during the previous one")
             lines.append(f"#pragma unroll\nfor (int i = 0; i < {self.NIT}; ++i) {{")
             lines.append(f"  const int col = (i * {self.TS} + glane) * {V};")
             lines.append(f"  if ({self.cond}) {{")
-            lines += [f"    ld_{f.n(v)}[i] = {f.vec_load(v, 'rbase + col', V)};" for v in lc[FULL]]
+            for v in lc[FULL]:
+                slot = f"pf_{f.n(v)} + (i * {self.T} + lane) * {V}"
+                src = (f"*reinterpret_cast<const tdb_vec<{f.st(v)}, {V}>*>({slot})"
+                       if v in self.pf_leaves else f.vec_load(v, "rbase + col", V))
+                lines.append(f"    ld_{f.n(v)}[i] = {src};")
             lines.append("  }\n}")
         lines.append(f"{self.unroll}\nfor (int i = 0; i < {self.NIT}; ++i) {{")
         body = [f"const int col = (i * {self.TS} + glane) * {V};", f"if ({self.cond}) {{"]
@@ -185,8 +220,27 @@ class _Row:
         body.append("}")
         lines += indent(body)
         lines.append("}")
+        if preload and self.pf_leaves:
+            # every prefetched value was read into registers above (the loop consumed them), so
+            # the buffers are free: start the next row of this group
+            lines += self.prefetch(f"row + (long long)gridDim.x * {self.G}")
         if reds:
             self.reduce(reds, lines)
+
+    def prefetch(self, row: str) -> list[str]:
+        """cp.async of row ``row``'s full-size inputs into this thread's own shared-memory slots
+        (each thread later reads only what it copied, so no barrier is needed)."""
+        f, V, C = self.f, self.V, self.a.C
+        out = [f"{{\n  const long long nrow = {row};", f"  if (nrow < {self.a.R}LL) {{",
+               f"#pragma unroll\n    for (int i = 0; i < {self.NIT}; ++i) {{",
+               f"      const int col = (i * {self.TS} + glane) * {V};",
+               f"      if (col < {C}) {{"]
+        for v in self.pf_leaves:
+            nb = V * DTYPE_BYTES[f.dtype(v)]
+            out.append(f"        tdb_cp_async<{nb}>(pf_{f.n(v)} + (i * {self.T} + lane) * {V}, "
+                       f"{f.param[v]} + nrow * {C}LL + col);")
+        out += ["      }", "    }", "  }", "  tdb_cp_commit();", "}"]
+        return out
 
     def reduce(self, reds, lines: list[str]) -> None:
         f, T = self.f, self.T
@@ -273,7 +327,7 @@ class _Row:
               "(void)rv;"]
         self.renv = {}
         self.row_scope(0, it)
-        if self.mode == "registers":
+        if self.regs:
             it += [f"float rc{k}[{NIT * V}];" for k in range(len(self.cached))]
         last = self.nlev if (self.post_outs or self.colreds) else self.nlev - 1
         for p in range(last + 1):
@@ -288,11 +342,22 @@ class _Row:
             it.append("__syncthreads();")
         lines += indent(it)
         lines.append("}")
+        if self.pf_leaves:  # known once pass 0 is emitted
+            pre = []
+            for v in self.pf_leaves:
+                pre.append(f"{f.st(v)}* pf_{f.n(v)} = reinterpret_cast<{f.st(v)}*>(tdb_smem + {off}) + "
+                           f"grp * {NIT * V * T};")
+                off += (G * NIT * V * T * DTYPE_BYTES[f.dtype(v)] + 15) // 16 * 16
+            pre += self.prefetch(f"(long long)blockIdx.x * {G} + grp")
+            loop = max(i for i, ln in enumerate(lines) if ln.startswith("for (long long rb"))
+            lines[loop:loop] = pre
         if self.colreds:
             lines += self.col_partials(P)
         scratch = ("colpart",) if self.colreds else ()
         attr = f"__cluster_dims__({self.S}, 1, 1)" if self.S > 1 else ""
         body = f.signature("@K@", list(scratch), B, attr) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
+        if self.pf_leaves:
+            body = CP_ASYNC + body
         return KText(body, (P, 1, 1), (B, 1, 1), smem, scratch), P
 
     def col_partials(self, P: int) -> list[str]:

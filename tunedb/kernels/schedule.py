@@ -41,7 +41,7 @@ from tunedb.kernels.analysis import (
 MAPPINGS = ("elementwise", "warp_per_row", "block_per_row", "rows_per_block", "split_row",
             "col_tiled", "col_cluster", "transpose_tiled")
 ROW_MAPPINGS = ("warp_per_row", "block_per_row", "rows_per_block", "split_row")
-ROW_CACHES = ("registers", "smem", "reread")
+ROW_CACHES = ("registers", "smem", "reread", "prefetch")
 CACHE_MODES = ("boundary", "inputs")
 STITCH = ("recompute", "register", "shuffle", "smem", "dsmem", "global")
 GRIDS = ("wave", "full")
@@ -164,7 +164,7 @@ def cache_regs(a: Analysis, s: Schedule) -> int:
     """Registers per thread for the row cache and the column-reduction accumulators."""
     n_col = sum(r.axis == "col" for r in a.reductions)
     per = row_iters(a.C, s.threads_per_row * s.row_split, s.vec) * s.vec
-    return per * (len(cache_values(a, s.cache)) * (s.row_cache == "registers") + n_col)
+    return per * (len(cache_values(a, s.cache)) * (s.row_cache in ("registers", "prefetch")) + n_col)
 
 
 def row_smem_bytes(a: Analysis, s: Schedule) -> int:
@@ -177,8 +177,16 @@ def row_smem_bytes(a: Analysis, s: Schedule) -> int:
     if s.row_cache == "smem":
         per_group = row_iters(a.C, t * s.row_split, s.vec) * s.vec * t
         b += 4 * groups * len(cache_values(a, s.cache)) * per_group
+    if s.row_cache == "prefetch":  # the next row of every full-size input, per group
+        per_group = row_iters(a.C, t, s.vec) * s.vec * t
+        b += sum((groups * per_group * DTYPE_BYTES[a.graph.type_of(v).dtype] + 15) // 16 * 16
+                 for v in _full_inputs(a))
     b += 4 * n_col * a.C
     return b
+
+
+def _full_inputs(a: Analysis) -> list[str]:
+    return [v for v in list(a.graph.inputs) + [c for c, _ in a.graph.constants] if a.cls.get(v) == FULL]
 
 
 def legal_vecs(a: Analysis, need_c: bool = True, need_r: bool = False) -> tuple[list[int], list[str]]:
@@ -205,7 +213,8 @@ def stitch_of(a: Analysis, s: Schedule) -> str:
             out[r.value] = (("shuffle" if t <= 32 else "smem") if s.row_split == 1 else "dsmem"
                             ) if r.axis == "row" else "global"
         cached = cache_values(a, s.cache)
-        scheme = {"registers": "register", "smem": "smem", "reread": "global"}[s.row_cache]
+        scheme = {"registers": "register", "smem": "smem", "reread": "global",
+                  "prefetch": "register"}[s.row_cache]
         for v in cache_values(a, "boundary"):
             out.setdefault(v, scheme if v in cached else "recompute")
         for v in cached:
@@ -282,7 +291,15 @@ def check(a: Analysis, s: Schedule) -> str:
         it = row_iters(a.C, t * s.row_split, s.vec)
         if (s.row_cache != "smem" or pat == "multi") and it > MAX_UNROLLED:
             return f"row of {a.C} needs {it} vector iterations per thread > {MAX_UNROLLED}"
-        if s.row_cache == "registers" or pat == "multi":
+        if s.row_cache == "prefetch":
+            if m == "split_row" or pat == "multi" or s.grid != "wave":
+                return ("prefetch streams a block's next row: one block per row group looping over "
+                        "rows (grid wave), no cluster, no column partials")
+            narrow = [a.graph.type_of(v).dtype for v in _full_inputs(a)
+                      if s.vec * DTYPE_BYTES[a.graph.type_of(v).dtype] < 4]
+            if narrow:
+                return f"prefetch copies of vec {s.vec} x {narrow[0]} are under 4 bytes"
+        if s.row_cache in ("registers", "prefetch") or pat == "multi":
             regs = cache_regs(a, s)
             limit = min(MAX_CACHE_REGS, 65536 // s.block - 32)
             if regs > limit:
@@ -336,6 +353,9 @@ def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
                         # unroll 2: every load of the tile issued before the shared-memory stores
                         out += [Schedule("transpose_tiled", block=b, vec=v, tile=tile, unroll=u)
                                 for u in (1, 2)]
+        # 128-wide tiles (66 KB of shared memory): more loads in flight per block, hoisted only
+        out += [Schedule("transpose_tiled", block=b, vec=v, tile=128, unroll=2)
+                for b in (256, 512) for v in (2, 4) if b % (128 // v) == 0]
     if pat in ("row_reduce", "multi"):
         top = [v for v in (8, 4, 2, 1)][:4]
         legal = [v for v in top if v in vecs_c][:2] or [1]
@@ -361,6 +381,9 @@ def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
                         if rc == "smem" and not check(a, replace(s, row_cache="registers")):
                             continue  # registers fit: shared memory only adds traffic
                         if rc == "reread" and (m in ("rows_per_block", "split_row") or v != legal[0]):
+                            continue
+                        if rc == "prefetch" and (m not in ("block_per_row", "warp_per_row")
+                                                 or pat != "row_reduce"):
                             continue
                         out.append(s)
     if pat == "col_reduce":
@@ -395,9 +418,11 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
         # offer the fast-math variant of the configurations most likely to be fastest
         cands += [replace(s, fast_math=True) for s in cands
                   if s.mapping in ("elementwise", "split_row", "col_cluster")
-                  or (s.row_cache == "registers" and s.cache == "boundary" and s.mapping in ROW_MAPPINGS)]
+                  or (s.row_cache in ("registers", "prefetch") and s.cache == "boundary"
+                      and s.mapping in ROW_MAPPINGS)]
     # every elementwise / row candidate also with a block per chunk of work (no grid-stride loop)
-    cands += [replace(s, grid="full") for s in cands if s.mapping in GRID_MAPPINGS and a.pattern != "multi"]
+    cands += [replace(s, grid="full") for s in cands
+              if s.mapping in GRID_MAPPINGS and a.pattern != "multi" and s.row_cache != "prefetch"]
     for s in cands:
         if s in seen:
             continue
