@@ -225,3 +225,10 @@ def test_bad_inputs_say_what_is_wrong(softmax):
     with pytest.raises(ValueError, match="cannot read workload graph JSON"):
         featurize(["{}"], ["x" * 64], ["{}"])
     assert featurize([], [], []).shape == (0, len(FEATURE_NAMES))
+
+
+def test_row_prefetch_is_featurised_as_its_register_twin(softmax):
+    base = {"mapping": "block_per_row", "block": 512, "vec": 2, "row_cache": "registers"}
+    X = featurize_candidates(softmax, [base, {**base, "row_cache": "prefetch"},
+                                       {**base, "row_cache": "smem"}])
+    assert np.array_equal(X[0], X[1]) and not np.array_equal(X[0], X[2])

@@ -137,6 +137,10 @@ def config_vector(cfg: Mapping[str, Any]) -> np.ndarray:
     mapping = str(cfg.get("mapping", ""))
     mapping = mapping if mapping in MAPPINGS else "other"
     row_cache = str(cfg.get("row_cache", "registers"))
+    # "prefetch" (a register row cache whose next row streams into shared memory) has no
+    # training rows yet: it is featurised as its register twin until measured data lets a new
+    # schema tell them apart (exact database hits rank the two meanwhile)
+    row_cache = "registers" if row_cache == "prefetch" else row_cache
     return np.array([
         *(max(_number(cfg.get(k), d), 0.0) for k, d in _DEFAULTS.items()),
         float(bool(cfg.get("fast_math", False))),
