@@ -18,6 +18,12 @@ the blocks exchange reduction partials through distributed shared memory and syn
 cluster barriers, so it is one kernel and the row is still read once. ``col_cluster`` does the
 same for column reductions: a cluster of ``split`` blocks owns a column strip, each block a
 range of rows kept in registers, so x - mean(x, 0) reads x once.
+
+``row_cache="prefetch"`` (block/warp per row, grid-stride loop) keeps the row in registers like
+``registers`` and streams the block's next row into shared memory with ``cp.async`` while the
+current one is reduced and written: a 128 KB row fills half the register file, so without it an
+SM holds one row and waits out its load latency once per row. ``transpose_tiled`` with
+``unroll=2`` issues every global load of its tile before the first shared-memory store.
 """
 
 from __future__ import annotations
