@@ -96,6 +96,45 @@ def gen_elementwise(f: Frame) -> list[KText]:
     return [KText(body, (grid, 1, 1), (B, 1, 1))]
 
 
+def _transpose_head(f: Frame) -> tuple[list[str], dict[str, str], dict[str, list[str]], int]:
+    """Prologue, tile origin and thread coordinates of a transpose kernel: (lines, env, leaf
+    classes, shared-memory bytes)."""
+    s = f.s
+    T, TX = s.tile, s.tile // s.vec
+    lines: list[str] = []
+    env = f.prologue(lines)
+    _, leaves = f.leaves_of(f.full_outputs(), set(env))
+    lc = f.leaf_classes(leaves)
+    lines.append("extern __shared__ __align__(16) unsigned char tdb_smem[];")
+    lines.append(f"const int tx = threadIdx.x % {TX}, ty = threadIdx.x / {TX};")
+    lines.append(f"const long long c0 = (long long)blockIdx.x * {T}, r0 = (long long)blockIdx.y * {T};")
+    return lines, env, lc, 4 * T * (T + 1) * len(lc[TRANS])
+
+
+def _transpose_outputs(f: Frame, env: dict[str, str], lc: dict[str, list[str]], head: list[str],
+                       full_loads: list[str], full: dict[str, str]) -> list[str]:
+    """The loop body computing and storing one vector of tile row ``j`` (coalesced along C):
+    ``head`` opens it, ``full_loads``/``full`` give the full-size leaves."""
+    R, C, V = f.R, f.C, f.s.vec
+    el = head + [f"const long long row = r0 + j, col = c0 + tx * {V};",
+                 f"if (row < {R}LL && col < {C}LL) {{"]
+    inner = [f"const long long idx = row * {C}LL + col;"] + full_loads
+    e = dict(env)
+    col = _side_loads(f, lc, V, inner, e)
+    trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}
+    _element(f, e, full, col, trans, V, "idx", inner)
+    el += indent(inner)
+    el.append("}")
+    return el
+
+
+def _transpose_kernel(f: Frame, lines: list[str], smem: int) -> list[KText]:
+    s = f.s
+    grid = (math.ceil(f.C / s.tile), math.ceil(f.R / s.tile), 1)
+    body = f.signature("@K@", [], s.block) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
+    return [KText(body, grid, (s.block, 1, 1), smem)]
+
+
 def gen_transpose(f: Frame) -> list[KText]:
     """32x32 or 64x64 tiles: transposed inputs are read along their contiguous axis into padded
     shared memory, then every access to global memory is coalesced along C. With ``unroll`` > 1
@@ -105,16 +144,8 @@ def gen_transpose(f: Frame) -> list[KText]:
         return _gen_transpose_hoisted(f)
     s, R, C = f.s, f.R, f.C
     T, V, B = s.tile, s.vec, s.block
-    TX = T // V
-    TY = B // TX
-    lines: list[str] = []
-    env = f.prologue(lines)
-    nodes, leaves = f.leaves_of(f.full_outputs(), set(env))
-    lc = f.leaf_classes(leaves)
-    smem = 4 * T * (T + 1) * len(lc[TRANS])
-    lines.append("extern __shared__ __align__(16) unsigned char tdb_smem[];")
-    lines.append(f"const int tx = threadIdx.x % {TX}, ty = threadIdx.x / {TX};")
-    lines.append(f"const long long c0 = (long long)blockIdx.x * {T}, r0 = (long long)blockIdx.y * {T};")
+    TY = B // (T // V)
+    lines, env, lc, smem = _transpose_head(f)
     for k, v in enumerate(lc[TRANS]):
         tile = f"tile_{f.n(v)}"
         lines.append(f"float (*{tile})[{T + 1}] = reinterpret_cast<float (*)[{T + 1}]>"
@@ -129,39 +160,19 @@ def gen_transpose(f: Frame) -> list[KText]:
     if lc[TRANS]:
         lines.append("__syncthreads();")
     lines.append(f"for (int j = ty; j < {T}; j += {TY}) {{")
-    el = [f"const long long row = r0 + j, col = c0 + tx * {V};",
-          f"if (row < {R}LL && col < {C}LL) {{"]
-    inner = [f"const long long idx = row * {C}LL + col;"]
-    e = dict(env)
-    for v in lc[FULL]:
-        inner.append(f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {f.vec_load(v, 'idx', V)};")
-    col = _side_loads(f, lc, V, inner, e)
+    loads = [f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {f.vec_load(v, 'idx', V)};" for v in lc[FULL]]
     full = {v: f.conv(v, f"ld_{f.n(v)}.v[k]") for v in lc[FULL]}
-    trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}
-    _element(f, e, full, col, trans, V, "idx", inner)
-    el += indent(inner)
-    el.append("}")
-    lines += indent(el)
+    lines += indent(_transpose_outputs(f, env, lc, [], loads, full))
     lines.append("}")
-    grid = (math.ceil(C / T), math.ceil(R / T), 1)
-    body = f.signature("@K@", [], B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
-    return [KText(body, grid, (B, 1, 1), smem)]
+    return _transpose_kernel(f, lines, smem)
 
 
 def _gen_transpose_hoisted(f: Frame) -> list[KText]:
     s, R, C = f.s, f.R, f.C
     T, V, B = s.tile, s.vec, s.block
-    TX = T // V
-    TY = B // TX
+    TY = B // (T // V)
     NI = T // TY  # tile rows per thread (legality: TY divides T)
-    lines: list[str] = []
-    env = f.prologue(lines)
-    nodes, leaves = f.leaves_of(f.full_outputs(), set(env))
-    lc = f.leaf_classes(leaves)
-    smem = 4 * T * (T + 1) * len(lc[TRANS])
-    lines.append("extern __shared__ __align__(16) unsigned char tdb_smem[];")
-    lines.append(f"const int tx = threadIdx.x % {TX}, ty = threadIdx.x / {TX};")
-    lines.append(f"const long long c0 = (long long)blockIdx.x * {T}, r0 = (long long)blockIdx.y * {T};")
+    lines, env, lc, smem = _transpose_head(f)
     # 1. every global load of the tile, into registers
     for v in lc[TRANS]:
         lines.append(f"tdb_vec<{f.st(v)}, {V}> tl_{f.n(v)}[{NI}];")
@@ -193,19 +204,7 @@ def _gen_transpose_hoisted(f: Frame) -> list[KText]:
         lines.append("__syncthreads();")
     # 3. compute and store, coalesced along C
     lines.append(f"#pragma unroll\nfor (int i = 0; i < {NI}; ++i) {{")
-    el = [f"const int j = ty + i * {TY};",
-          f"const long long row = r0 + j, col = c0 + tx * {V};",
-          f"if (row < {R}LL && col < {C}LL) {{"]
-    inner = [f"const long long idx = row * {C}LL + col;"]
-    e = dict(env)
-    col = _side_loads(f, lc, V, inner, e)
     full = {v: f.conv(v, f"ld_{f.n(v)}[i].v[k]") for v in lc[FULL]}
-    trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}
-    _element(f, e, full, col, trans, V, "idx", inner)
-    el += indent(inner)
-    el.append("}")
-    lines += indent(el)
+    lines += indent(_transpose_outputs(f, env, lc, [f"const int j = ty + i * {TY};"], [], full))
     lines.append("}")
-    grid = (math.ceil(C / T), math.ceil(R / T), 1)
-    body = f.signature("@K@", [], B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
-    return [KText(body, grid, (B, 1, 1), smem)]
+    return _transpose_kernel(f, lines, smem)
