@@ -311,10 +311,12 @@ class PlanExecutor:
         local = {s: self.env[v] for s, v in zip(sub.inputs, step.inputs)}
         for name, c in sub.constants:
             local[name] = self.cp.asarray(_const_storage(c))
+        types = sub.type_map
         for node in sub.nodes:
             src = local[node.inputs[0]]
-            shapes = [sub.type_of(o).shape for o in node.outputs]
-            for o, view in zip(node.outputs, device_views(node, src, shapes)):
+            a = check_node(node, [types[v] for v in node.inputs])[1]
+            shapes = [types[o].shape for o in node.outputs]
+            for o, view in zip(node.outputs, device_views(node.op, a, src, shapes)):
                 if view.data.mem is not src.data.mem:  # CuPy copies what no strides express
                     raise ExecutorError(f"view step {'+'.join(step.ops)}: {node.op} of a "
                                         f"{src.shape} array with strides {src.strides} needs a copy")

@@ -315,12 +315,12 @@ def _int_matmul(cp: Any, op: str, a: dict, args: list[Any]) -> Any:
     return out
 
 
-def device_views(node: Node, x: Any, out_shapes: Sequence[Sequence[int]]) -> list[Any]:
+def device_views(op: str, a: dict, x: Any, out_shapes: Sequence[Sequence[int]]) -> list[Any]:
     """The outputs of a view node (reshape-like, or a strided transpose/slice/split planned as a
-    view, tunedb.plan.views) as arrays over ``x``'s bytes; the caller checks no copy was made."""
-    op, a = node.op, dict(node.attrs)
+    view, tunedb.plan.views; ``a``: its canonical attributes) as arrays over ``x``'s bytes,
+    CuPy's views where strides express them; the executor checks that no copy was made."""
     if op == "transpose":
-        return [x.transpose(a.get("perm") or tuple(reversed(range(x.ndim))))]
+        return [x.transpose(a["perm"])]
     if op == "slice":
         return [x[_slices(x.ndim, a, x.shape)]]
     if op == "split":
@@ -528,14 +528,10 @@ def layout_launch(cp: Any, node: Node, a: dict, ins: list[Any], outs: list[Any],
     """A single data-movement node on the stored bits (any dtype); ``None`` if not one."""
     op = node.op
     x = ins[0] if ins else None
-    if op == "transpose":
-        src = x.transpose(a["perm"])
-    elif op in ("reshape", "squeeze", "unsqueeze", "identity"):
-        src = x.reshape(outs[0].shape)
+    if op in ("transpose", "slice", "reshape", "squeeze", "unsqueeze", "identity"):
+        src = device_views(op, a, x, [outs[0].shape])[0]
     elif op == "expand":
         src = cp.broadcast_to(x, outs[0].shape)
-    elif op == "slice":
-        src = x[_slices(x.ndim, a, x.shape)]
     elif op == "gather":
         xs, idx, out, axis = x, ins[1], outs[0], a["axis"]
         return [lambda: cp.take(xs, idx, axis=axis, out=out)], 1
