@@ -12,6 +12,7 @@ from kernel_emu import build, make_inputs, max_error, poisoned_output, run_plan
 
 from tunedb.graph.reference import run_reference
 from tunedb.kernels import analyze, generate, schedule_space, suite
+from tunedb.kernels.suites import case as case_of
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 
@@ -49,3 +50,28 @@ def test_quick_suite_matches_reference_in_emulation(tmp_path):
                 failures.append(f"{case.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
     assert not failures, "\n".join(failures)
     assert len(jobs) >= 30
+
+
+def test_swizzled_transpose_tiles_match_reference_in_emulation(tmp_path):
+    """Every swizzled schedule of the quick suite's transposes (each vector width, fp32 and
+    16-bit types): the lane-dependent element order must put every value where it belongs."""
+    jobs = []
+    extra = [case_of("permute", "transpose_bias_relu", 96, 160, "bfloat16"),
+             case_of("permute", "transpose_add", 64, 192, "float16")]
+    for case in suite("quick") + extra:
+        legal, _ = schedule_space(case.graph)
+        jobs += [(case, s, generate(case.graph, s, sm_count=2)) for s in legal if s.swizzle]
+    assert {s.vec for _, s, _ in jobs} == {2, 4, 8}
+    lib = build([k.source for _, _, p in jobs for k in p.kernels], str(tmp_path))
+    failures = []
+    for case, s, plan in jobs:
+        g = case.graph
+        dev, ref = make_inputs(g, analyze(g).C)
+        want = run_reference(g, ref)
+        bufs = dict(dev)
+        bufs.update({v: poisoned_output(g.type_of(v)) for v in g.outputs})
+        run_plan(lib, plan, bufs)
+        v, err = max_error(g, bufs, want)
+        if err > 1.0:
+            failures.append(f"{case.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
+    assert not failures, "\n".join(failures)

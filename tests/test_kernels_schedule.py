@@ -14,6 +14,7 @@ from tunedb.kernels import Schedule, generate, schedule_space, suite
 from tunedb.kernels.analysis import analyze
 from tunedb.kernels.prelude import PRELUDE
 from tunedb.kernels.schedule import check
+from tunedb.kernels.suites import case as suite_case
 from tunedb.records import Candidate
 
 
@@ -173,3 +174,24 @@ def test_row_prefetch_streams_the_next_row_and_is_pruned_where_it_cannot_apply()
     assert "TDB_CP_ASYNC" not in generate(_softmax(64, 1024), plain[0]).kernels[0].source
     for s in (replace(pf[0], grid="full"), replace(pf[0], mapping="split_row", split=2)):
         assert "prefetch" in check(analyze(_softmax(64, 1024)), s)
+
+
+def test_swizzle_knob_keeps_stored_configs_and_is_pruned_where_it_cannot_apply():
+    g = suite_case("permute", "transpose_add", 96, 160).graph
+    legal, pruned = schedule_space(g)
+    swz = [s for s in legal if s.swizzle]
+    # each swizzled tile is a 64-wide hoisted tile with a plain twin in the space
+    assert swz and all(s.tile == 64 and s.unroll == 2 and s.vec >= 2 for s in swz)
+    assert all(replace(s, swizzle=False) in legal for s in swz)
+    assert all("swizzle" not in s.to_config() for s in legal if not s.swizzle)
+    assert all(s.to_config()["swizzle"] is True and "swz" in s.label() for s in swz)
+    a = analyze(g)
+    plain = replace(swz[0], swizzle=False)
+    assert "swizzle needs a 64-wide tile" in check(a, replace(plain, tile=32, swizzle=True))
+    assert "swizzle needs a 64-wide tile" in check(a, replace(plain, unroll=1, swizzle=True))
+    ew = next(s for s in legal if s.mapping == "elementwise")
+    assert "only transpose_tiled" in check(a, replace(ew, swizzle=True))
+    src = generate(g, swz[0]).kernels[0].source
+    assert "^ sw)" in src and "^ sw)" not in generate(g, plain).kernels[0].source
+    with pytest.raises(ValueError, match="swizzle must be"):
+        Schedule("transpose_tiled", swizzle=1)

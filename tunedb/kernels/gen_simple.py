@@ -114,14 +114,22 @@ def _transpose_head(f: Frame) -> tuple[list[str], dict[str, str], dict[str, list
 def _transpose_outputs(f: Frame, env: dict[str, str], lc: dict[str, list[str]], head: list[str],
                        full_loads: list[str], full: dict[str, str]) -> list[str]:
     """The loop body computing and storing one vector of tile row ``j`` (coalesced along C):
-    ``head`` opens it, ``full_loads``/``full`` give the full-size leaves."""
+    ``head`` opens it, ``full_loads``/``full`` give the full-size leaves. Swizzled, the tile
+    column is first read into registers in the lane's own order (see ``gen_transpose``)."""
     R, C, V = f.R, f.C, f.s.vec
-    el = head + [f"const long long row = r0 + j, col = c0 + tx * {V};",
-                 f"if (row < {R}LL && col < {C}LL) {{"]
+    el = list(head)
+    if f.s.swizzle:
+        for v in lc[TRANS]:
+            el.append(f"float tr_{f.n(v)}[{V}];")
+            el.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) "
+                      f"tr_{f.n(v)}[k] = tile_{f.n(v)}[tx * {V} + (k ^ sw)][j];")
+        trans = {v: f"(sw ? tr_{f.n(v)}[k ^ {V // 2}] : tr_{f.n(v)}[k])" for v in lc[TRANS]}
+    else:
+        trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}
+    el += [f"const long long row = r0 + j, col = c0 + tx * {V};", f"if (row < {R}LL && col < {C}LL) {{"]
     inner = [f"const long long idx = row * {C}LL + col;"] + full_loads
     e = dict(env)
     col = _side_loads(f, lc, V, inner, e)
-    trans = {v: f"tile_{f.n(v)}[tx * {V} + k][j]" for v in lc[TRANS]}
     _element(f, e, full, col, trans, V, "idx", inner)
     el += indent(inner)
     el.append("}")
@@ -139,7 +147,11 @@ def gen_transpose(f: Frame) -> list[KText]:
     """32x32 or 64x64 tiles: transposed inputs are read along their contiguous axis into padded
     shared memory, then every access to global memory is coalesced along C. With ``unroll`` > 1
     every global load of the tile (transposed and full-size inputs) is issued into registers
-    before the first shared-memory store, so a thread has all of them in flight at once."""
+    before the first shared-memory store, so a thread has all of them in flight at once.
+
+    ``swizzle`` (64-wide tiles, hoisted): in the padded tile, lanes tx and tx + 32/V of a warp
+    hit the same banks (2-way conflicts on every shared store and load); they instead walk their
+    V columns in different orders (element k ^ V/2), which spreads a warp over all 32 banks."""
     if f.s.unroll > 1:
         return _gen_transpose_hoisted(f)
     s, R, C = f.s, f.R, f.C
@@ -173,6 +185,9 @@ def _gen_transpose_hoisted(f: Frame) -> list[KText]:
     TY = B // (T // V)
     NI = T // TY  # tile rows per thread (legality: TY divides T)
     lines, env, lc, smem = _transpose_head(f)
+    if s.swizzle and lc[TRANS]:
+        # lanes tx and tx + 32/V share banks; one of the two swaps the halves of its vector
+        lines.append(f"const int sw = (tx & {32 // V}) ? {V // 2} : 0;")
     # 1. every global load of the tile, into registers
     for v in lc[TRANS]:
         lines.append(f"tdb_vec<{f.st(v)}, {V}> tl_{f.n(v)}[{NI}];")
@@ -197,8 +212,13 @@ def _gen_transpose_hoisted(f: Frame) -> list[KText]:
         lines.append(f"float (*{tile})[{T + 1}] = reinterpret_cast<float (*)[{T + 1}]>"
                      f"(tdb_smem + {4 * T * (T + 1) * k});")
         lines.append(f"#pragma unroll\nfor (int i = 0; i < {NI}; ++i) {{")
-        lines.append(f"#pragma unroll\n  for (int k = 0; k < {V}; ++k) {tile}[ty + i * {TY}][tx * {V} + k] = "
-                     f"{f.conv(v, f'tl_{f.n(v)}[i].v[k]')};")
+        loop = f"#pragma unroll\n  for (int k = 0; k < {V}; ++k) {tile}[ty + i * {TY}]"
+        val = f.conv(v, f"tl_{f.n(v)}[i].v[k]")
+        if s.swizzle:  # element k ^ sw goes to its own column; which one a lane writes first varies
+            swapped = f.conv(v, f"tl_{f.n(v)}[i].v[k ^ {V // 2}]")
+            lines.append(f"{loop}[tx * {V} + (k ^ sw)] = sw ? {swapped} : {val};")
+        else:
+            lines.append(f"{loop}[tx * {V} + k] = {val};")
         lines.append("}")
     if lc[TRANS]:
         lines.append("__syncthreads();")
