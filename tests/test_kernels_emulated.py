@@ -26,6 +26,23 @@ def _pick(legal):
     return list(best.values())
 
 
+def _mismatches(lib, jobs) -> list[str]:
+    """Run each (case, schedule, plan) of ``jobs`` from ``lib`` on fresh inputs into poisoned
+    outputs; one line per output off by more than its tolerance."""
+    failures = []
+    for case, s, plan in jobs:
+        g = case.graph
+        dev, ref = make_inputs(g, analyze(g).C)
+        want = run_reference(g, ref)
+        bufs = dict(dev)
+        bufs.update({v: poisoned_output(g.type_of(v)) for v in g.outputs})
+        run_plan(lib, plan, bufs)
+        v, err = max_error(g, bufs, want)
+        if err > 1.0:
+            failures.append(f"{case.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
+    return failures
+
+
 def test_quick_suite_matches_reference_in_emulation(tmp_path):
     jobs = []
     for case in suite("quick"):
@@ -36,18 +53,7 @@ def test_quick_suite_matches_reference_in_emulation(tmp_path):
     with ThreadPoolExecutor(2) as pool:
         libs = list(pool.map(lambda js: build([k.source for _, _, p in js for k in p.kernels], str(tmp_path)),
                              halves))
-    failures = []
-    for lib, half in zip(libs, halves):
-        for case, s, plan in half:
-            g = case.graph
-            dev, ref = make_inputs(g, analyze(g).C)
-            want = run_reference(g, ref)
-            bufs = dict(dev)
-            bufs.update({v: poisoned_output(g.type_of(v)) for v in g.outputs})
-            run_plan(lib, plan, bufs)
-            v, err = max_error(g, bufs, want)
-            if err > 1.0:
-                failures.append(f"{case.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
+    failures = [f for lib, half in zip(libs, halves) for f in _mismatches(lib, half)]
     assert not failures, "\n".join(failures)
     assert len(jobs) >= 30
 
@@ -62,16 +68,5 @@ def test_swizzled_transpose_tiles_match_reference_in_emulation(tmp_path):
         legal, _ = schedule_space(case.graph)
         jobs += [(case, s, generate(case.graph, s, sm_count=2)) for s in legal if s.swizzle]
     assert {s.vec for _, s, _ in jobs} == {2, 4, 8}
-    lib = build([k.source for _, _, p in jobs for k in p.kernels], str(tmp_path))
-    failures = []
-    for case, s, plan in jobs:
-        g = case.graph
-        dev, ref = make_inputs(g, analyze(g).C)
-        want = run_reference(g, ref)
-        bufs = dict(dev)
-        bufs.update({v: poisoned_output(g.type_of(v)) for v in g.outputs})
-        run_plan(lib, plan, bufs)
-        v, err = max_error(g, bufs, want)
-        if err > 1.0:
-            failures.append(f"{case.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
+    failures = _mismatches(build([k.source for _, _, p in jobs for k in p.kernels], str(tmp_path)), jobs)
     assert not failures, "\n".join(failures)
