@@ -227,8 +227,11 @@ def test_bad_inputs_say_what_is_wrong(softmax):
     assert featurize([], [], []).shape == (0, len(FEATURE_NAMES))
 
 
-def test_row_prefetch_is_featurised_as_its_register_twin(softmax):
+def test_row_prefetch_differs_from_its_register_twin_only_in_its_column(softmax):
     base = {"mapping": "block_per_row", "block": 512, "vec": 2, "row_cache": "registers"}
     X = featurize_candidates(softmax, [base, {**base, "row_cache": "prefetch"},
                                        {**base, "row_cache": "smem"}])
-    assert np.array_equal(X[0], X[1]) and not np.array_equal(X[0], X[2])
+    col = FEATURE_NAMES.index("row_prefetch")
+    differ = np.flatnonzero(X[0] != X[1])
+    assert differ.tolist() == [col] and X[1, col] == 1.0 and X[0, col] == 0.0
+    assert not np.array_equal(X[0], X[2])

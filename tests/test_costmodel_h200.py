@@ -2,15 +2,15 @@
 the shipped model (models/nvidia-h200/fusion).
 
 Held-out evaluation (5-fold GroupKFold by workload) must stay above floors just below what the
-shipped training reaches (pairwise 0.893, top-1 0.957, top-5 0.991, MAPE 0.122, Spearman 0.861)
+shipped training reaches (pairwise 0.897, top-1 0.964, top-5 0.987, MAPE 0.096, Spearman 0.896)
 and beat both baselines on every metric. The project's targets (pairwise >= 0.95, top-1 >= 0.97)
 are recorded as an expected failure until a model reaches them. They are not at the noise
 floor: the same 10,417 candidates measured on a second H200 board order 0.974 of their pairs
 alike and pick a best within 0.996 of it (data/fusion_h200_boards).
-The data is data/fusion_h200 (one board); set TUNEDB_H200_EXPORT to evaluate another export
-directory (its H200 with the most measurements). The model in models/ is trained on every H200
-board of data/fusion_h200 and data/fusion_h200_boards (tests/test_costmodel_boards.py covers
-training on several boards).
+The data is data/fusion_h200_v2 (one board, every candidate of a workload timed the same way);
+set TUNEDB_H200_EXPORT to evaluate another export directory (its H200 with the most
+measurements). The model in models/ is trained on data/fusion_h200_v2 (tests/test_costmodel_boards.py
+covers training on several boards, with the first dataset's shards).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ SHIPPED_MODEL = ROOT / "models" / "nvidia-h200" / "fusion"
 
 def _exports() -> list[Path]:
     given = os.environ.get("TUNEDB_H200_EXPORT")
-    export = Path(given) if given else ROOT / "data" / "fusion_h200"
+    export = Path(given) if given else ROOT / "data" / "fusion_h200_v2"
     manifests = [export / "manifest.json"]
     out = []
     for m in manifests:
@@ -67,7 +67,7 @@ def h200(tmp_path_factory):
     return frame, DeviceFacts.from_device_info(device)
 
 
-SHIPPED_DATA = [ROOT / "data" / "fusion_h200", ROOT / "data" / "fusion_h200_boards"]
+SHIPPED_DATA = [ROOT / "data" / "fusion_h200_v2"]
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +96,11 @@ def test_shipped_model_matches_the_shipped_data(shipped_frame):
     clean = clean_frame(frame)
     assert model.card["data"]["hash"] == data_snapshot_hash(clean), \
         "models/nvidia-h200/fusion was trained on other data; retrain with 'tunedb train'"
-    assert model.card["data"]["boards"] == {b: clean["device_id"].to_pylist().count(b)
-                                            for b in set(clean["device_id"].to_pylist())}
-    # The shards hold schedules that differ only in grid (wave vs full); held out, the model
+    boards = {b: clean["device_id"].to_pylist().count(b) for b in set(clean["device_id"].to_pylist())}
+    # the card names its boards when it learned from several; one board is the row count
+    assert model.card["data"].get("boards", boards) == boards
+    assert model.card["data"]["rows"] == sum(boards.values())
+    # The data holds schedules that differ only in grid (wave vs full); held out, the model
     # orders them better than a coin (the roofline cannot tell them apart).
     grid = model.card["metrics"]["grid_pairs"]
     assert grid["model"]["pairs"] > 10_000 and grid["model"]["accuracy"] > grid["roofline"]["accuracy"] + 0.1
@@ -112,11 +114,11 @@ def test_shipped_model_matches_the_shipped_data(shipped_frame):
 @needs_data
 def test_h200_held_out_metrics_beat_baselines(held_out):
     m = held_out
-    assert m["pairwise_accuracy"] >= 0.88, m
-    assert m["top1_score"] >= 0.945, m
-    assert m["top5_score"] >= 0.985, m
-    assert m["spearman"] >= 0.83, m
-    assert m["mape"] <= 0.14, m
+    assert m["pairwise_accuracy"] >= 0.885, m
+    assert m["top1_score"] >= 0.955, m
+    assert m["top5_score"] >= 0.983, m
+    assert m["spearman"] >= 0.87, m
+    assert m["mape"] <= 0.12, m
     for base in ("roofline", "random"):
         b = m["baselines"][base]
         assert m["pairwise_accuracy"] > b["pairwise_accuracy"] + 0.3
@@ -128,7 +130,7 @@ def test_h200_held_out_metrics_beat_baselines(held_out):
 
 @pytest.mark.slow
 @needs_data
-@pytest.mark.xfail(reason="project target not reached yet (held-out 0.893 / 0.957 at the time of writing)",
+@pytest.mark.xfail(reason="project target not reached yet (held-out 0.897 / 0.964 at the time of writing)",
                    strict=False)
 def test_h200_held_out_metrics_meet_project_targets(held_out):
     assert held_out["pairwise_accuracy"] >= 0.95

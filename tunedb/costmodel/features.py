@@ -28,7 +28,9 @@ from tunedb.costmodel.workload import WORKLOAD_FEATURES, workload_vector
 
 # v2: the schedule's ``grid`` ("full": a block per chunk of work, no grid-stride loop) sets the
 # launch geometry and the ``grid_full`` column; v1 took every config as one wave of blocks.
-FEATURE_SCHEMA_VERSION: int = 2
+# v3: ``row_prefetch`` marks a register row cache whose next row streams into shared memory
+# (row_cache="prefetch"); v2 featurised it as its register twin.
+FEATURE_SCHEMA_VERSION: int = 3
 
 # The generator's mappings (tunedb.kernels.schedule.MAPPINGS) plus "other" for anything else.
 MAPPINGS: tuple[str, ...] = ("elementwise", "warp_per_row", "block_per_row", "rows_per_block",
@@ -39,6 +41,7 @@ STITCH_SCHEMES: tuple[str, ...] = ("recompute", "register", "shuffle", "smem", "
 
 _CONFIG_FEATURES: tuple[str, ...] = (
     "block", "vec", "unroll", "group", "split", "tile", "fast_math", "cache_inputs", "grid_full",
+    "row_prefetch",
     *(f"mapping_{m}" for m in MAPPINGS),
     *(f"row_cache_{r}" for r in ROW_CACHES),
     *(f"stitch_{s}" for s in STITCH_SCHEMES),
@@ -137,15 +140,18 @@ def config_vector(cfg: Mapping[str, Any]) -> np.ndarray:
     mapping = str(cfg.get("mapping", ""))
     mapping = mapping if mapping in MAPPINGS else "other"
     row_cache = str(cfg.get("row_cache", "registers"))
-    # "prefetch" (a register row cache whose next row streams into shared memory) has no
-    # training rows yet: it is featurised as its register twin until measured data lets a new
-    # schema tell them apart (exact database hits rank the two meanwhile)
-    row_cache = "registers" if row_cache == "prefetch" else row_cache
+    # ``swizzle`` (a transpose tile's bank-conflict-free order) has no training rows yet and is
+    # featurised as its plain twin until measured data lets a new schema tell them apart.
+    # "prefetch" keeps the row in registers like "registers" (so every derived register and
+    # occupancy estimate applies) and is told apart by its own column
+    prefetch = row_cache == "prefetch"
+    row_cache = "registers" if prefetch else row_cache
     return np.array([
         *(max(_number(cfg.get(k), d), 0.0) for k, d in _DEFAULTS.items()),
         float(bool(cfg.get("fast_math", False))),
         float(cfg.get("cache", "boundary") == "inputs"),
         float(cfg.get("grid", "wave") == "full"),
+        float(prefetch),
         *(float(mapping == m) for m in MAPPINGS),
         *(float(row_cache == r) for r in ROW_CACHES),
         *_stitch_counts(cfg.get("stitch", "")),
