@@ -280,3 +280,25 @@ def max_error(graph, bufs: dict, want: dict) -> tuple[str, float]:
         if err > worst[1]:
             worst = (v, err)
     return worst
+
+
+def mismatches(lib: ctypes.CDLL, jobs, masks: tuple[str, ...] = ()) -> list[str]:
+    """Run each (graph, schedule, plan) of ``jobs`` from ``lib`` into poisoned outputs, on inputs
+    drawn once per graph; one line per output off by more than its tolerance."""
+    from tunedb.graph.reference import run_reference
+    from tunedb.kernels import analyze
+
+    failures = []
+    refs: dict[str, tuple] = {}
+    for g, s, plan in jobs:
+        if g.name not in refs:
+            dev, ref = make_inputs(g, analyze(g).C, masks=masks)
+            refs[g.name] = (dev, run_reference(g, ref))
+        dev, want = refs[g.name]
+        bufs = dict(dev)
+        bufs.update({v: poisoned_output(g.type_of(v)) for v in g.outputs})
+        run_plan(lib, plan, bufs)
+        v, err = max_error(g, bufs, want)
+        if err > 1.0:
+            failures.append(f"{g.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
+    return failures

@@ -8,10 +8,9 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from kernel_emu import build, make_inputs, max_error, poisoned_output, run_plan
+from kernel_emu import build, mismatches
 
-from tunedb.graph.reference import run_reference
-from tunedb.kernels import analyze, generate, schedule_space, suite
+from tunedb.kernels import generate, schedule_space, suite
 from tunedb.kernels.suites import case as case_of
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
@@ -26,23 +25,6 @@ def _pick(legal):
     return list(best.values())
 
 
-def _mismatches(lib, jobs) -> list[str]:
-    """Run each (case, schedule, plan) of ``jobs`` from ``lib`` on fresh inputs into poisoned
-    outputs; one line per output off by more than its tolerance."""
-    failures = []
-    for case, s, plan in jobs:
-        g = case.graph
-        dev, ref = make_inputs(g, analyze(g).C)
-        want = run_reference(g, ref)
-        bufs = dict(dev)
-        bufs.update({v: poisoned_output(g.type_of(v)) for v in g.outputs})
-        run_plan(lib, plan, bufs)
-        v, err = max_error(g, bufs, want)
-        if err > 1.0:
-            failures.append(f"{case.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
-    return failures
-
-
 def test_quick_suite_matches_reference_in_emulation(tmp_path):
     jobs = []
     for case in suite("quick"):
@@ -53,7 +35,8 @@ def test_quick_suite_matches_reference_in_emulation(tmp_path):
     with ThreadPoolExecutor(2) as pool:
         libs = list(pool.map(lambda js: build([k.source for _, _, p in js for k in p.kernels], str(tmp_path)),
                              halves))
-    failures = [f for lib, half in zip(libs, halves) for f in _mismatches(lib, half)]
+    failures = [f for lib, half in zip(libs, halves)
+                for f in mismatches(lib, [(c.graph, s, p) for c, s, p in half])]
     assert not failures, "\n".join(failures)
     assert len(jobs) >= 30
 
@@ -68,5 +51,6 @@ def test_swizzled_transpose_tiles_match_reference_in_emulation(tmp_path):
         legal, _ = schedule_space(case.graph)
         jobs += [(case, s, generate(case.graph, s, sm_count=2)) for s in legal if s.swizzle]
     assert {s.vec for _, s, _ in jobs} == {2, 4, 8}
-    failures = _mismatches(build([k.source for _, _, p in jobs for k in p.kernels], str(tmp_path)), jobs)
+    lib = build([k.source for _, _, p in jobs for k in p.kernels], str(tmp_path))
+    failures = mismatches(lib, [(c.graph, s, p) for c, s, p in jobs])
     assert not failures, "\n".join(failures)
