@@ -12,7 +12,7 @@ import math
 from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, cache_values
 from tunedb.kernels.expr import RCP, RED_INIT, RED_WARP, emit_nodes, flit, reciprocals, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
-from tunedb.kernels.schedule import DTYPE_BYTES, MAX_UNROLLED, row_smem_bytes
+from tunedb.kernels.schedule import DTYPE_BYTES, MAX_UNROLLED, row_smem_layout
 
 SMEM_PER_SM = 228 * 1024
 # Asynchronous global -> shared copies (sm_80+), emitted only into kernels that prefetch rows,
@@ -285,7 +285,7 @@ class _Row:
     def kernel(self) -> tuple[KText, int]:
         f, a, s = self.f, self.a, self.s
         T, B, G, V, NIT = self.T, self.B, self.G, self.V, self.NIT
-        smem = row_smem_bytes(a, s)
+        at, smem = row_smem_layout(a, s)
         bps = max(1, min(2048 // B, SMEM_PER_SM // max(1, smem + 1024)))
         full = s.grid == "full"  # a block (cluster) per row group, no grid-stride trips
         if self.S > 1:
@@ -297,17 +297,13 @@ class _Row:
                  f"const int lane = tid % {T};" if G > 1 else "const int lane = tid;",
                  f"const int grp = tid / {T};" if G > 1 else "const int grp = 0;"]
         self.senv = f.prologue(lines)
-        off = 0
-        if T > 32:
+        if "red" in at:
             lines.append("float* red = reinterpret_cast<float*>(tdb_smem);")
-            off += 4 * 33 * max(1, len(self.rowreds))
-            off = (off + 15) // 16 * 16
         if self.mode == "smem":
             per = len(self.cached) * NIT * V * T
-            lines.append(f"float* rcs = reinterpret_cast<float*>(tdb_smem + {off}) + grp * {per};")
-            off += 4 * G * per
+            lines.append(f"float* rcs = reinterpret_cast<float*>(tdb_smem + {at['rcs']}) + grp * {per};")
         if self.colreds:
-            lines.append(f"float* cpart = reinterpret_cast<float*>(tdb_smem + {off});")
+            lines.append(f"float* cpart = reinterpret_cast<float*>(tdb_smem + {at['cpart']});")
         for r in self.colreds:
             ca = f"ca{f.names.idx[r.value]}"
             lines.append(f"float {ca}[{NIT * V}];")
@@ -345,9 +341,9 @@ class _Row:
         if self.pf_leaves:  # known once pass 0 is emitted
             pre = []
             for v in self.pf_leaves:
-                pre.append(f"{f.st(v)}* pf_{f.n(v)} = reinterpret_cast<{f.st(v)}*>(tdb_smem + {off}) + "
+                base = f"tdb_smem + {at['pf:' + v]}"
+                pre.append(f"{f.st(v)}* pf_{f.n(v)} = reinterpret_cast<{f.st(v)}*>({base}) + "
                            f"grp * {NIT * V * T};")
-                off += (G * NIT * V * T * DTYPE_BYTES[f.dtype(v)] + 15) // 16 * 16
             pre += self.prefetch(f"(long long)blockIdx.x * {G} + grp")
             loop = max(i for i, ln in enumerate(lines) if ln.startswith("for (long long rb"))
             lines[loop:loop] = pre

@@ -179,22 +179,38 @@ def cache_regs(a: Analysis, s: Schedule) -> int:
     return per * (len(cache_values(a, s.cache)) * (s.row_cache in ("registers", "prefetch")) + n_col)
 
 
-def row_smem_bytes(a: Analysis, s: Schedule) -> int:
-    """Dynamic shared memory of a row-mapped kernel: reduction slots, row cache, column partials."""
+def row_smem_layout(a: Analysis, s: Schedule) -> tuple[dict[str, int], int]:
+    """Byte offsets of a row-mapped kernel's dynamic shared-memory regions, and the total: the
+    generator places its buffers here and the space sizes the launch from the same numbers.
+    Regions: "red" (reduction slots, more than a warp per row), "rcs" (the shared row cache),
+    "pf:<input>" (the next row of each full-size input, row prefetch), "cpart" (column
+    partials)."""
     t = s.threads_per_row
     groups = s.block // t
     n_row = sum(r.axis == "row" for r in a.reductions)
     n_col = sum(r.axis == "col" for r in a.reductions)
-    b = (4 * 33 * max(1, n_row) + 15) // 16 * 16 if t > 32 else 0
+    at: dict[str, int] = {}
+    off = 0
+    if t > 32:
+        at["red"] = 0
+        off = (4 * 33 * max(1, n_row) + 15) // 16 * 16
     if s.row_cache == "smem":
+        at["rcs"] = off
         per_group = row_iters(a.C, t * s.row_split, s.vec) * s.vec * t
-        b += 4 * groups * len(cache_values(a, s.cache)) * per_group
-    if s.row_cache == "prefetch":  # the next row of every full-size input, per group
+        off += 4 * groups * len(cache_values(a, s.cache)) * per_group
+    if s.row_cache == "prefetch":
         per_group = row_iters(a.C, t, s.vec) * s.vec * t
-        b += sum((groups * per_group * DTYPE_BYTES[a.graph.type_of(v).dtype] + 15) // 16 * 16
-                 for v in _full_inputs(a))
-    b += 4 * n_col * a.C
-    return b
+        for v in _full_inputs(a):
+            at[f"pf:{v}"] = off
+            off += (groups * per_group * DTYPE_BYTES[a.graph.type_of(v).dtype] + 15) // 16 * 16
+    if n_col:
+        at["cpart"] = off
+    return at, off + 4 * n_col * a.C
+
+
+def row_smem_bytes(a: Analysis, s: Schedule) -> int:
+    """Dynamic shared memory of a row-mapped kernel (``row_smem_layout``)."""
+    return row_smem_layout(a, s)[1]
 
 
 def _full_inputs(a: Analysis) -> list[str]:
