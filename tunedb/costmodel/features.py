@@ -140,8 +140,9 @@ def config_vector(cfg: Mapping[str, Any]) -> np.ndarray:
     mapping = str(cfg.get("mapping", ""))
     mapping = mapping if mapping in MAPPINGS else "other"
     row_cache = str(cfg.get("row_cache", "registers"))
-    # ``swizzle`` (a transpose tile's bank-conflict-free order) has no training rows yet and is
-    # featurised as its plain twin until measured data lets a new schema tell them apart.
+    # ``swizzle`` (a transpose tile's bank-conflict-free order) and ``stream`` (evict-first cache
+    # hints) have no training rows yet and are featurised as their plain twins until measured
+    # data lets a new schema tell them apart.
     # "prefetch" keeps the row in registers like "registers" (so every derived register and
     # occupancy estimate applies) and is told apart by its own column
     prefetch = row_cache == "prefetch"

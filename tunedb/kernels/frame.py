@@ -119,7 +119,9 @@ class Frame:
         return out
 
     def vec_load(self, v: str, index: str, V: int) -> str:
-        return f"tdb_ld<{self.st(v)}, {V}>({self.param[v]} + ({index}))"
+        # full-size tensors are streamed (read once); per-row/column vectors are reused
+        fn = "tdb_ldcs" if self.s.stream and self.cls.get(v) in (FULL, TRANS) else "tdb_ld"
+        return f"{fn}<{self.st(v)}, {V}>({self.param[v]} + ({index}))"
 
     def bcol_index(self, v: str, row: str, col: str) -> str:
         """Offset of element (row, col) of bcol value ``v``: ((row / Q) * P + row % P) * C + col,
@@ -156,7 +158,8 @@ class Frame:
             out.append(f"tdb_vec<{STORAGE[dt]}, {V}> {t};")
             conv = store_conv(dt, f"{vals}[k]")
             out.append(f"#pragma unroll\nfor (int k = 0; k < {V}; ++k) {t}.v[k] = {conv};")
-            out.append(f"tdb_st<{STORAGE[dt]}, {V}>({p} + ({index}), {t});")
+            fn = "tdb_stcs" if self.s.stream else "tdb_st"
+            out.append(f"{fn}<{STORAGE[dt]}, {V}>({p} + ({index}), {t});")
         return out
 
     def conv(self, v: str, raw: str) -> str:

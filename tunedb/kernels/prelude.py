@@ -75,3 +75,33 @@ TDB_WRED(tdb_wmax, fmaxf(a, b))
 TDB_WRED(tdb_wmin, fminf(a, b))
 #endif  // TDB_PRELUDE
 """
+
+# Streaming (evict-first) vector access, emitted only into the plans of ``stream`` schedules so
+# that every other generated source stays byte-identical. Host compilers (the CPU emulation of
+# the tests) get the plain access.
+STREAM = r"""#ifndef TDB_STREAM
+#define TDB_STREAM
+#if defined(__CUDA_ARCH__)
+template <int N> struct tdb_word;
+template <> struct tdb_word<1> { typedef unsigned char t; };
+template <> struct tdb_word<2> { typedef unsigned short t; };
+template <> struct tdb_word<4> { typedef unsigned int t; };
+template <> struct tdb_word<8> { typedef uint2 t; };
+template <> struct tdb_word<16> { typedef uint4 t; };
+template <typename T, int V>
+__device__ __forceinline__ tdb_vec<T, V> tdb_ldcs(const T* p) {
+  typedef typename tdb_word<sizeof(T) * V>::t W;
+  const W w = __ldcs(reinterpret_cast<const W*>(p));
+  return *reinterpret_cast<const tdb_vec<T, V>*>(&w);
+}
+template <typename T, int V>
+__device__ __forceinline__ void tdb_stcs(T* p, const tdb_vec<T, V>& x) {
+  typedef typename tdb_word<sizeof(T) * V>::t W;
+  __stcs(reinterpret_cast<W*>(p), *reinterpret_cast<const W*>(&x));
+}
+#else
+template <typename T, int V> inline tdb_vec<T, V> tdb_ldcs(const T* p) { return tdb_ld<T, V>(p); }
+template <typename T, int V> inline void tdb_stcs(T* p, const tdb_vec<T, V>& x) { tdb_st<T, V>(p, x); }
+#endif
+#endif  // TDB_STREAM
+"""

@@ -26,6 +26,10 @@ SM holds one row and waits out its load latency once per row. ``transpose_tiled`
 ``unroll=2`` issues every global load of its tile before the first shared-memory store, and with
 ``swizzle`` (64-wide tiles) each lane walks its tile columns in its own order, so a warp's
 shared-memory stores and loads spread over all 32 banks instead of pairing up on 16.
+
+``stream`` marks every load and store of a full-size tensor (each byte is read or written once)
+with the streaming cache hint (``ld.global.cs`` / ``st.global.cs``: evict first, from L1 and
+L2), so the lines a kernel streams through do not displace the ones it reuses.
 """
 
 from __future__ import annotations
@@ -56,7 +60,12 @@ GRIDS = ("wave", "full")
 GRID_MAPPINGS = ("elementwise",) + ROW_MAPPINGS
 # Fields added after the first H200 dataset: left out of ``to_config`` at their default, so the
 # configs (and candidate hashes) stored before they existed still name the same kernels.
-_LATE_DEFAULTS = {"grid": "wave", "swizzle": False}
+_LATE_DEFAULTS = {"grid": "wave", "swizzle": False, "stream": False}
+# Mappings whose full-size loads and stores may carry the streaming (evict-first) cache hint.
+# Not col_cluster and split_row (their DSMEM exchanges measured up to 35 % slower with it) and
+# not prefetch row caches (their rows arrive by cp.async).
+STREAM_MAPPINGS = ("elementwise", "transpose_tiled", "warp_per_row", "block_per_row", "rows_per_block",
+                   "col_tiled")
 
 MAX_CACHE_REGS = 64          # registers/thread a row cache may take (of 255; spills kill bandwidth)
 MAX_SMEM = 227 * 1024        # dynamic shared memory per block on sm_90
@@ -81,6 +90,7 @@ class Schedule:
                                 # blocks, each looping over its share; "full" = a block per chunk
                                 # (more blocks in flight; measured 9 % faster on some H200 cases)
     swizzle: bool = False       # transpose_tiled (tile 64, unroll 2): bank-conflict-free tile order
+    stream: bool = False        # full-size tensors loaded and stored with the streaming cache hint
 
     def __post_init__(self) -> None:
         if self.mapping not in MAPPINGS:
@@ -89,8 +99,9 @@ class Schedule:
             raise ValueError(f"unknown row_cache {self.row_cache!r}; expected one of {', '.join(ROW_CACHES)}")
         if self.grid not in GRIDS:
             raise ValueError(f"unknown grid {self.grid!r}; expected one of {', '.join(GRIDS)}")
-        if not isinstance(self.swizzle, bool):
-            raise ValueError(f"swizzle must be true or false, got {self.swizzle!r}")
+        for flag in ("swizzle", "stream"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.cache not in CACHE_MODES:
             raise ValueError(f"unknown cache {self.cache!r}; expected one of {', '.join(CACHE_MODES)}")
         for f in ("block", "vec", "unroll", "split", "tile"):
@@ -153,6 +164,8 @@ class Schedule:
             parts.append(f"grid{self.grid}")
         if self.fast_math:
             parts.append("fast")
+        if self.stream:
+            parts.append("cs")
         return "_".join(parts)
 
 
@@ -286,6 +299,9 @@ def check(a: Analysis, s: Schedule) -> str:
                 f"(their count follows the grid)")
     if s.swizzle and m != "transpose_tiled":
         return "swizzle orders a transpose tile; only transpose_tiled has one"
+    if s.stream and (m not in STREAM_MAPPINGS or s.row_cache == "prefetch"):
+        return (f"the streaming cache hint applies to {', '.join(STREAM_MAPPINGS)} without a "
+                f"prefetched row cache")
     eb = full_bytes(a)
     if s.vec * eb > 16:
         return f"vector width {s.vec} of {eb}-byte elements exceeds 16 bytes"
@@ -458,6 +474,10 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
     # every elementwise / row candidate also with a block per chunk of work (no grid-stride loop)
     cands += [replace(s, grid="full") for s in cands
               if s.mapping in GRID_MAPPINGS and a.pattern != "multi" and s.row_cache != "prefetch"]
+    # ... and every one that may stream with evict-first loads and stores (1-2.4 % faster on
+    # seven of the twelve anchors, up to 5 % slower on others: the search decides)
+    cands += [replace(s, stream=True) for s in cands
+              if s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch" and not check(a, s)]
     for s in cands:
         if s in seen:
             continue
