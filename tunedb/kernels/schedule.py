@@ -27,9 +27,8 @@ SM holds one row and waits out its load latency once per row. ``transpose_tiled`
 ``swizzle`` (64-wide tiles) each lane walks its tile columns in its own order, so a warp's
 shared-memory stores and loads spread over all 32 banks instead of pairing up on 16.
 
-``stream`` marks every load and store of a full-size tensor (each byte is read or written once)
-with the streaming cache hint (``ld.global.cs`` / ``st.global.cs``: evict first, from L1 and
-L2), so the lines a kernel streams through do not displace the ones it reuses.
+``stream`` marks every vector load and store of the kernel with the streaming cache hint
+(``ld.global.cs`` / ``st.global.cs``: evict first, from L1 and L2).
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ GRID_MAPPINGS = ("elementwise",) + ROW_MAPPINGS
 # Fields added after the first H200 dataset: left out of ``to_config`` at their default, so the
 # configs (and candidate hashes) stored before they existed still name the same kernels.
 _LATE_DEFAULTS = {"grid": "wave", "swizzle": False, "stream": False}
-# Mappings whose full-size loads and stores may carry the streaming (evict-first) cache hint.
+# Mappings whose vector loads and stores may carry the streaming (evict-first) cache hint.
 # Not col_cluster and split_row (their DSMEM exchanges measured up to 35 % slower with it) and
 # not prefetch row caches (their rows arrive by cp.async).
 STREAM_MAPPINGS = ("elementwise", "transpose_tiled", "warp_per_row", "block_per_row", "rows_per_block",
@@ -90,7 +89,7 @@ class Schedule:
                                 # blocks, each looping over its share; "full" = a block per chunk
                                 # (more blocks in flight; measured 9 % faster on some H200 cases)
     swizzle: bool = False       # transpose_tiled (tile 64, unroll 2): bank-conflict-free tile order
-    stream: bool = False        # full-size tensors loaded and stored with the streaming cache hint
+    stream: bool = False        # vector loads and stores with the streaming (evict-first) cache hint
 
     def __post_init__(self) -> None:
         if self.mapping not in MAPPINGS:
