@@ -235,3 +235,18 @@ def test_row_prefetch_differs_from_its_register_twin_only_in_its_column(softmax)
     differ = np.flatnonzero(X[0] != X[1])
     assert differ.tolist() == [col] and X[1, col] == 1.0 and X[0, col] == 0.0
     assert not np.array_equal(X[0], X[2])
+
+
+def test_unfeaturised_knobs_featurise_as_the_plain_twin_and_rank_once(softmax):
+    from tunedb.costmodel.features import featurised_form
+    from tunedb.plan.cost import ranked_configs
+
+    base = {"mapping": "block_per_row", "block": 512, "vec": 2, "grid": "full"}
+    twin = {**base, "stream": True}
+    other = {**base, "vec": 4}
+    X = featurize_candidates(softmax, [base, twin, other])
+    assert np.array_equal(X[0], X[1]) and not np.array_equal(X[0], X[2])
+    assert featurised_form(base) == featurised_form(twin) != featurised_form(other)
+    # twins keep one place (the first of the space); distinct configs with equal estimates keep both
+    ranked = ranked_configs(np.array([5.0, 5.0, 5.0, 4.0]), [base, twin, other, {**other, "block": 256}])
+    assert [c for _, c in ranked] == [{**other, "block": 256}, base, other]

@@ -133,6 +133,17 @@ def _stitch_counts(stitch: Any) -> list[float]:
     return [float(text.count(s)) for s in STITCH_SCHEMES]
 
 
+# Schedule knobs without a feature column yet (no training rows): a config featurises as its twin
+# without them.
+UNFEATURISED_KNOBS: tuple[str, ...] = ("swizzle", "stream")
+
+
+def featurised_form(cfg: Mapping[str, Any]) -> str:
+    """Canonical JSON of what the features see of a config: equal for twins that differ only in
+    ``UNFEATURISED_KNOBS``."""
+    return json.dumps({k: v for k, v in cfg.items() if k not in UNFEATURISED_KNOBS}, sort_keys=True)
+
+
 def config_vector(cfg: Mapping[str, Any]) -> np.ndarray:
     """_CONFIG_FEATURES of one candidate config, float64."""
     if not isinstance(cfg, Mapping):
@@ -140,9 +151,9 @@ def config_vector(cfg: Mapping[str, Any]) -> np.ndarray:
     mapping = str(cfg.get("mapping", ""))
     mapping = mapping if mapping in MAPPINGS else "other"
     row_cache = str(cfg.get("row_cache", "registers"))
-    # ``swizzle`` (a transpose tile's bank-conflict-free order) and ``stream`` (evict-first cache
-    # hints) have no training rows yet and are featurised as their plain twins until measured
-    # data lets a new schema tell them apart.
+    # UNFEATURISED_KNOBS (``swizzle``: a transpose tile's bank-conflict-free order; ``stream``:
+    # evict-first cache hints) have no training rows yet: a config featurises as its plain twin
+    # until measured data lets a new schema tell them apart.
     # "prefetch" keeps the row in registers like "registers" (so every derived register and
     # occupancy estimate applies) and is told apart by its own column
     prefetch = row_cache == "prefetch"

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tunedb.costmodel.features import DeviceFacts
+from tunedb.costmodel.features import DeviceFacts, featurised_form
 from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import LAYOUT_OPS
@@ -254,8 +254,7 @@ class Coster:
         else:
             parts = [model_predict_us(self.model, g, cfgs, h) for _, g, cfgs, h in work]
         for (key, _, configs, _), us in zip(work, parts):
-            order = np.argsort(us, kind="stable")[:RANKED_KEEP]
-            ranked = tuple((float(us[i]), configs[i]) for i in order)
+            ranked = ranked_configs(us, configs)
             best_us, best_cfg = ranked[0]
             out[key] = GroupCost("fused", best_us, "model", launches=_launches(best_cfg),
                                  config=best_cfg, ranked=ranked)
@@ -299,12 +298,29 @@ class Coster:
         if legal:
             configs = [s.to_config() for s in legal]
             est = _feature_roofline(a.graph, configs, self.workload_hash(nodes, key), self.device)
-            order = np.argsort(est, kind="stable")[:RANKED_KEEP]
-            ranked = tuple((float(est[i]), configs[i]) for i in order)
+            ranked = ranked_configs(est, configs)
             chosen = GroupCost("fused", cost.us, cost.source, launches=_launches(ranked[0][1]),
                                config=ranked[0][1], ranked=ranked, note=cost.note)
         self._chosen[key] = chosen
         return chosen
+
+
+def ranked_configs(us: Any, configs: list[dict]) -> tuple[tuple[float, dict], ...]:
+    """The RANKED_KEEP best (µs, config) pairs, best first (ties in schedule-space order). Twins
+    that differ only in knobs without a feature (``UNFEATURISED_KNOBS``: same features, same
+    estimate) are kept once, the first of the space (the plain one): the plan measures the top
+    few of this list, and two of them should not be one estimate twice."""
+    out: list[tuple[float, dict]] = []
+    seen: set[str] = set()
+    for i in np.argsort(np.asarray(us, dtype=np.float64), kind="stable"):
+        key = featurised_form(configs[i])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((float(us[i]), configs[i]))
+        if len(out) == RANKED_KEEP:
+            break
+    return tuple(out)
 
 
 def _feature_roofline(graph: Graph, configs: list[dict], workload_hash: str,
