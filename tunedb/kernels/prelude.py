@@ -77,9 +77,9 @@ TDB_WRED(tdb_wmin, fminf(a, b))
 """
 
 # Streaming (evict-first) vector access, emitted only into the plans of ``stream`` schedules so
-# that every other generated source stays byte-identical. Inline PTX, as measured: CUDA's own
-# __ldcs/__stcs made the same kernels 1-40 % slower on the H200 where these made them up to
-# 2.4 % faster. Host compilers (the CPU emulation of the tests) get the plain access.
+# that every other generated source stays byte-identical. Inline PTX: the very form the A/B of
+# ``tunedb.bench.twins`` measured. Host compilers (the CPU emulation of the tests) get the plain
+# access.
 STREAM = r"""#ifndef TDB_STREAM
 #define TDB_STREAM
 #if defined(__CUDA_ARCH__)
