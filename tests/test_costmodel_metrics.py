@@ -130,3 +130,20 @@ def test_all_metrics_keys_and_length_check():
     assert m["mape"] == 0.0 and m["top5_score"] == 1.0
     with pytest.raises(ValueError, match="differ in length"):
         pairwise_accuracy(Y, Y[:3], G)
+
+
+def test_resolved_pairwise_scores_only_pairs_whose_spreads_do_not_overlap():
+    from tunedb.costmodel.metrics import resolved_pairwise
+
+    y = np.array([10.0, 10.2, 20.0, 5.0, 6.0])
+    lo = np.array([9.5, 9.8, 19.0, 4.9, 5.9])
+    hi = np.array([10.5, 10.6, 21.0, 5.1, 6.1])
+    g = np.array([0, 0, 0, 1, 1])
+    # workload 0: (10, 10.2) overlap; (10, 20) and (10.2, 20) resolved; workload 1: one resolved pair
+    pred = np.array([2.0, 1.0, 3.0, 1.0, 2.0])  # wrong on the unresolved pair only
+    r = resolved_pairwise(y, pred, g, lo, hi)
+    assert r == {"accuracy": 1.0, "share": 0.75, "pairs": 3}
+    r = resolved_pairwise(y, -pred, g, lo, hi)  # now wrong on every resolved pair
+    assert r["accuracy"] == 0.0 and r["pairs"] == 3
+    with pytest.raises(ValueError, match="spreads differ in length"):
+        resolved_pairwise(y, pred, g, lo[:2], hi)

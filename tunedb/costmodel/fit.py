@@ -32,6 +32,7 @@ from tunedb.costmodel.evaluate import (
     summary,
 )
 from tunedb.costmodel.features import DeviceFacts, featurize_frame
+from tunedb.costmodel.metrics import resolved_pairwise
 from tunedb.costmodel.model import CostModel, CostModelError
 from tunedb.costmodel.registry import data_snapshot_hash, make_card, model_dir, save_model
 from tunedb.costmodel.train import TrainParams, group_codes, train_booster
@@ -190,6 +191,11 @@ def fit_frame(frame: pa.Table, *, kind: str = "fusion", out_root: str | Path | N
                    boards=len(set(board_ids)), board_rows=boards,
                    candidates=int(len(np.unique(group_codes(t["candidate_hash"])))))
     cmp = groups if pairs is None else pairs
+    if {"p20_us", "p80_us"} <= set(t.column_names):
+        # a candidate measured in several runs keeps the spread of one of them (clean_frame)
+        lo, hi = (t[c].to_numpy(zero_copy_only=False).astype(np.float64) for c in ("p20_us", "p80_us"))
+        if np.isfinite(lo).all() and np.isfinite(hi).all():
+            metrics["pairwise_resolved"] = resolved_pairwise(y, cv["pred"], cmp, lo, hi)
     metrics["grid_pairs"] = {"model": grid_pair_accuracy(t, y, cv["pred"], cmp),
                              "roofline": grid_pair_accuracy(t, y, baseline_predictions(X)["roofline"], cmp)}
     if lofo and len(set(families.tolist())) > 1:

@@ -80,6 +80,38 @@ def pairwise_accuracy(y: np.ndarray, pred: np.ndarray, groups: np.ndarray,
     return correct / total if total else float("nan")
 
 
+def resolved_pairwise(y: np.ndarray, pred: np.ndarray, groups: np.ndarray, lo: np.ndarray,
+                      hi: np.ndarray) -> dict[str, float | int | None]:
+    """Pairwise accuracy over the pairs the measurements resolve: same-workload pairs whose
+    [lo, hi] spreads (e.g. the 20th-80th percentile of their samples) do not overlap. ``share``:
+    their fraction of all pairs with distinct labels. The rest differ by less than the run-to-run
+    spread, so even an exact model of the true latency orders them right only by chance."""
+    y, pred, codes = _check(y, pred, groups)
+    lo = np.asarray(lo, dtype=np.float64).reshape(-1)
+    hi = np.asarray(hi, dtype=np.float64).reshape(-1)
+    if not (len(lo) == len(hi) == len(y)):
+        raise ValueError(f"spreads differ in length from the labels: {len(lo)}, {len(hi)} vs {len(y)}")
+    order, starts, ends = _group_slices(codes)
+    ys, ps, ls, hs = y[order], pred[order], lo[order], hi[order]
+    correct, resolved, total = 0.0, 0, 0
+    for s, e in zip(starts, ends):
+        n = e - s
+        step = max(1, _PAIR_BLOCK // max(n, 1))
+        for a in range(s, e, step):
+            b = min(e, a + step)
+            dy = np.sign(ys[a:b, None] - ys[None, s:e])
+            dp = np.sign(ps[a:b, None] - ps[None, s:e])
+            apart = (hs[a:b, None] < ls[None, s:e]) | (hs[None, s:e] < ls[a:b, None])
+            distinct = dy != 0
+            total += int(distinct.sum())
+            ok = distinct & apart
+            resolved += int(ok.sum())
+            correct += float((dy == dp)[ok].sum()) + 0.5 * float((dp == 0)[ok].sum())
+    # every unordered pair was counted twice, (i, j) and (j, i)
+    return {"accuracy": correct / resolved if resolved else None,
+            "share": resolved / total if total else None, "pairs": resolved // 2}
+
+
 def top_k_score(y: np.ndarray, pred: np.ndarray, groups: np.ndarray, k: int = 1, seed: int = 0) -> float:
     """Mean over workloads (with >= 2 candidates) of best latency / best latency among the model's
     k lowest predictions. Ties in the prediction are broken by a seeded random order so that a
