@@ -113,6 +113,20 @@ extern "C" __global__ void __launch_bounds__(256) colc(const float* __restrict__
 """
 
 
+def _flushed_times(cp, flush, run, reps: int = 15) -> list[float]:
+    """µs of ``run()`` per repetition, each after overwriting the 512 MB ``flush`` buffer (L2 cold)."""
+    times = []
+    for rep in range(reps):
+        flush.fill(rep)
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        run()
+        e1.record()
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1) * 1000)
+    return times
+
+
 def main(out: str) -> None:
     import cupy as cp  # only here: the module imports without a GPU
 
@@ -148,15 +162,7 @@ def main(out: str) -> None:
                         cp.cuda.Device().synchronize()
                         err = float(cp.abs(y - cp.asarray(ref)).max())
                         ok = ok and err < 1e-3
-                    times = []
-                    for rep in range(15):
-                        flush.fill(rep)
-                        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                        e0.record()
-                        k((grid,), (256,), args)
-                        e1.record()
-                        e1.synchronize()
-                        times.append(cp.cuda.get_elapsed_time(e0, e1) * 1000)
+                    times = _flushed_times(cp, flush, lambda k=k, g=grid, a=args: k((g,), (256,), a))
                     res = {"W": W, "H": H, "LAG": LAG, "bps": bps, "ok": ok, "err": err,
                            "us": float(np.median(times[3:])), "min": float(np.min(times[3:]))}
                     results.append(res)
@@ -168,15 +174,7 @@ def main(out: str) -> None:
     for name, fn in (("torch_eager", lambda a: a - a.mean(0, keepdim=True)), ("torch_compile", f)):
         for _ in range(3):
             fn(xt)
-        times = []
-        for rep in range(15):
-            flush.fill(rep)
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record()
-            fn(xt)
-            e1.record()
-            e1.synchronize()
-            times.append(cp.cuda.get_elapsed_time(e0, e1) * 1000)
+        times = _flushed_times(cp, flush, lambda fn=fn: fn(xt))
         results.append({"peer": name, "us": float(np.median(times[3:]))})
         print(results[-1], flush=True)
     json.dump(results, open(os.path.join(out, "colstream.json"), "w"), indent=1)
