@@ -137,7 +137,8 @@ def register(app: typer.Typer) -> None:
         time_limit: Annotated[float, typer.Option("--time-limit", min=0.0, help="Seconds after which "
                                                   "no new case starts (0: no limit).")] = 480.0,
         search_time: Annotated[float, typer.Option("--search-time", min=0.0, help="Seconds of schedule "
-                                                   "search per case (once one candidate verified).")] = 20.0,
+                                                   "search per case (once one candidate verified); the "
+                                                   "rest of the space is skipped and counted.")] = 60.0,
         max_search: Annotated[int, typer.Option("--max-search", min=0, help="Schedules tried per case "
                                                 "without database hits (0: all legal).")] = 0,
         workers: Annotated[int | None, typer.Option("--workers", min=0, help="Compile processes "
