@@ -60,9 +60,9 @@ GRID_MAPPINGS = ("elementwise",) + ROW_MAPPINGS
 # Fields added after the first H200 dataset: left out of ``to_config`` at their default, so the
 # configs (and candidate hashes) stored before they existed still name the same kernels.
 _LATE_DEFAULTS = {"grid": "wave", "swizzle": False, "stream": False}
-# Mappings whose vector loads and stores may carry the streaming (evict-first) cache hint.
-# Not col_cluster and split_row (their DSMEM exchanges measured up to 35 % slower with it) and
-# not prefetch row caches (their rows arrive by cp.async).
+# Mappings whose vector loads and stores may carry the streaming (evict-first) cache hint. Not
+# col_cluster (35 % slower with it on the H200) nor split_row (cluster exchanges like col_cluster's;
+# not measured), and not prefetch row caches (4-18 % slower; their rows arrive by cp.async).
 STREAM_MAPPINGS = ("elementwise", "transpose_tiled", "warp_per_row", "block_per_row", "rows_per_block",
                    "col_tiled")
 
