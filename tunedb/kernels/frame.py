@@ -119,8 +119,8 @@ class Frame:
         return out
 
     def vec_load(self, v: str, index: str, V: int) -> str:
-        # every vector load of a streaming schedule: with the per-column vectors (a bias, reused by
-        # every row) left plain, the hint measured 1-5 % slower on the H200 instead of 1-2 % faster
+        # every vector load of a streaming schedule, the per-column vectors (a bias) included: the
+        # form tunedb.bench.twins measured
         fn = "tdb_ldcs" if self.s.stream else "tdb_ld"
         return f"{fn}<{self.st(v)}, {V}>({self.param[v]} + ({index}))"
 
