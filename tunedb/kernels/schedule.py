@@ -473,8 +473,8 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
     # every elementwise / row candidate also with a block per chunk of work (no grid-stride loop)
     cands += [replace(s, grid="full") for s in cands
               if s.mapping in GRID_MAPPINGS and a.pattern != "multi" and s.row_cache != "prefetch"]
-    # ... and every one that may stream with evict-first loads and stores (1-2.4 % faster on
-    # seven of the twelve anchors, up to 5 % slower on others: the search decides)
+    # ... and every one that may stream with evict-first loads and stores (back to back 1-2.8 %
+    # faster on some anchors, 3-11 % slower on others, tunedb.bench.twins: the search decides)
     cands += [replace(s, stream=True) for s in cands
               if s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch" and not check(a, s)]
     for s in cands:
