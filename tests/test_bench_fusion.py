@@ -272,3 +272,18 @@ def test_torch_compile_translator_matches_reference():
     pytest.importorskip("torch")
     graphs = _small_anchors("float32")
     assert max(_peer_errors("torch_compile", [graphs[1], graphs[-2]])) < 1e-6
+
+
+def test_finalists_add_the_stream_twin_of_each_of_the_best():
+    from tunedb.bench.fusion import finalists_of
+
+    def g(us, i, label):
+        return (us, i, {"label": label}, {})
+
+    good = [g(10.0, 0, "a"), g(10.5, 1, "b"), g(11.0, 2, "c"), g(12.0, 3, "a_cs"), g(10.2, 4, "b_cs"),
+            g(13.0, 5, "d_cs")]
+    labels = [x[2]["label"] for x in finalists_of(good, 2)]
+    # a, its twin (ranked 5th by quick µs), b_cs (2nd) and its plain twin b; nothing else
+    assert labels == ["a", "a_cs", "b_cs", "b"]
+    assert [x[2]["label"] for x in finalists_of(good, 1)] == ["a", "a_cs"]
+    assert [x[2]["label"] for x in finalists_of([g(1.0, 0, "x")], 3)] == ["x"]
