@@ -473,10 +473,6 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
     # every elementwise / row candidate also with a block per chunk of work (no grid-stride loop)
     cands += [replace(s, grid="full") for s in cands
               if s.mapping in GRID_MAPPINGS and a.pattern != "multi" and s.row_cache != "prefetch"]
-    # ... and every one that may stream with evict-first loads and stores (back to back 1-2.8 %
-    # faster on some anchors, 3-11 % slower on others, tunedb.bench.twins: the search decides)
-    cands += [replace(s, stream=True) for s in cands
-              if s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch" and not check(a, s)]
     for s in cands:
         if s in seen:
             continue
@@ -486,4 +482,9 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
             pruned.append((s, why))
         else:
             legal.append(_with_stitch(a, s))
+    # ... and every legal one that may stream with evict-first loads and stores (back to back
+    # 1-2.8 % faster on some anchors, 3-11 % slower on others, tunedb.bench.twins: the search
+    # decides); the hint changes nothing else the checks or the stitch map look at
+    legal += [replace(s, stream=True) for s in legal
+              if s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch"]
     return legal, pruned
