@@ -41,20 +41,26 @@ def _group_slices(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return order, ends - counts, ends
 
 
-def _pair_counts(y: np.ndarray, p: np.ndarray) -> tuple[float, int]:
-    """(correct, total) over pairs with distinct labels; a tie in the prediction counts half."""
+def _pair_counts(y: np.ndarray, p: np.ndarray, lo: np.ndarray | None = None,
+                 hi: np.ndarray | None = None) -> tuple[float, int, int]:
+    """(correct, counted, distinct) over pairs with distinct labels; a tie in the prediction
+    counts half. With spreads ``lo``/``hi`` only the pairs whose [lo, hi] do not overlap are
+    counted; ``distinct`` is every pair with distinct labels either way."""
     n = len(y)
     correct = 0.0
-    total = 0
+    counted = distinct = 0
     step = max(1, _PAIR_BLOCK // max(n, 1))
-    for lo in range(0, n, step):
-        dy = np.sign(y[lo:lo + step, None] - y[None, :])
-        dp = np.sign(p[lo:lo + step, None] - p[None, :])
+    for a in range(0, n, step):
+        dy = np.sign(y[a:a + step, None] - y[None, :])
+        dp = np.sign(p[a:a + step, None] - p[None, :])
         valid = dy != 0
-        total += int(valid.sum())
+        distinct += int(valid.sum())
+        if lo is not None and hi is not None:
+            valid &= (hi[a:a + step, None] < lo[None, :]) | (hi[None, :] < lo[a:a + step, None])
+        counted += int(valid.sum())
         correct += float((dy == dp)[valid].sum()) + 0.5 * float((dp == 0)[valid].sum())
     # Every unordered pair was seen twice (i, j) and (j, i), with the same outcome.
-    return correct / 2.0, total // 2
+    return correct / 2.0, counted // 2, distinct // 2
 
 
 def pairwise_accuracy(y: np.ndarray, pred: np.ndarray, groups: np.ndarray,
@@ -70,7 +76,7 @@ def pairwise_accuracy(y: np.ndarray, pred: np.ndarray, groups: np.ndarray,
     for s, e in zip(starts, ends):
         if e - s < 2:
             continue
-        c, t = _pair_counts(ys[s:e], ps[s:e])
+        c, t, _ = _pair_counts(ys[s:e], ps[s:e])
         correct += c
         total += t
         if t:
@@ -95,21 +101,10 @@ def resolved_pairwise(y: np.ndarray, pred: np.ndarray, groups: np.ndarray, lo: n
     ys, ps, ls, hs = y[order], pred[order], lo[order], hi[order]
     correct, resolved, total = 0.0, 0, 0
     for s, e in zip(starts, ends):
-        n = e - s
-        step = max(1, _PAIR_BLOCK // max(n, 1))
-        for a in range(s, e, step):
-            b = min(e, a + step)
-            dy = np.sign(ys[a:b, None] - ys[None, s:e])
-            dp = np.sign(ps[a:b, None] - ps[None, s:e])
-            apart = (hs[a:b, None] < ls[None, s:e]) | (hs[None, s:e] < ls[a:b, None])
-            distinct = dy != 0
-            total += int(distinct.sum())
-            ok = distinct & apart
-            resolved += int(ok.sum())
-            correct += float((dy == dp)[ok].sum()) + 0.5 * float((dp == 0)[ok].sum())
-    # every unordered pair was counted twice, (i, j) and (j, i)
+        c, r, t = _pair_counts(ys[s:e], ps[s:e], ls[s:e], hs[s:e])
+        correct, resolved, total = correct + c, resolved + r, total + t
     return {"accuracy": correct / resolved if resolved else None,
-            "share": resolved / total if total else None, "pairs": resolved // 2}
+            "share": resolved / total if total else None, "pairs": resolved}
 
 
 def top_k_score(y: np.ndarray, pred: np.ndarray, groups: np.ndarray, k: int = 1, seed: int = 0) -> float:
