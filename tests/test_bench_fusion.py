@@ -277,13 +277,15 @@ def test_torch_compile_translator_matches_reference():
 def test_finalists_add_the_stream_twin_of_each_of_the_best():
     from tunedb.bench.fusion import finalists_of
 
-    def g(us, i, label):
-        return (us, i, {"label": label}, {})
+    def g(us, i, label, stream=False):
+        cfg = {"mapping": "elementwise", "block": {"a": 128, "b": 256, "c": 512, "d": 1024}[label],
+               "vec": 4, **({"stream": True} if stream else {})}
+        return (us, i, {"label": label + ("_cs" if stream else "")}, {"config": cfg})
 
-    good = [g(10.0, 0, "a"), g(10.5, 1, "b"), g(11.0, 2, "c"), g(12.0, 3, "a_cs"), g(10.2, 4, "b_cs"),
-            g(13.0, 5, "d_cs")]
+    good = [g(10.0, 0, "a"), g(10.5, 1, "b"), g(11.0, 2, "c"), g(12.0, 3, "a", True), g(10.2, 4, "b", True),
+            g(13.0, 5, "d", True)]
     labels = [x[2]["label"] for x in finalists_of(good, 2)]
     # a, its twin (ranked 5th by quick µs), b_cs (2nd) and its plain twin b; nothing else
     assert labels == ["a", "a_cs", "b_cs", "b"]
     assert [x[2]["label"] for x in finalists_of(good, 1)] == ["a", "a_cs"]
-    assert [x[2]["label"] for x in finalists_of([g(1.0, 0, "x")], 3)] == ["x"]
+    assert [x[2]["label"] for x in finalists_of([g(1.0, 0, "a")], 3)] == ["a"]

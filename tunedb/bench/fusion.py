@@ -21,7 +21,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -217,20 +217,44 @@ class ContextLost(RuntimeError):
 QUICK_PROTOCOL = {"warmup": 2, "samples": 5, "flush_l2": False, "batch": 4}
 
 
+def verified_launch(state: dict, wire: dict, bufs: WorkloadBuffers
+                    ) -> tuple[Callable[[], None], int, bool, float, str]:
+    """Compile (or fetch) a wire plan, launch it once into poisoned outputs and verify them:
+    (launch, registers, ok, max abs error, worst output)."""
+    from tunedb.runtime.measure import build_launch, get_function
+
+    cp, stream = state["cp"], state["stream"]
+    funcs = [get_function(state, k) for k in wire["kernels"]]
+    scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8) for s in wire["scratch"]}
+    launch = build_launch(cp, stream, funcs, wire, {**bufs.inputs, **bufs.outputs, **scratch})
+    bufs.poison()
+    launch()
+    stream.synchronize()
+    return (launch, max(int(f.num_regs) for f in funcs), *bufs.verify())
+
+
 def finalists_of(good: list[tuple[float, int, dict, dict]], top: int) -> list[tuple[float, int, dict, dict]]:
     """The ``top`` best of the search (quick µs, then search order), each followed by its
     ``stream`` twin when the search verified one: quick samples under-rate the streaming hint
     against throughput mode (``tunedb.bench.twins``), so throughput decides between the two."""
     ranked = sorted(good, key=lambda g: g[:2])
-    by_label = {g[2]["label"]: g for g in ranked}
+    by_config = {_config_key(g[3]["config"]): g for g in ranked}
     out: list[tuple[float, int, dict, dict]] = []
     for g in ranked[:top]:
-        label = g[2]["label"]
-        twin = by_label.get(label[:-3] if label.endswith("_cs") else label + "_cs")
+        twin = by_config.get(_config_key(g[3]["config"], flip_stream=True))
         for x in (g, twin):
             if x is not None and all(x is not y for y in out):
                 out.append(x)
     return out
+
+
+def _config_key(config: dict, flip_stream: bool = False) -> str:
+    from tunedb.kernels.schedule import Schedule
+
+    s = Schedule.from_config(config)
+    if flip_stream:
+        s = replace(s, stream=not s.stream)
+    return json.dumps(s.to_config(), sort_keys=True)
 
 
 class CaseSearch:
@@ -291,21 +315,8 @@ class CaseSearch:
         metas = list(db_cands) or self._search_metas(workload_hash, graph)
         self.jobs[workload_hash] = self._queue(graph, metas)
 
-    def _launcher(self, wire: dict, bufs: _Buffers) -> tuple[Callable[[], None], int]:
-        from tunedb.runtime.measure import build_launch, get_function
-
-        cp = self.cp
-        funcs = [get_function(self.state, k) for k in wire["kernels"]]
-        scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8) for s in wire["scratch"]}
-        launch = build_launch(cp, self.stream, funcs, wire, {**bufs.inputs, **bufs.outputs, **scratch})
-        return launch, max(int(f.num_regs) for f in funcs)
-
     def _verified(self, wire: dict, bufs: _Buffers) -> tuple[Callable[[], None], int, bool, float, str]:
-        launch, regs = self._launcher(wire, bufs)
-        bufs.poison()
-        launch()
-        self.stream.synchronize()
-        return (launch, regs, *bufs.verify())
+        return verified_launch(self.state, wire, bufs)
 
     def _failed(self, e: dict, ex: BaseException) -> None:
         from tunedb.runtime.measure import context_ok

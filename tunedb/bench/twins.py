@@ -54,7 +54,7 @@ def twin_jobs(bench: dict, knob: str = "stream", per_case: int = PER_CASE) -> li
 def run(out_dir: str, bench_path: str, knob: str = "stream") -> list[dict[str, Any]]:
     import numpy as np
 
-    from tunedb.bench.fusion import QUICK_PROTOCOL
+    from tunedb.bench.fusion import QUICK_PROTOCOL, verified_launch
     from tunedb.bench.host import spawn_pool
     from tunedb.bench.peers import throughput_us
     from tunedb.kernels.analysis import analyze
@@ -63,14 +63,7 @@ def run(out_dir: str, bench_path: str, knob: str = "stream") -> list[dict[str, A
     from tunedb.kernels.suites import suite
     from tunedb.records import Protocol, sha256_hex
     from tunedb.runtime.cuda import plan_to_wire
-    from tunedb.runtime.measure import (
-        WorkloadBuffers,
-        build_launch,
-        get_function,
-        gpu_init,
-        precompile,
-        time_plan,
-    )
+    from tunedb.runtime.measure import WorkloadBuffers, gpu_init, precompile, time_plan
 
     cases = {c.name: c for c in suite("anchors")}
     jobs = [(c, s) for c, s in twin_jobs(json.load(open(bench_path)), knob)
@@ -82,10 +75,10 @@ def run(out_dir: str, bench_path: str, knob: str = "stream") -> list[dict[str, A
         pool.shutdown()
     state: dict = {}
     gpu_init(state)
-    cp, stream = state["cp"], state["stream"]
+    stream = state["stream"]
     results: list[dict[str, Any]] = []
     for name in dict.fromkeys(c for c, _ in jobs):
-        wl = WorkloadBuffers(cp, cases[name].graph, sha256_hex(name))
+        wl = WorkloadBuffers(state["cp"], cases[name].graph, sha256_hex(name))
         runs = []
         for (c, s), w in zip(jobs, wires):
             if c != name:
@@ -94,19 +87,11 @@ def run(out_dir: str, bench_path: str, knob: str = "stream") -> list[dict[str, A
                                  "quick_us": [], "throughput_us": []}
             results.append(r)
             try:
-                funcs = [get_function(state, k) for k in w["kernels"]]
-                scratch = {x["name"]: cp.empty(max(1, int(x["nbytes"])), dtype=cp.uint8)
-                           for x in w["scratch"]}
-                launch = build_launch(cp, stream, funcs, w, {**wl.inputs, **wl.outputs, **scratch})
-                wl.poison()
-                launch()
-                stream.synchronize()
-                ok, err, out = wl.verify()
+                launch, r["registers"], ok, err, out = verified_launch(state, w, wl)
             except Exception as e:  # noqa: BLE001 - a failing twin is a result, not a crash
                 r["error"] = " ".join(str(e).split())[:300]
                 continue
             r["verified"] = bool(ok)
-            r["registers"] = max(int(f.num_regs) for f in funcs)
             if ok:
                 runs.append((r, launch))
             else:
