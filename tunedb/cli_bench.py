@@ -131,8 +131,7 @@ def register(app: typer.Typer) -> None:
         suite: Annotated[str, typer.Option("--suite", help="anchors (the 12 ANCHORS.md cases) or a "
                                                            "workload suite name.")] = "anchors",
         top: Annotated[int, typer.Option("--top", min=1, help="Candidates per case timed in "
-                                                             "throughput mode, each with its stream "
-                                                             "twin.")] = 3,
+                                                             "throughput mode.")] = 3,
         out: Annotated[Path, typer.Option("--out", help="JSON result, rewritten after every "
                                                         "case.")] = DEFAULT_OUT,
         time_limit: Annotated[float, typer.Option("--time-limit", min=0.0, help="Seconds after which "

@@ -482,9 +482,9 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
             pruned.append((s, why))
         else:
             legal.append(_with_stitch(a, s))
-    # ... and every legal one that may stream with evict-first loads and stores (back to back
-    # 1-2.8 % faster on some anchors, 3-11 % slower on others, tunedb.bench.twins: the search
-    # decides); the hint changes nothing else the checks or the stitch map look at
+    # ... and every legal one that may stream with evict-first loads and stores (on the H200
+    # 2.8 % faster for softmax_xent, 1-10 % slower on 9 other anchors, tunedb.bench.twins: the
+    # search decides); the hint changes nothing else the checks or the stitch map look at
     legal += [replace(s, stream=True) for s in legal
               if s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch"]
     return legal, pruned
