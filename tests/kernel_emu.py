@@ -21,6 +21,16 @@ import numpy as np
 
 from tunedb.kernels.prelude import PRELUDE
 
+
+def generable_schedules(graph, **kw) -> list:
+    """The legal schedules of ``graph`` plus the streaming twins the space leaves out for speed
+    alone (large outputs): they still generate, so the checks cover their code paths."""
+    from tunedb.kernels.schedule import STREAM_LARGE_OUTPUTS, schedule_space
+
+    legal, pruned = schedule_space(graph, **kw)
+    return legal + [s for s, why in pruned if why == STREAM_LARGE_OUTPUTS]
+
+
 EMU_PRELUDE = r"""
 #include <barrier>
 #include <cmath>

@@ -13,7 +13,7 @@ from tunedb.graph.builder import GraphBuilder
 from tunedb.kernels import Schedule, generate, schedule_space, suite
 from tunedb.kernels.analysis import analyze
 from tunedb.kernels.prelude import PRELUDE
-from tunedb.kernels.schedule import check
+from tunedb.kernels.schedule import STREAM_LARGE_OUTPUTS, STREAM_MAPPINGS, check
 from tunedb.kernels.suites import case as suite_case
 from tunedb.records import Candidate
 
@@ -198,14 +198,23 @@ def test_swizzle_knob_keeps_stored_configs_and_is_pruned_where_it_cannot_apply()
 
 
 def test_stream_knob_twins_the_space_and_marks_only_full_size_accesses():
-    g = suite_case("bias_act", "gelu_tanh", 64, 256).graph
-    legal, _ = schedule_space(g)
+    # small outputs (a row's loss): every row schedule but prefetch has its streaming twin
+    xent = suite_case("xent", "softmax_xent", 64, 1000).graph
+    legal, pruned = schedule_space(xent)
     cs = [s for s in legal if s.stream]
-    # every streaming schedule has its plain twin; stored configs and labels keep their form
     assert cs and all(replace(s, stream=False) in legal for s in cs)
-    assert len(cs) == sum(1 for s in legal if not s.stream)
-    assert all("stream" not in s.to_config() for s in legal if not s.stream)
+    assert len(cs) == sum(1 for s in legal if not s.stream and s.mapping in STREAM_MAPPINGS
+                          and s.row_cache != "prefetch")
     assert all(s.to_config()["stream"] is True and s.label().endswith("_cs") for s in cs)
+    assert not any(why == STREAM_LARGE_OUTPUTS for _, why in pruned)
+    # outputs as large as the inputs: the twins are pruned with the reason, and still generate
+    g = suite_case("bias_act", "gelu_tanh", 64, 256).graph
+    legal, pruned = schedule_space(g)
+    assert not any(s.stream for s in legal)
+    assert all("stream" not in s.to_config() for s in legal)
+    cs = [s for s, why in pruned if why == STREAM_LARGE_OUTPUTS]
+    assert cs and all(s.stream and replace(s, stream=False) in legal for s in cs)
+    assert all(not check(analyze(g), s) for s in cs)
     ew = next(s for s in cs if s.mapping == "elementwise")
     src = generate(g, ew).kernels[0].source
     plain = generate(g, replace(ew, stream=False)).kernels[0].source

@@ -482,9 +482,25 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
             pruned.append((s, why))
         else:
             legal.append(_with_stitch(a, s))
-    # ... and every legal one that may stream with evict-first loads and stores (on the H200
-    # 2.8 % faster for softmax_xent, 1-10 % slower on 9 other anchors, tunedb.bench.twins: the
-    # search decides); the hint changes nothing else the checks or the stitch map look at
-    legal += [replace(s, stream=True) for s in legal
-              if s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch"]
+    # ... and every legal one that may stream with evict-first loads and stores, where the
+    # outputs are small; the hint changes nothing else the checks or the stitch map look at
+    twins = [replace(s, stream=True) for s in legal
+             if s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch"]
+    if _small_outputs(a.graph):
+        legal += twins
+    else:
+        pruned += [(s, STREAM_LARGE_OUTPUTS) for s in twins]
     return legal, pruned
+
+
+# On the H200 the evict-first hint paid only where a kernel writes little of what it reads:
+# softmax_xent (4 bytes out per 16 KB row) 2.8 % faster; 1-10 % slower on the 9 anchors whose
+# outputs are half their inputs or more (data/bench/twins_stream_h200.json).
+STREAM_LARGE_OUTPUTS = ("streaming cache hint: outputs over a quarter of the inputs' bytes "
+                        "(1-10 % slower on the H200 anchors)")
+
+
+def _small_outputs(graph: Graph) -> bool:
+    t = graph.type_map
+    out = sum(t[v].nbytes for v in dict.fromkeys(graph.outputs))
+    return 4 * out <= sum(t[v].nbytes for v in graph.inputs)
