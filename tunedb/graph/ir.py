@@ -186,6 +186,12 @@ class Graph:
     def constant_map(self) -> dict[str, Constant]:
         return dict(self.constants)
 
+    def io_bytes(self) -> tuple[int, int]:
+        """Bytes of the inputs and of the outputs (an output listed twice is written once)."""
+        t = self.type_map
+        return (sum(t[v].nbytes for v in self.inputs),
+                sum(t[v].nbytes for v in dict.fromkeys(self.outputs)))
+
     def type_of(self, value: str) -> TensorType:
         for k, t in self.types:
             if k == value:

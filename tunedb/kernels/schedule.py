@@ -298,7 +298,7 @@ def check(a: Analysis, s: Schedule) -> str:
                 f"(their count follows the grid)")
     if s.swizzle and m != "transpose_tiled":
         return "swizzle orders a transpose tile; only transpose_tiled has one"
-    if s.stream and (m not in STREAM_MAPPINGS or s.row_cache == "prefetch"):
+    if s.stream and not _may_stream(s):
         return (f"the streaming cache hint applies to {', '.join(STREAM_MAPPINGS)} without a "
                 f"prefetched row cache")
     eb = full_bytes(a)
@@ -484,8 +484,7 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
             legal.append(_with_stitch(a, s))
     # ... and every legal one that may stream with evict-first loads and stores, where the
     # outputs are small; the hint changes nothing else the checks or the stitch map look at
-    twins = [replace(s, stream=True) for s in legal
-             if s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch"]
+    twins = [replace(s, stream=True) for s in legal if _may_stream(s)]
     if _small_outputs(a.graph):
         legal += twins
     else:
@@ -500,7 +499,10 @@ STREAM_LARGE_OUTPUTS = ("streaming cache hint: outputs over a quarter of the inp
                         "(1-10 % slower on the H200 anchors)")
 
 
+def _may_stream(s: Schedule) -> bool:
+    return s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch"
+
+
 def _small_outputs(graph: Graph) -> bool:
-    t = graph.type_map
-    out = sum(t[v].nbytes for v in dict.fromkeys(graph.outputs))
-    return 4 * out <= sum(t[v].nbytes for v in graph.inputs)
+    inputs, outputs = graph.io_bytes()
+    return 4 * outputs <= inputs

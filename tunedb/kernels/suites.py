@@ -35,8 +35,7 @@ class SuiteCase:
 
 
 def floor_bytes(graph: Graph) -> int:
-    t = graph.type_map
-    return sum(t[v].nbytes for v in graph.inputs) + sum(t[v].nbytes for v in dict.fromkeys(graph.outputs))
+    return sum(graph.io_bytes())
 
 
 def _dt(dtype: str) -> str:

@@ -52,8 +52,7 @@ class GroupCost:
 
 def floor_bytes(sub: Graph) -> int:
     """Bytes a kernel must move at least: every input read once, every output written once."""
-    t = sub.type_map
-    return sum(t[v].nbytes for v in sub.inputs) + sum(t[v].nbytes for v in dict.fromkeys(sub.outputs))
+    return sum(sub.io_bytes())
 
 
 def compute_flops(sub: Graph) -> tuple[float, str]:
