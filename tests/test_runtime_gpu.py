@@ -123,3 +123,25 @@ def test_prepared_workload_is_loaded_and_stats_say_where_time_went(device) -> No
     if st["prep_pool"]:
         assert res[0]["phases"]["setup_local"] is False  # inputs came from the prep pool
         assert st["setup_local"] == before["setup_local"]
+
+
+def test_graph_batches_replay_their_kernels_whichever_stream_is_current() -> None:
+    """A batch graph must hold its launches even when another stream is current (kernels go to
+    the current stream): otherwise they run once during capture and the replay does nothing."""
+    cp = pytest.importorskip("cupy")
+    from tunedb.runtime.measure import _graph_runner
+
+    inc = cp.RawKernel(r'extern "C" __global__ void inc(int* c) { atomicAdd(c, 1); }', "inc")
+    counter = cp.zeros(1, dtype=cp.int32)
+    stream, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with other:
+        run = _graph_runner(cp, stream, lambda: inc((1,), (1,), (counter,)), 5)
+        assert run is not None
+        stream.synchronize()
+        other.synchronize()
+        counter.fill(0)
+        cp.cuda.Device().synchronize()
+        run()
+        run()
+        stream.synchronize()
+    assert int(counter.get()[0]) == 10

@@ -268,8 +268,11 @@ def _graph_runner(cp: Any, stream: Any, launch: Any, batch: int) -> Any:
         return None
     graph = None
     try:
-        for _ in range(batch):
-            launch()
+        # Kernels go to the current stream: were that another one, they would run now, outside
+        # the capture, and the graph would replay nothing (a sub-microsecond "time").
+        with stream:
+            for _ in range(batch):
+                launch()
     finally:
         try:
             graph = stream.end_capture()
