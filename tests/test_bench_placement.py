@@ -30,3 +30,17 @@ def test_case_without_a_schedule_is_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     with pytest.raises(SystemExit):
         main([str(bench), str(tmp_path / "out"), "--placements", "1"])
+
+
+def test_bad_inputs_get_one_line_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main([str(bad), str(tmp_path / "out")]) == 2
+    assert "is not a readable `tunedb bench fusion` result" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.json"), str(tmp_path / "out")]) == 2
+    assert "FileNotFoundError" in capsys.readouterr().err
+    ok = tmp_path / "b.json"
+    ok.write_text(json.dumps({"cases": []}))
+    assert main([str(ok), str(tmp_path / "out"), "--cases", "nope_1x1"]) == 2
+    assert "not an anchor case: nope_1x1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -125,22 +125,38 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.placements < 2:
         ap.error("--placements must be at least 2")
-    bench = json.load(open(a.bench_json))
-    configs = {c["case"]: (c.get("tunedb") or {}).get("config") for c in bench.get("cases", [])}
-    wanted = [c for c in a.cases.split(",") if c]
-    missing = [c for c in wanted if not configs.get(c)]
-    if missing:
-        print(f"error: no tunedb schedule for {', '.join(missing)} in {a.bench_json}", file=sys.stderr)
+    from tunedb.kernels.suites import suite
+
+    def fail(msg: str) -> int:
+        print(f"error: {msg}", file=sys.stderr)
         return 2
 
-    import torch
-
-    from tunedb.kernels.suites import suite
-    from tunedb.runtime.measure import gpu_init
-
-    state: dict = {}
-    gpu_init(state)
+    try:
+        with open(a.bench_json) as f:
+            bench = json.load(f)
+        configs = {c["case"]: (c.get("tunedb") or {}).get("config") for c in bench["cases"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        why = f"{type(e).__name__}: {e}"
+        return fail(f"{a.bench_json} is not a readable `tunedb bench fusion` result ({why})")
     cases = {c.name: c for c in suite("anchors")}
+    wanted = [c for c in a.cases.split(",") if c]
+    unknown = [c for c in wanted if c not in cases]
+    if unknown:
+        return fail(f"not an anchor case: {', '.join(unknown)} (anchors: {', '.join(cases)})")
+    missing = [c for c in wanted if not configs.get(c)]
+    if missing:
+        return fail(f"no tunedb schedule for {', '.join(missing)} in {a.bench_json}")
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device")
+        from tunedb.runtime.measure import gpu_init
+
+        state: dict = {}
+        gpu_init(state)
+    except Exception as e:  # noqa: BLE001 - no GPU, no torch, no CuPy: one line, nothing written
+        return fail(f"this study needs a CUDA GPU with CuPy and torch: {type(e).__name__}: {e}")
     result = {"benchmark": "placement", "bench_json": os.path.basename(a.bench_json),
               "placements": a.placements, "seed": a.seed, "cases": []}
     print(f"{'case':26s} {'system':14s} {'min':>7s} {'median':>7s} {'max':>7s} {'spread':>7s}")
