@@ -221,20 +221,27 @@ class ContextLost(RuntimeError):
 QUICK_PROTOCOL = {"warmup": 2, "samples": 5, "flush_l2": False, "batch": 4}
 
 
-def verified_launch(state: dict, wire: dict, bufs: WorkloadBuffers
-                    ) -> tuple[Callable[[], None], int, bool, float, str]:
-    """Compile (or fetch) a wire plan, launch it once into poisoned outputs and verify them:
-    (launch, registers, ok, max abs error, worst output)."""
+def plan_launch(state: dict, wire: dict, buffers: dict[str, Any]) -> tuple[Callable[[], None], int]:
+    """Compile (or fetch) a wire plan's kernels and bind them to ``buffers`` (inputs and outputs
+    by name) and fresh scratch: (launch, registers)."""
     from tunedb.runtime.measure import build_launch, get_function
 
-    cp, stream = state["cp"], state["stream"]
+    cp = state["cp"]
     funcs = [get_function(state, k) for k in wire["kernels"]]
     scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8) for s in wire["scratch"]}
-    launch = build_launch(cp, stream, funcs, wire, {**bufs.inputs, **bufs.outputs, **scratch})
+    launch = build_launch(cp, state["stream"], funcs, wire, {**buffers, **scratch})
+    return launch, max(int(f.num_regs) for f in funcs)
+
+
+def verified_launch(state: dict, wire: dict, bufs: WorkloadBuffers
+                    ) -> tuple[Callable[[], None], int, bool, float, str]:
+    """``plan_launch`` on the workload's buffers, launched once into poisoned outputs and
+    verified: (launch, registers, ok, max abs error, worst output)."""
+    launch, registers = plan_launch(state, wire, {**bufs.inputs, **bufs.outputs})
     bufs.poison()
     launch()
-    stream.synchronize()
-    return (launch, max(int(f.num_regs) for f in funcs), *bufs.verify())
+    state["stream"].synchronize()
+    return (launch, registers, *bufs.verify())
 
 
 def scrub_l2(state: dict) -> None:

@@ -55,26 +55,24 @@ def _verify(wl: Any, outs: dict[str, Any]) -> tuple[bool, float]:
 
 
 def run_case(state: dict, torch: Any, case: Any, config: dict, placements: int, seed: int) -> dict:
-    from tunedb.bench.fusion import scrub_l2
+    from tunedb.bench.fusion import plan_launch, scrub_l2
     from tunedb.bench.peers import _straight_line, throughput_us, torch_function
     from tunedb.kernels.codegen import generate
     from tunedb.kernels.schedule import Schedule
     from tunedb.records import sha256_hex
     from tunedb.runtime.cuda import plan_to_wire
-    from tunedb.runtime.measure import WorkloadBuffers, build_launch, get_function
+    from tunedb.runtime.measure import WorkloadBuffers
 
     cp, stream, g = state["cp"], state["stream"], case.graph
     wl = WorkloadBuffers(cp, g, sha256_hex(case.name))
     wire = plan_to_wire(generate(g, Schedule.from_config(config)))
-    funcs = [get_function(state, k) for k in wire["kernels"]]
     traced = None
     rows = []
     for p, pad in enumerate(pad_sizes(placements, seed)):
         cpad = cp.empty(max(pad, 1), dtype=cp.uint8)
         ins = {n: wl.inputs[n].copy() for n in g.inputs}
         outs = {n: cp.empty_like(wl.outputs[n]) for n in g.outputs}
-        scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8) for s in wire["scratch"]}
-        launch = build_launch(cp, stream, funcs, wire, {**ins, **outs, **scratch})
+        launch, _ = plan_launch(state, wire, {**ins, **outs})  # compiled once, then fetched
         launch()
         stream.synchronize()
         ok_t, err_t = _verify(wl, outs)
@@ -102,7 +100,7 @@ def run_case(state: dict, torch: Any, case: Any, config: dict, placements: int, 
             rows.append({"placement": p, "pad_bytes": pad, "system": k, "verified": bool(ok),
                          "max_abs_err": float(err), "us": min(times[k]) if times[k] else None,
                          "rounds_us": times[k], "in_ptr": hex(ptrs[k][0]), "out_ptr": hex(ptrs[k][1])})
-        del cpad, ins, outs, scratch, launch, tpad, tins, arms
+        del cpad, ins, outs, launch, tpad, tins, arms
         torch.cuda.empty_cache()
         cp.get_default_memory_pool().free_all_blocks()
     wl.free()
