@@ -13,7 +13,7 @@ from tunedb.graph.builder import GraphBuilder
 from tunedb.kernels import Schedule, generate, schedule_space, suite
 from tunedb.kernels.analysis import analyze
 from tunedb.kernels.prelude import PRELUDE
-from tunedb.kernels.schedule import STREAM_LARGE_OUTPUTS, STREAM_MAPPINGS, check
+from tunedb.kernels.schedule import EVICT_LAST_MAPPINGS, STREAM_LARGE_OUTPUTS, STREAM_MAPPINGS, check
 from tunedb.kernels.suites import case as suite_case
 from tunedb.records import Candidate
 
@@ -146,8 +146,8 @@ def test_grid_knob_keeps_stored_configs_and_is_pruned_where_it_cannot_apply():
     assert all(s.row_cache != "prefetch" for s in full)
     # configs stored before the knob existed have no "grid" key and still parse to the same schedule
     assert all("grid" not in s.to_config() for s in wave)
-    assert all(s.to_config()["grid"] == "full" and s.label().removesuffix("_cs").endswith(
-        ("gridfull", "gridfull_fast")) for s in full)
+    assert all(s.to_config()["grid"] == "full" and s.label().removesuffix("_cs").removesuffix("_el")
+               .endswith(("gridfull", "gridfull_fast")) for s in full)
     old = {k: v for k, v in wave[0].to_config().items()}
     assert Schedule.from_config(old) == wave[0]
     b = GraphBuilder("colmean")
@@ -203,8 +203,8 @@ def test_stream_knob_twins_the_space_and_marks_only_full_size_accesses():
     legal, pruned = schedule_space(xent)
     cs = [s for s in legal if s.stream]
     assert cs and all(replace(s, stream=False) in legal for s in cs)
-    assert len(cs) == sum(1 for s in legal if not s.stream and s.mapping in STREAM_MAPPINGS
-                          and s.row_cache != "prefetch")
+    assert len(cs) == sum(1 for s in legal if not s.stream and not s.evict_last
+                          and s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch")
     assert all(s.to_config()["stream"] is True and s.label().endswith("_cs") for s in cs)
     assert not any(why == STREAM_LARGE_OUTPUTS for _, why in pruned)
     # outputs as large as the inputs: the twins are pruned with the reason, and still generate
@@ -232,3 +232,33 @@ def test_stream_knob_twins_the_space_and_marks_only_full_size_accesses():
     assert "streaming cache hint" in check(analyze(cc), replace(cl, stream=True))
     with pytest.raises(ValueError, match="stream must be"):
         Schedule("elementwise", stream="yes")
+
+
+def test_evict_last_knob_twins_register_row_caches_and_marks_every_vector_load():
+    g = suite_case("norm", "rmsnorm", 64, 1024).graph
+    legal, pruned = schedule_space(g)
+    el = [s for s in legal if s.evict_last]
+    # one twin per row schedule with its row in registers, nothing else
+    assert el and all(replace(s, evict_last=False) in legal for s in el)
+    assert len(el) == sum(1 for s in legal if not s.evict_last and not s.stream
+                          and s.mapping in EVICT_LAST_MAPPINGS and s.row_cache == "registers")
+    assert all(s.to_config()["evict_last"] is True and s.label().endswith("_el") for s in el)
+    # configs stored before the knob existed have no "evict_last" key and name the same kernel
+    assert all("evict_last" not in s.to_config() for s in legal if not s.evict_last)
+    b = next(s for s in el if s.mapping == "block_per_row" and s.vec == 4)
+    src = generate(g, b).kernels[0].source
+    plain = generate(g, replace(b, evict_last=False)).kernels[0].source
+    # the row and the per-column weight both load with the policy; the store does not change
+    assert src.count("tdb_ldel<float, 4>(") == 2 and "tdb_ld<float" not in src
+    assert "createpolicy.fractional.L2::evict_last" in src and "tdb_st<float, 4>(" in src
+    assert "TDB_EVICT_LAST" not in plain and "tdb_ldel<" not in plain
+    # pruned where it measured slower or cannot apply, with the reason
+    a = analyze(g)
+    for s in (replace(b, row_cache="reread"), replace(b, stream=True),
+              Schedule("rows_per_block", block=128, vec=4, group=8, evict_last=True)):
+        assert "evict-last policy" in check(a, s)
+    tr = suite_case("permute", "transpose_add", 64, 96).graph
+    t = next(s for s in schedule_space(tr)[0] if s.mapping == "transpose_tiled")
+    assert "evict-last policy" in check(analyze(tr), replace(t, evict_last=True))
+    with pytest.raises(ValueError, match="evict_last must be"):
+        Schedule("block_per_row", evict_last=1)

@@ -135,7 +135,7 @@ def _stitch_counts(stitch: Any) -> list[float]:
 
 # Schedule knobs without a feature column yet (no training rows): a config featurises as its twin
 # without them.
-UNFEATURISED_KNOBS: tuple[str, ...] = ("swizzle", "stream")
+UNFEATURISED_KNOBS: tuple[str, ...] = ("swizzle", "stream", "evict_last")
 
 
 def featurised_form(cfg: Mapping[str, Any]) -> str:
@@ -152,8 +152,9 @@ def config_vector(cfg: Mapping[str, Any]) -> np.ndarray:
     mapping = mapping if mapping in MAPPINGS else "other"
     row_cache = str(cfg.get("row_cache", "registers"))
     # UNFEATURISED_KNOBS (``swizzle``: a transpose tile's bank-conflict-free order; ``stream``:
-    # evict-first cache hints) have no training rows yet: a config featurises as its plain twin
-    # until measured data lets a new schema tell them apart.
+    # evict-first cache hints; ``evict_last``: evict-last load policies) have no training rows
+    # yet: a config featurises as its plain twin until measured data lets a new schema tell them
+    # apart.
     # "prefetch" keeps the row in registers like "registers" (so every derived register and
     # occupancy estimate applies) and is told apart by its own column
     prefetch = row_cache == "prefetch"

@@ -37,7 +37,7 @@ import numpy as np
 from tunedb.graph.ir import Graph
 from tunedb.kernels.analysis import Analysis, analyze
 from tunedb.kernels.frame import PH, Frame, KText
-from tunedb.kernels.prelude import PRELUDE, STREAM
+from tunedb.kernels.prelude import EVICT_LAST, PRELUDE, STREAM
 from tunedb.kernels.schedule import Schedule, check
 from tunedb.records import sha256_hex
 
@@ -99,7 +99,8 @@ def generate(graph: Graph | Analysis, schedule: Schedule, sm_count: int = 132) -
         raise ValueError(f"schedule {schedule.label()} cannot run {a.graph.name or 'graph'}: {why}")
     f = Frame(a, schedule, sm_count)
     texts, scratch = _texts(f)
-    head = "\n".join([PRELUDE] + ([STREAM] if schedule.stream else []) + f.const_decls)
+    head = "\n".join([PRELUDE] + ([STREAM] if schedule.stream else [])
+                      + ([EVICT_LAST] if schedule.evict_last else []) + f.const_decls)
     raw = head + "\n" + "\n".join(t.body for t in texts)
     prefix = "tdb_" + sha256_hex(raw)[:16]
     g = a.graph

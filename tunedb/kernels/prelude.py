@@ -131,3 +131,42 @@ template <typename T, int V> inline void tdb_stcs(T* p, const tdb_vec<T, V>& x) 
 #endif
 #endif  // TDB_STREAM
 """
+
+# Evict-last loads (``evict_last`` schedules): L1::evict_last plus an L2 cache-policy operand
+# made by ``createpolicy.fractional.L2::evict_last`` -- the form torch.compile's Triton kernels
+# give a row's first read, and the form the A/B behind ``EVICT_LAST_MAPPINGS`` measured (volatile,
+# so two reads of one row stay two reads). Host compilers get the plain access.
+EVICT_LAST = r"""#ifndef TDB_EVICT_LAST
+#define TDB_EVICT_LAST
+#if defined(__CUDA_ARCH__)
+#define TDB_EL_POL ".reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
+#define TDB_EL_LD "ld.global.L1::evict_last.L2::cache_hint"
+template <typename T, int V>
+__device__ __forceinline__ tdb_vec<T, V> tdb_ldel(const T* p) {
+  tdb_vec<T, V> r;
+  constexpr int N = sizeof(T) * V;
+  unsigned* w = reinterpret_cast<unsigned*>(&r);
+  if constexpr (N == 16) {
+    asm volatile("{\n\t" TDB_EL_POL TDB_EL_LD ".v4.u32 {%0,%1,%2,%3}, [%4], pol;\n\t}"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+  } else if constexpr (N == 8) {
+    asm volatile("{\n\t" TDB_EL_POL TDB_EL_LD ".v2.u32 {%0,%1}, [%2], pol;\n\t}"
+                 : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+  } else if constexpr (N == 4) {
+    asm volatile("{\n\t" TDB_EL_POL TDB_EL_LD ".u32 %0, [%1], pol;\n\t}" : "=r"(w[0]) : "l"(p));
+  } else if constexpr (N == 2) {
+    unsigned short h;
+    asm volatile("{\n\t" TDB_EL_POL TDB_EL_LD ".u16 %0, [%1], pol;\n\t}" : "=h"(h) : "l"(p));
+    *reinterpret_cast<unsigned short*>(&r) = h;
+  } else {
+    unsigned b;
+    asm volatile("{\n\t" TDB_EL_POL TDB_EL_LD ".u8 %0, [%1], pol;\n\t}" : "=r"(b) : "l"(p));
+    *reinterpret_cast<unsigned char*>(&r) = (unsigned char)b;
+  }
+  return r;
+}
+#else
+template <typename T, int V> inline tdb_vec<T, V> tdb_ldel(const T* p) { return tdb_ld<T, V>(p); }
+#endif
+#endif  // TDB_EVICT_LAST
+"""

@@ -28,7 +28,9 @@ SM holds one row and waits out its load latency once per row. ``transpose_tiled`
 shared-memory stores and loads spread over all 32 banks instead of pairing up on 16.
 
 ``stream`` marks every vector load and store of the kernel with the streaming cache hint
-(``ld.global.cs`` / ``st.global.cs``: evict first, from L1 and L2).
+(``ld.global.cs`` / ``st.global.cs``: evict first, from L1 and L2). ``evict_last`` marks every
+vector load with the evict-last policy in L1 and L2 (``createpolicy`` + ``L2::cache_hint``), as
+torch.compile's Triton reductions issue a row's first read; offered for row caches in registers.
 """
 
 from __future__ import annotations
@@ -59,12 +61,18 @@ GRIDS = ("wave", "full")
 GRID_MAPPINGS = ("elementwise",) + ROW_MAPPINGS
 # Fields added after the first H200 dataset: left out of ``to_config`` at their default, so the
 # configs (and candidate hashes) stored before they existed still name the same kernels.
-_LATE_DEFAULTS = {"grid": "wave", "swizzle": False, "stream": False}
+_LATE_DEFAULTS = {"grid": "wave", "swizzle": False, "stream": False, "evict_last": False}
 # Mappings whose vector loads and stores may carry the streaming (evict-first) cache hint. Not
 # col_cluster (35 % slower with it on the H200) nor split_row (cluster exchanges like col_cluster's;
 # not measured), and not prefetch row caches (4-18 % slower; their rows arrive by cp.async).
 STREAM_MAPPINGS = ("elementwise", "transpose_tiled", "warp_per_row", "block_per_row", "rows_per_block",
                    "col_tiled")
+# Mappings whose vector loads may carry the evict-last policy: one row per warp or block, its
+# cache in registers. On H200s it took rmsnorm 8192x4096 from 66.1 to 64.7 µs on one board (and
+# 66.6 to 66.8 on another) and add_layernorm from 95.3 to 93.8, made scale_mask_softmax 20 %
+# slower on one board, and slowed re-read rows, transposes, elementwise, col_tiled and
+# rows_per_block by 1-9 % (data/bench/evict_last_h200.json): the search decides per workload.
+EVICT_LAST_MAPPINGS = ("warp_per_row", "block_per_row")
 
 MAX_CACHE_REGS = 64          # registers/thread a row cache may take (of 255; spills kill bandwidth)
 MAX_SMEM = 227 * 1024        # dynamic shared memory per block on sm_90
@@ -90,6 +98,7 @@ class Schedule:
                                 # (more blocks in flight; measured 9 % faster on some H200 cases)
     swizzle: bool = False       # transpose_tiled (tile 64, unroll 2): bank-conflict-free tile order
     stream: bool = False        # vector loads and stores with the streaming (evict-first) cache hint
+    evict_last: bool = False    # vector loads with the evict-last policy in L1 and L2
 
     def __post_init__(self) -> None:
         if self.mapping not in MAPPINGS:
@@ -98,7 +107,7 @@ class Schedule:
             raise ValueError(f"unknown row_cache {self.row_cache!r}; expected one of {', '.join(ROW_CACHES)}")
         if self.grid not in GRIDS:
             raise ValueError(f"unknown grid {self.grid!r}; expected one of {', '.join(GRIDS)}")
-        for flag in ("swizzle", "stream"):
+        for flag in ("swizzle", "stream", "evict_last"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.cache not in CACHE_MODES:
@@ -165,6 +174,8 @@ class Schedule:
             parts.append("fast")
         if self.stream:
             parts.append("cs")
+        if self.evict_last:
+            parts.append("el")
         return "_".join(parts)
 
 
@@ -298,9 +309,14 @@ def check(a: Analysis, s: Schedule) -> str:
                 f"(their count follows the grid)")
     if s.swizzle and m != "transpose_tiled":
         return "swizzle orders a transpose tile; only transpose_tiled has one"
+    if s.stream and s.evict_last:
+        return "the streaming cache hint and the evict-last policy exclude each other"
     if s.stream and not _may_stream(s):
         return (f"the streaming cache hint applies to {', '.join(STREAM_MAPPINGS)} without a "
                 f"prefetched row cache")
+    if s.evict_last and not _may_evict_last(s):
+        return (f"the evict-last policy applies to {', '.join(EVICT_LAST_MAPPINGS)} with a register "
+                f"row cache and no streaming hint")
     eb = full_bytes(a)
     if s.vec * eb > 16:
         return f"vector width {s.vec} of {eb}-byte elements exceeds 16 bytes"
@@ -485,8 +501,11 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
         else:
             legal.append(_with_stitch(a, s))
     # ... and every legal one that may stream with evict-first loads and stores, where the
-    # outputs are small; the hint changes nothing else the checks or the stitch map look at
+    # outputs are small, or load with the evict-last policy; the hints change nothing else the
+    # checks or the stitch map look at
+    last = [replace(s, evict_last=True) for s in legal if _may_evict_last(s)]
     twins = [replace(s, stream=True) for s in legal if _may_stream(s)]
+    legal += last
     if _small_outputs(a.graph):
         legal += twins
     else:
@@ -502,7 +521,11 @@ STREAM_LARGE_OUTPUTS = ("streaming cache hint: outputs over a quarter of the inp
 
 
 def _may_stream(s: Schedule) -> bool:
-    return s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch"
+    return s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch" and not s.evict_last
+
+
+def _may_evict_last(s: Schedule) -> bool:
+    return s.mapping in EVICT_LAST_MAPPINGS and s.row_cache == "registers" and not s.stream
 
 
 def _small_outputs(graph: Graph) -> bool:
