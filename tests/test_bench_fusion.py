@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from tunedb.bench.fusion import (
     BenchError,
     db_candidates,
-    floor_bytes,
     floor_us,
     geomean,
     prepare,
@@ -25,6 +24,7 @@ from tunedb.bench.fusion import (
 )
 from tunedb.cli_bench import load_cases, progress_line, render_table, summary_line
 from tunedb.graph.builder import GraphBuilder
+from tunedb.kernels import floor_bytes
 from tunedb.kernels.schedule import Schedule, schedule_space
 from tunedb.records import Candidate, DeviceInfo, Measurement, Run, Workload
 from tunedb.store import TuningStore

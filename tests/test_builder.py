@@ -187,3 +187,15 @@ def test_none_attributes_take_defaults_and_duplicate_names_fail() -> None:
     assert b.type_of(s).shape == (2, 6)
     with pytest.raises(GraphError, match="distinct output names"):
         b.split(x, axis=1, num_outputs=2, name=("a", "a"))
+
+
+def test_floor_bytes_counts_each_value_once():
+    b = GraphBuilder("passthrough")
+    x = b.input("x", (4, 8), "float32")
+    y = b.relu(x)
+    g = b.build([y, y, x])
+    # x is read once and, passed through as an output, need not be written: 128 + 128
+    assert g.io_bytes() == (128, 256)
+    assert g.floor_bytes() == 256
+    h = b.build([y])
+    assert h.floor_bytes() == sum(h.io_bytes()) == 256

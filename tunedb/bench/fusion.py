@@ -57,18 +57,6 @@ def _finite(x: Any) -> float | None:
 
 
 # -- CPU-side pieces ------------------------------------------------------------------------------
-def floor_bytes(graph: Graph) -> int:
-    """Fewest bytes a kernel for ``graph`` must move: each input read once, each output written
-    once (an output listed twice, or that is an input, counts once)."""
-    seen: set[str] = set()
-    total = 0
-    for name in list(graph.inputs) + list(graph.outputs):
-        if name not in seen:
-            seen.add(name)
-            total += graph.type_of(name).nbytes
-    return total
-
-
 def floor_us(nbytes: int, copy_tbps: float) -> float:
     """Time to move ``nbytes`` at the measured copy bandwidth (TB/s counting read + write)."""
     if copy_tbps <= 0:
@@ -520,8 +508,8 @@ def run_bench(cases: list[Any], out: Path | None, db: Path | None = None, top: i
             g = case.graph
             rec = {"case": case.name, "family": case.family, "workload_hash": wl.hash,
                    "inputs": {n: str(g.type_of(n)) for n in g.inputs},
-                   "outputs": {n: str(g.type_of(n)) for n in g.outputs}, "floor_bytes": floor_bytes(g),
-                   "floor_us": _finite(floor_us(floor_bytes(g), bw)) if bw > 0 else None, "peers": {}}
+                   "outputs": {n: str(g.type_of(n)) for n in g.outputs}, "floor_bytes": g.floor_bytes(),
+                   "floor_us": _finite(floor_us(g.floor_bytes(), bw)) if bw > 0 else None, "peers": {}}
             dev = refs = None
             try:
                 dev, refs = host.get(i - 1)

@@ -192,6 +192,13 @@ class Graph:
         return (sum(t[v].nbytes for v in self.inputs),
                 sum(t[v].nbytes for v in dict.fromkeys(self.outputs)))
 
+    def floor_bytes(self) -> int:
+        """Fewest bytes a kernel computing this graph must move: each input read once, each
+        output written once (an output listed twice, or that is an input passed through, counts
+        once)."""
+        t = self.type_map
+        return sum(t[v].nbytes for v in dict.fromkeys(list(self.inputs) + list(self.outputs)))
+
     def type_of(self, value: str) -> TensorType:
         for k, t in self.types:
             if k == value:

@@ -50,11 +50,6 @@ class GroupCost:
     note: str = ""
 
 
-def floor_bytes(sub: Graph) -> int:
-    """Bytes a kernel must move at least: every input read once, every output written once."""
-    return sum(sub.io_bytes())
-
-
 def compute_flops(sub: Graph) -> tuple[float, str]:
     """Multiply-add flops (x2) of the one compute node of ``sub`` and its dtype."""
     n = sub.nodes[0]
@@ -186,7 +181,7 @@ class Coster:
         return None
 
     def _roofline_us(self, sub: Graph) -> float:
-        return max(MIN_KERNEL_US, floor_bytes(sub) / self.device.bandwidth_bytes_per_s * 1e6)
+        return max(MIN_KERNEL_US, sub.floor_bytes() / self.device.bandwidth_bytes_per_s * 1e6)
 
     def _price(self, nodes: Sequence[int], key: tuple) -> GroupCost | None:
         ix = self.index
@@ -277,7 +272,7 @@ class Coster:
         sub = self.subgraph(nodes, key)
         flops, dtype = compute_flops(sub)
         peak = PEAK_FLOPS.get(dtype, PEAK_FLOPS["float32"])
-        us = max(flops / peak, floor_bytes(sub) / self.device.bandwidth_bytes_per_s) * 1e6
+        us = max(flops / peak, sub.floor_bytes() / self.device.bandwidth_bytes_per_s) * 1e6
         us = max(MIN_KERNEL_US, us)
         return GroupCost(kind, us, "roofline")
 
