@@ -316,7 +316,7 @@ def check(a: Analysis, s: Schedule) -> str:
                 f"prefetched row cache")
     if s.evict_last and not _may_evict_last(s):
         return (f"the evict-last policy applies to {', '.join(EVICT_LAST_MAPPINGS)} with a register "
-                f"row cache and no streaming hint")
+                f"row cache")
     eb = full_bytes(a)
     if s.vec * eb > 16:
         return f"vector width {s.vec} of {eb}-byte elements exceeds 16 bytes"
@@ -502,7 +502,8 @@ def schedule_space(graph: Graph | Analysis, sm_count: int = 132
             legal.append(_with_stitch(a, s))
     # ... and every legal one that may stream with evict-first loads and stores, where the
     # outputs are small, or load with the evict-last policy; the hints change nothing else the
-    # checks or the stitch map look at
+    # checks or the stitch map look at. Both twin lists come from the plain schedules: the two
+    # hints exclude each other (``check``).
     last = [replace(s, evict_last=True) for s in legal if _may_evict_last(s)]
     twins = [replace(s, stream=True) for s in legal if _may_stream(s)]
     legal += last
@@ -521,11 +522,11 @@ STREAM_LARGE_OUTPUTS = ("streaming cache hint: outputs over a quarter of the inp
 
 
 def _may_stream(s: Schedule) -> bool:
-    return s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch" and not s.evict_last
+    return s.mapping in STREAM_MAPPINGS and s.row_cache != "prefetch"
 
 
 def _may_evict_last(s: Schedule) -> bool:
-    return s.mapping in EVICT_LAST_MAPPINGS and s.row_cache == "registers" and not s.stream
+    return s.mapping in EVICT_LAST_MAPPINGS and s.row_cache == "registers"
 
 
 def _small_outputs(graph: Graph) -> bool:
