@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tunedb.graph.builder import GraphBuilder
@@ -145,3 +146,42 @@ def test_graph_batches_replay_their_kernels_whichever_stream_is_current() -> Non
         run()
         stream.synchronize()
     assert int(counter.get()[0]) == 10
+
+
+SPIN = r"""
+extern "C" __global__ void spin(long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < (unsigned long long)ns);
+}
+"""
+
+
+def test_timings_after_a_graph_batch_still_wait_for_their_kernels() -> None:
+    """After a batch graph the worker's stream must still be the current one, and a plan's
+    launches must go to it: launches that escaped to the null stream ran beside the events and
+    synchronisations on the worker's stream, so single-launch samples read near zero and quick
+    timings after a throughput run read 1.9x (their kernels shared the GPU with leftovers)."""
+    pytest.importorskip("cupy")
+    from tunedb.runtime.measure import build_launch, get_function, gpu_init, time_plan
+
+    state: dict = {}
+    gpu_init(state)
+    cp, stream = state["cp"], state["stream"]
+    kernel = {"name": "spin", "source": SPIN, "grid": [1], "block": [1], "shared_bytes": 0,
+              "args": [{"type": "int64", "value": 200_000}]}  # 200 µs
+    item = {"kernels": [kernel], "scratch": []}
+    launch = build_launch(cp, stream, [get_function(state, kernel)], item, {})
+    batched, proto = time_plan(state, launch, Protocol(warmup=1, samples=3, flush_l2=False, batch=4))
+    assert proto.batch == 4 and min(batched) >= 190.0
+    assert cp.cuda.get_current_stream() == stream
+    single, proto = time_plan(state, launch, Protocol(warmup=1, samples=3, flush_l2=True, batch=1))
+    assert proto.batch == 1 and min(single) >= 190.0
+    # a kernel launched on the ambient stream (as CuPy ops are) lands on the worker's stream too
+    ambient = cp.RawKernel(SPIN, "spin")
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    ambient((1,), (1,), (np.int64(200_000),))
+    end.record(stream)
+    end.synchronize()
+    assert cp.cuda.get_elapsed_time(start, end) * 1000.0 >= 190.0
