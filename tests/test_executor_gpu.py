@@ -125,6 +125,26 @@ def test_eager_and_graph_replay_agree_and_bad_inputs_are_one_line():
     assert "\n" not in str(e.value)
 
 
+def test_a_plan_leaves_the_callers_current_stream_alone():
+    """A caller that made its stream current with ``use()`` still has it after building and
+    running a plan, captured or eager (``with stream:`` inside would have left the null stream
+    current: CuPy's stream stack does not record ``use()``)."""
+    import cupy as cp
+
+    from tunedb.runtime.executor import PlanExecutor
+
+    plan = _compile(str(GRAPHS / "resnet_piece.onnx"))
+    dev, _ = make_inputs(plan.graph, 3)
+    mine = cp.cuda.Stream(non_blocking=True)
+    mine.use()
+    try:
+        for capture in (True, False):
+            PlanExecutor(plan, capture=capture).run(dev)
+            assert cp.cuda.get_current_stream() == mine
+    finally:
+        cp.cuda.Stream.null.use()
+
+
 def test_plan_json_replays_in_a_fresh_process(tmp_path):
     plan = _compile(str(GRAPHS / "gpt2_block.onnx"))
     dev, _ = make_inputs(plan.graph, 9)

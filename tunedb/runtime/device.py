@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from tunedb.records import DeviceInfo, sha256_hex
@@ -33,6 +35,20 @@ def import_cupy() -> Any:
     if n < 1:
         raise NoGPUError("no CUDA device: CuPy found no device")
     return cupy
+
+
+@contextmanager
+def current_stream(cp: Any, stream: Any) -> Iterator[Any]:
+    """``stream`` is CuPy's current stream inside the block; afterwards the stream that was
+    current before is again, whoever made it so. ``with stream:`` restores CuPy's stream stack
+    instead, which does not record ``Stream.use()``: after the block the null stream was current
+    and every later launch of the caller went there, outside its own stream's order."""
+    previous = cp.cuda.get_current_stream()
+    stream.use()
+    try:
+        yield stream
+    finally:
+        previous.use()
 
 
 def _text(v: Any) -> str:

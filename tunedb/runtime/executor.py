@@ -42,6 +42,7 @@ import numpy as np
 from tunedb.graph.ir import FLOAT_DTYPES, Graph
 from tunedb.graph.ops import check_node
 from tunedb.runtime.blas import Blas
+from tunedb.runtime.device import current_stream
 from tunedb.runtime.executor_ops import (
     ComputeOps,
     Evaluator,
@@ -208,7 +209,7 @@ class PlanExecutor:
         self._modules: dict[str, Any] = {}
         self._scratch_need = 0
         self._scratch: Any = None
-        with self.stream:
+        with current_stream(self.cp, self.stream):
             try:
                 # Its own handle on this stream: CuPy's cuBLAS wrappers refuse to run in a capture.
                 self.blas = Blas(cp, self.stream, tf32=self.tf32)
@@ -431,7 +432,7 @@ class PlanExecutor:
 
     def _capture(self, verify: bool) -> None:
         cp = self.cp
-        with self.stream:
+        with current_stream(self.cp, self.stream):
             eager = self._outputs_now() if verify else {}
         pool = cp.cuda.MemoryPool()
         graph, err = None, None
@@ -442,7 +443,7 @@ class PlanExecutor:
         try:
             # Temporaries made during capture come from this pool, which no one else uses and
             # which lives as long as the graph: the graph's replays own those addresses.
-            with self.stream, cp.cuda.using_allocator(pool.malloc):
+            with current_stream(self.cp, self.stream), cp.cuda.using_allocator(pool.malloc):
                 self.stream.begin_capture()
                 try:
                     self._enqueue()
@@ -465,7 +466,7 @@ class PlanExecutor:
         self._graph, self._graph_pool = graph, pool
         if verify:
             try:
-                with self.stream:
+                with current_stream(self.cp, self.stream):
                     for v in eager:
                         if v in self._owned:
                             self.env[v].fill(0)  # a replay that writes nothing must not pass
@@ -480,7 +481,7 @@ class PlanExecutor:
                 if not self._same(got[v], eager[v], self.types[v].dtype):
                     self._graph = self._graph_pool = None
                     self.capture_error = f"graph replay differs from the eager run on {v!r}; eager launches"
-                    with self.stream:
+                    with current_stream(self.cp, self.stream):
                         self._enqueue()
                     self.stream.synchronize()
                     return
@@ -491,7 +492,7 @@ class PlanExecutor:
         if self._graph is not None:
             self._graph.launch(self.stream)
         else:
-            with self.stream:
+            with current_stream(self.cp, self.stream):
                 self._enqueue()
 
     def synchronize(self) -> None:
@@ -502,7 +503,7 @@ class PlanExecutor:
         cp = self.cp
         arrays = prepare_inputs(self.graph, inputs)
         self.stream.wait_event(cp.cuda.get_current_stream().record())  # device inputs made there
-        with self.stream:
+        with current_stream(self.cp, self.stream):
             for v, a in arrays.items():
                 buf = self.inputs[v]
                 if isinstance(a, np.ndarray):
@@ -521,7 +522,7 @@ class PlanExecutor:
         gives views of the executor's buffers, which the next run overwrites."""
         cp = self.cp
         out = {}
-        with self.stream:
+        with current_stream(self.cp, self.stream):
             for v in dict.fromkeys(self.graph.outputs):
                 a, dtype = self.env[v], self.types[v].dtype
                 if dtype in ("bfloat16",):

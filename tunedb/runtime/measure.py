@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tunedb.records import Protocol
+from tunedb.runtime.device import current_stream
 from tunedb.runtime.inputs import (
     BOOL_POISON,
     load_prepared,
@@ -267,19 +268,14 @@ def _graph_runner(cp: Any, stream: Any, launch: Any, batch: int) -> Any:
     except Exception:  # noqa: BLE001
         return None
     graph = None
-    # Kernels that go to the current stream must find the capturing one there: otherwise they
-    # run now, outside the capture, and the graph replays nothing (a sub-microsecond "time").
-    # The previous current stream is put back by hand: ``with stream:`` would restore CuPy's
-    # stream stack instead, which knows nothing of ``use()`` (``gpu_init``) and so left the null
-    # stream current for every later launch; those escaped the events and synchronisations on
-    # ``stream`` (quick timings read 1.9x after a throughput run).
-    previous = cp.cuda.get_current_stream()
-    stream.use()
     try:
-        for _ in range(batch):
-            launch()
+        # Kernels that go to the current stream must find the capturing one there: otherwise
+        # they run now, outside the capture, and the graph replays nothing (a sub-microsecond
+        # "time"). The worker's own stream is current again afterwards (see ``current_stream``).
+        with current_stream(cp, stream):
+            for _ in range(batch):
+                launch()
     finally:
-        previous.use()
         try:
             graph = stream.end_capture()
         except Exception:  # noqa: BLE001
