@@ -24,7 +24,6 @@ from tunedb.bench.fusion import (
 )
 from tunedb.cli_bench import load_cases, progress_line, render_table, summary_line
 from tunedb.graph.builder import GraphBuilder
-from tunedb.kernels import floor_bytes
 from tunedb.kernels.schedule import Schedule, schedule_space
 from tunedb.records import Candidate, DeviceInfo, Measurement, Run, Workload
 from tunedb.store import TuningStore
@@ -44,7 +43,7 @@ def test_floor_bytes_counts_each_input_and_output_once():
     y = b.mul(b.cast(x, to="float32"), s)
     g = b.build([y, y, b.reduce_sum(y, axes=(1,))])
     # inputs: 8*16*2 + 16*4 + 8*8 (the unused index input is still read); outputs: y once + 8 floats
-    assert floor_bytes(g) == 256 + 64 + 64 + 8 * 16 * 4 + 8 * 4
+    assert g.floor_bytes() == 256 + 64 + 64 + 8 * 16 * 4 + 8 * 4
     assert idx in g.inputs
 
 
@@ -52,13 +51,13 @@ def test_anchor_floors_match_the_anchor_table():
     cases = {c.name: c for c in load_cases("anchors")}
     assert len(cases) == 12
     M, N = 8192, 4096
-    assert floor_bytes(cases["bias_gelu_8192x4096"].graph) == 4 * (2 * M * N + N)
-    assert floor_bytes(cases["add_layernorm_8192x4096"].graph) == 4 * (3 * M * N + 2 * N)
-    assert floor_bytes(cases["transpose_add_8192x4096"].graph) == 4 * 3 * M * N
+    assert cases["bias_gelu_8192x4096"].graph.floor_bytes() == 4 * (2 * M * N + N)
+    assert cases["add_layernorm_8192x4096"].graph.floor_bytes() == 4 * (3 * M * N + 2 * N)
+    assert cases["transpose_add_8192x4096"].graph.floor_bytes() == 4 * 3 * M * N
     # At the anchors' 4.21 TB/s the 128 MiB-in, 128 MiB-out cases sit at 63.8 µs.
-    assert floor_us(floor_bytes(cases["col_center_8192x4096"].graph), 4.21) == pytest.approx(63.76, abs=0.01)
+    assert floor_us(cases["col_center_8192x4096"].graph.floor_bytes(), 4.21) == pytest.approx(63.76, abs=0.01)
     for c in cases.values():
-        assert floor_bytes(c.graph) == c.floor_bytes  # the suite's own count agrees
+        assert c.graph.floor_bytes() == c.floor_bytes  # the suite's own count agrees
 
 
 def test_floor_us_and_rel_l2_and_geomean():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunedb.graph.hashing import graph_hash
-from tunedb.kernels import ANCHOR_CASES, FAMILIES, analyze, floor_bytes, suite
+from tunedb.kernels import ANCHOR_CASES, FAMILIES, analyze, suite
 from tunedb.kernels.suites import case
 
 ANCHOR_NAMES = {
@@ -25,7 +25,7 @@ def test_quick_covers_every_family_and_dtype():
     assert 12 <= len(q) <= 20
     assert {c.family for c in q} == set(FAMILIES)
     assert set().union(*(_dtypes(c) for c in q)) == {"float32", "float16", "bfloat16"}
-    assert all(floor_bytes(c.graph) < 8 * 2 ** 20 for c in q)
+    assert all(c.graph.floor_bytes() < 8 * 2 ** 20 for c in q)
 
 
 def test_standard_size_families_shapes_dtypes():

@@ -8,9 +8,9 @@ returns the CUDA C of a ``KernelPlan``, ``suite(name)`` the benchmark workloads.
 from tunedb.kernels.analysis import Analysis, UnsupportedFusion, analyze
 from tunedb.kernels.codegen import KernelPlan, KernelSpec, generate
 from tunedb.kernels.schedule import MAPPINGS, Schedule, schedule_space
-from tunedb.kernels.suites import ANCHOR_CASES, FAMILIES, SuiteCase, floor_bytes, suite
+from tunedb.kernels.suites import ANCHOR_CASES, FAMILIES, SuiteCase, suite
 
 __all__ = [
     "ANCHOR_CASES", "FAMILIES", "MAPPINGS", "Analysis", "KernelPlan", "KernelSpec", "Schedule",
-    "SuiteCase", "UnsupportedFusion", "analyze", "floor_bytes", "generate", "schedule_space", "suite",
+    "SuiteCase", "UnsupportedFusion", "analyze", "generate", "schedule_space", "suite",
 ]

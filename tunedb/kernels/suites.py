@@ -31,12 +31,7 @@ class SuiteCase:
 
     @property
     def floor_bytes(self) -> int:
-        return floor_bytes(self.graph)
-
-
-def floor_bytes(graph: Graph) -> int:
-    """``Graph.floor_bytes``: each input read once, each output written once."""
-    return graph.floor_bytes()
+        return self.graph.floor_bytes()
 
 
 def _dt(dtype: str) -> str:

@@ -316,9 +316,7 @@ def batched_workload(graph: Any) -> bool:
     ~10 µs between L2-cold single launches (>= 10 µs) and L2-warm batches (<= 8 µs), so the
     H200 data has almost no medians between 8 and 10 µs and candidates of one workload were
     compared across two protocols."""
-    from tunedb.kernels.suites import floor_bytes
-
-    return floor_bytes(graph) < SHORT_BYTES
+    return graph.floor_bytes() < SHORT_BYTES
 
 
 def batch_size(probe_us: float, proto: Protocol, batched: bool | None) -> int:
