@@ -128,6 +128,35 @@ def test_every_command_has_help_with_an_example():
     assert invoke("--version").stdout == "tunedb 0.1.0\n"
 
 
+def _commands(target: typer.Typer, prefix: tuple[str, ...] = ()):
+    for info in target.registered_commands:
+        yield prefix + (info.name or info.callback.__name__.replace("_", "-"),), info
+    for group in target.registered_groups:
+        yield from _commands(group.typer_instance, prefix + (group.name,))
+
+
+def test_help_paragraphs_are_reflowed_for_the_terminal():
+    # typer keeps a docstring's line breaks; the CLI joins each paragraph's lines, so a wide
+    # terminal shows every paragraph on one line and a narrow one wraps it evenly
+    commands = list(_commands(app))
+    assert {("plan",), ("db", "info"), ("bench", "fusion"), ("collect",)} <= {c for c, _ in commands}
+    for cmd, info in commands:
+        assert "\n" not in info.help.split("\n\n")[0], cmd
+        r = CliRunner().invoke(app, [*cmd, "--help"], env={"COLUMNS": "3000"})
+        assert r.exit_code == 0, cmd
+        lines = [" ".join(line.split()) for line in r.stdout.splitlines()]
+        for para in info.help.split("\n\n"):
+            if not para.startswith(("- ", " ")):
+                assert " ".join(para.split()) in lines, (cmd, para)
+    assert cli.reflow_help("""One line.
+
+        Two
+        lines.
+
+        - a bullet
+        - another""") == "One line.\n\nTwo lines.\n\n- a bullet\n- another"
+
+
 def test_command_modules_are_optional_but_not_broken(tmp_path, monkeypatch):
     (tmp_path / "tdb_test_broken_cli.py").write_text("import tdb_test_no_such_dependency\n")
     (tmp_path / "tdb_test_ok_cli.py").write_text(

@@ -8,6 +8,7 @@ expose ``register(app)``; the ones listed in ``_COMMAND_MODULES`` are registered
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import asdict
@@ -214,4 +215,27 @@ def _register_command_modules(target: typer.Typer = app) -> None:
         module.register(target)
 
 
+def reflow_help(text: str) -> str:
+    """A docstring as ``--help`` prose: the lines of each paragraph joined, so that the terminal
+    wraps them (typer keeps a docstring's line breaks, which left ragged lines at 80 columns).
+    Paragraphs of bullets ("- ") or indented lines keep their breaks."""
+    paragraphs = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines = para.splitlines()
+        keep = any(line.startswith(("- ", " ")) for line in lines)
+        paragraphs.append(para if keep else " ".join(line.strip() for line in lines))
+    return "\n\n".join(paragraphs)
+
+
+def _reflow_commands(target: typer.Typer) -> None:
+    for info in target.registered_commands:
+        doc = info.help or inspect.getdoc(info.callback) or ""
+        if doc:
+            info.help = reflow_help(doc)
+    for group in target.registered_groups:
+        if group.typer_instance is not None:
+            _reflow_commands(group.typer_instance)
+
+
 _register_command_modules()
+_reflow_commands(app)
