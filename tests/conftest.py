@@ -21,3 +21,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_default_cost_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans in tests price by the roofline unless a test names a cost model: the models shipped
+    under models/ would otherwise be picked up by default (tests of that default unset this)."""
+    monkeypatch.setenv("TUNEDB_MODELS", "")

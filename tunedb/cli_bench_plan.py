@@ -11,6 +11,8 @@ import typer
 
 from tunedb.cli_common import (
     DB_ENV,
+    CostModelOption,
+    cost_model_arg,
     default_db_path,
     fail,
     handle_errors,
@@ -124,8 +126,7 @@ def register(app: typer.Typer) -> None:
             "--db", envvar=DB_ENV, show_default=False,
             help="Tuning database for exact hits; default $TUNEDB_DB, else the default database "
                  "if it exists, else none.")] = None,
-        cost_model: Annotated[Path | None, typer.Option(
-            "--model", help="Cost model directory (model.ubj + card.json) or registry root.")] = None,
+        cost_model: CostModelOption = None,
         batch: Annotated[list[int] | None, typer.Option(
             "--batch", min=1, help="Run ONNX models at this batch (repeatable; needs a symbolic "
                                    "batch dim).")] = None,
@@ -163,9 +164,10 @@ def register(app: typer.Typer) -> None:
         elif default_db_path().is_file():
             db = default_db_path()
         import_cupy()  # no GPU: one-line error before the heavy imports
-        typer.echo(f"{len(entries)} graph(s); database: {db or 'none'}; cost model: {cost_model or 'none'}",
-                   err=True)
-        result = run_bench(entries, out, db=db, cost_model=cost_model, peers=names, time_limit_s=time_limit,
+        typer.echo(f"{len(entries)} graph(s); database: {db or 'none'}; "
+                   f"cost model: {cost_model or 'default'}", err=True)
+        result = run_bench(entries, out, db=db, cost_model=cost_model_arg(cost_model), peers=names,
+                           time_limit_s=time_limit,
                            progress=lambda line: typer.echo(line, err=True),
                            on_entry=lambda i, n, rec: typer.echo(entry_line(i, n, rec), err=True))
         if json_out:

@@ -40,6 +40,23 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+# Planning commands: "none" plans with roofline prices; no option, with the registry's model for
+# the device when there is one (tunedb.plan.driver.load_cost_model).
+CostModelOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--model",
+        show_default=False,
+        help="Cost model directory (model.ubj + card.json) or registry root; none: roofline prices "
+        "only. Default: the model registered for the device's GPU under $TUNEDB_MODELS, else under "
+        "models/ of the tunedb source tree, when there is one.",
+    ),
+]
+
+
+def cost_model_arg(value: Path | None) -> Path | bool | None:
+    """``--model`` as ``tunedb.compile``'s ``cost_model``: ``none`` is ``False`` (no model)."""
+    return False if value is not None and str(value) == "none" else value
 
 _KNOWN_ERRORS: list[type[BaseException]] = [StoreError, GraphError]
 

@@ -8,8 +8,10 @@ from typing import Annotated
 import typer
 
 from tunedb.cli_common import (
+    CostModelOption,
     DbOption,
     JsonOption,
+    cost_model_arg,
     default_db_path,
     fail,
     handle_errors,
@@ -25,8 +27,7 @@ def register(app: typer.Typer) -> None:
     def plan(
         model: Annotated[Path, typer.Argument(help="ONNX model, or a tunedb graph JSON file.")],
         db: DbOption = None,
-        cost_model: Annotated[Path | None, typer.Option(
-            "--model", help="Cost model directory (model.ubj + card.json) or registry root.")] = None,
+        cost_model: CostModelOption = None,
         device: Annotated[str, typer.Option(
             "--device", help="cuda (this GPU, else the database's only device), a device id or "
                              "name from the database, or generic (H200 facts, no DB hits).")] = "cuda",
@@ -64,7 +65,7 @@ def register(app: typer.Typer) -> None:
         elif db is None and default_db_path().is_file():
             db = default_db_path()
         try:
-            result = compile_plan(str(model), db=db, cost_model=cost_model, device=device,
+            result = compile_plan(str(model), db=db, cost_model=cost_model_arg(cost_model), device=device,
                                   measure_top=measure_top, beam=beam, bindings=parse_bindings(bind),
                                   measure_device=measure_device)
         except (PlanError, CostModelError, NoGPUError, ReplayError) as e:

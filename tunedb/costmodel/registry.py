@@ -156,6 +156,19 @@ def load_model(directory: str | os.PathLike[str]) -> CostModel:
     return CostModel(booster, card)
 
 
+MODELS_ENV = "TUNEDB_MODELS"
+
+
+def default_models_root() -> Path | None:
+    """The registry a plan reads when it is given no cost model: ``$TUNEDB_MODELS`` (set but
+    empty: none), else the ``models/`` directory of the source tree this package belongs to."""
+    env = os.environ.get(MODELS_ENV)
+    if env is not None:
+        return Path(env) if env else None
+    root = Path(tunedb.__file__).resolve().parent.parent / "models"
+    return root if root.is_dir() else None
+
+
 def find_model(root: str | os.PathLike[str], device_name: str, kind: str = "fusion") -> CostModel:
     """The registered model for a device name and kind under ``root``."""
     return load_model(model_dir(root, device_name, kind))

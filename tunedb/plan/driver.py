@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from tunedb.costmodel.errors import CostModelError
 from tunedb.costmodel.features import DeviceFacts
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import infer_graph
@@ -88,15 +90,29 @@ def resolve_device(device: Any, store: Any) -> DeviceInfo | None:
 
 def load_cost_model(cost_model: Any, device: DeviceInfo | None) -> Any:
     """A cost model object as it is, or one loaded from a model directory (``model.ubj`` +
-    ``card.json``) or a registry root (``<root>/<device>/fusion``)."""
-    if cost_model is None or not isinstance(cost_model, (str, os.PathLike)):
+    ``card.json``) or a registry root (``<root>/<device>/fusion``). ``None``: the registry's
+    model for the device's GPU model when there is one (``default_models_root``), else no model
+    (roofline prices); ``False``: no model."""
+    if cost_model is False:
+        return None
+    if cost_model is not None and not isinstance(cost_model, (str, os.PathLike)):
         return cost_model
-    from tunedb.costmodel.registry import CARD_FILE, find_model, load_model
+    from tunedb.costmodel.registry import CARD_FILE, default_models_root, find_model, load_model, model_dir
 
+    name = device.name if device is not None else DeviceFacts().name
+    if cost_model is None:
+        root = default_models_root()
+        if root is None or not (model_dir(root, name, "fusion") / CARD_FILE).is_file():
+            return None
+        try:
+            return find_model(root, name, "fusion")
+        except CostModelError as e:  # a stale default is not the caller's error: plan without it
+            warnings.warn(f"default cost model not used: {e}", stacklevel=3)
+            return None
     path = Path(cost_model)
     if (path / CARD_FILE).is_file() or path.name == CARD_FILE:
         return load_model(path)
-    return find_model(path, device.name if device is not None else DeviceFacts().name, "fusion")
+    return find_model(path, name, "fusion")
 
 
 def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: GroupCost) -> KernelStep:
@@ -116,7 +132,9 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
-    model directory / registry root; ``measure_top``: measure that many of each fused kernel's
+    model directory / registry root, ``None`` for the model registered for the device's GPU
+    (``$TUNEDB_MODELS``, else ``models/`` of the source tree; roofline prices when there is
+    none), ``False`` for roofline prices; ``measure_top``: measure that many of each fused kernel's
     best-ranked schedules on ``measure_device`` (``"cuda"``: the local GPU, or
     ``"replay:PATH"``: stored measurements); ``beam``: states kept per node by the fusion
     search; ``horizontal``: pack small independent kernels.
