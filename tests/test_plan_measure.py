@@ -19,7 +19,7 @@ from tunedb.runtime import ReplayDevice
 from tunedb.store import StoreError, TuningStore
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_DATA = ROOT / "data" / "fusion_h200"
+H200_DATA = ROOT / "data" / "fusion_h200_v2"
 REPLAY = f"replay:{H200_DATA}"
 DEVICE = DeviceInfo("Replay H200", "uuid-m", "9.0", 132, 60 * 2**20, 141 * 2**30, "580", "13.0", "14.2")
 

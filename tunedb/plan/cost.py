@@ -28,6 +28,7 @@ from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import LAYOUT_OPS
 from tunedb.kernels.analysis import Analysis, UnsupportedFusion, analyze
 from tunedb.kernels.schedule import Schedule, schedule_space
+from tunedb.plan.fallback import fallback_order
 from tunedb.plan.subgraph import COMPUTE_KIND, GraphIndex
 
 # Sustained fp32 (no TF32) and fp16/bf16 tensor-core rates of an H200, for the compute roofline.
@@ -278,9 +279,9 @@ class Coster:
 
     # -- schedule for a final group -----------------------------------------------------------
     def choose_schedule(self, nodes: Sequence[int], cost: GroupCost) -> GroupCost | None:
-        """Fill in the schedule of a fused group priced without one (roofline): the legal
-        schedule with the lowest analytic roofline of the cost-model features. None when the
-        group has no legal schedule (the caller splits it)."""
+        """Fill in the schedule of a fused group priced without one (roofline): the first legal
+        schedule of ``tunedb.plan.fallback`` (rules of thumb, then the roofline estimate). None
+        when the group has no legal schedule (the caller splits it)."""
         if cost.kind != "fused" or cost.config is not None:
             return cost
         key = self.index.key(nodes)
@@ -291,22 +292,26 @@ class Coster:
         chosen = None
         if legal:
             configs = [s.to_config() for s in legal]
-            est = _feature_roofline(a.graph, configs, self.workload_hash(nodes, key), self.device)
-            ranked = ranked_configs(est, configs)
+            est, waves = _feature_roofline(a.graph, configs, self.workload_hash(nodes, key), self.device)
+            ranked = ranked_configs(est, configs, order=fallback_order(a, legal, est, waves))
             chosen = GroupCost("fused", cost.us, cost.source, launches=_launches(ranked[0][1]),
                                config=ranked[0][1], ranked=ranked, note=cost.note)
         self._chosen[key] = chosen
         return chosen
 
 
-def ranked_configs(us: Any, configs: list[dict]) -> tuple[tuple[float, dict], ...]:
-    """The RANKED_KEEP best (µs, config) pairs, best first (ties in schedule-space order). Twins
-    that differ only in knobs without a feature (``UNFEATURISED_KNOBS``: same features, same
-    estimate) are kept once, the first of the space (the plain one): the plan measures the top
-    few of this list, and two of them should not be one estimate twice."""
+def ranked_configs(us: Any, configs: list[dict], order: Sequence[int] | None = None
+                   ) -> tuple[tuple[float, dict], ...]:
+    """The RANKED_KEEP best (µs, config) pairs, best first: by ``us`` (ties in schedule-space
+    order), or in ``order`` when given. Twins that differ only in knobs without a feature
+    (``UNFEATURISED_KNOBS``: same features, same estimate) are kept once, the first of the space
+    (the plain one): the plan measures the top few of this list, and two of them should not be
+    one estimate twice."""
     out: list[tuple[float, dict]] = []
     seen: set[str] = set()
-    for i in np.argsort(np.asarray(us, dtype=np.float64), kind="stable"):
+    if order is None:
+        order = np.argsort(np.asarray(us, dtype=np.float64), kind="stable")
+    for i in order:
         key = featurised_form(configs[i])
         if key in seen:
             continue
@@ -318,14 +323,17 @@ def ranked_configs(us: Any, configs: list[dict]) -> tuple[tuple[float, dict], ..
 
 
 def _feature_roofline(graph: Graph, configs: list[dict], workload_hash: str,
-                      device: DeviceFacts) -> np.ndarray:
+                      device: DeviceFacts) -> tuple[np.ndarray, np.ndarray]:
+    """The cost-model features ``roofline_us`` and ``waves`` of each config (zeros and ones
+    when the graph cannot be featurised)."""
     try:
         from tunedb.costmodel.features import FEATURE_NAMES, featurize_candidates
 
         X = featurize_candidates(graph, configs, device, workload_hash=workload_hash)
-        return X[:, FEATURE_NAMES.index("roofline_us")].astype(np.float64)
+        return (X[:, FEATURE_NAMES.index("roofline_us")].astype(np.float64),
+                X[:, FEATURE_NAMES.index("waves")].astype(np.float64))
     except (ValueError, GraphError, KeyError):
-        return np.zeros(len(configs))
+        return np.zeros(len(configs)), np.ones(len(configs))
 
 
 def _launches(config: dict | None) -> int:
