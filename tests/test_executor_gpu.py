@@ -189,7 +189,12 @@ def test_strided_copy_kernel_matches_cupy(dtype):
     rng = np.random.default_rng(9)
     base = cp.asarray(rng.standard_normal((3, 5, 7, 8)).astype(np.float32)).astype(dtype)
     cases = [base.transpose(0, 2, 1, 3), base[:, 1:4], base[..., 2:6], base.transpose(2, 0, 1, 3)[1:],
-             base.transpose(0, 1, 3, 2)]  # the last: last axis moves, CuPy's own copy
+             # the last axis moves: tiled transposes (2-D, batched, NCHW -> NHWC, a sliced batch)
+             base.transpose(0, 1, 3, 2), base[1, 2].T, base.transpose(0, 2, 3, 1),
+             base.transpose(0, 1, 3, 2)[:, 1:4], base.reshape(15, 56).T,
+             base[:, :, 1:6].transpose(0, 1, 3, 2),  # unit stride on a sliced axis
+             cp.broadcast_to(base[0, 0, 0, :, None], (8, 5)),  # a broadcast along the last axis
+             base[..., ::2].transpose(0, 1, 3, 2)]  # no unit stride at all: CuPy's own copy
     for src in cases:
         out = cp.empty(src.shape, dtype=src.dtype)
         strided_copy(cp, src, out)()

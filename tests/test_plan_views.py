@@ -14,7 +14,7 @@ from tunedb.graph.ir import Node
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.plan.views import Layout, contiguous, reshaped, strided_view_nodes, view_layouts
-from tunedb.runtime.copykernel import chunk_bytes, copy_source
+from tunedb.runtime.copykernel import chunk_bytes, copy_source, transpose_source
 
 ROOT = Path(__file__).resolve().parents[1]
 DYNAMIC = ROOT / "data" / "graphs" / "dynamic"
@@ -149,6 +149,62 @@ def test_strided_copy_source_compiles_and_indexes(tmp_path):
     r = subprocess.run(["nvcc", "-arch=sm_90", "-c", str(tmp_path / "k.cu"), "-o", str(tmp_path / "k.o")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_tiled_transpose_source_compiles_and_indexes(tmp_path):
+    import re
+    import shutil
+    import subprocess
+
+    # [N, C, H, W] read as [N, H, W, C]: unit source stride on output axis 2, the last axis moves
+    x = np.arange(2 * 4 * 3 * 5).reshape(2, 4, 3, 5)
+    view = x.transpose(0, 2, 3, 1)
+    strides = [s // x.itemsize for s in view.strides]
+    src = transpose_source(view.shape, strides, 4, 2)
+    assert "tile[64][65]" in src and "unsigned int" in src
+    # the kernel, replayed in Python block by block and thread by thread from its emitted
+    # constants, writes every element of the view once
+    num = r"(\d+)LL"
+    batch = [tuple(map(int, m)) for m in re.findall(
+        rf"q = r % {num}; r /= \d+LL; s \+= q \* {num}; d \+= q \* {num};", src)]
+    nb = int(re.search(rf"b < {num}", src).group(1))
+    nl, np_ = map(int, re.search(rf"jl = {num} - j0 - ty, il = {num} - i0 - tx", src).groups())
+    sl = int(re.search(rf"sp = src \+ s \+ \(j0 \+ ty\) \* {num}", src).group(1))
+    dp = int(re.search(rf"dp = dst \+ d \+ \(i0 \+ ty\) \* {num}", src).group(1))
+    tile, rows = int(re.search(r"tile\[(\d+)\]", src).group(1)), 8
+    flat, out = x.reshape(-1), np.full(view.size, -1)
+    for b in range(nb):
+        r, s_, d = b, 0, 0
+        for dim, ss, ds in batch:
+            q, r = r % dim, r // dim
+            s_, d = s_ + q * ss, d + q * ds
+        for j0 in range(0, nl, tile):
+            for i0 in range(0, np_, tile):
+                t = {}
+                for ty in range(rows):
+                    for tx in range(32):
+                        for k in range(tile // rows):
+                            for h in range(tile // 32):
+                                j, i = j0 + ty + k * rows, i0 + tx + h * 32
+                                if j < nl and i < np_:
+                                    t[j - j0, i - i0] = flat[s_ + j * sl + i]
+                for ty in range(rows):
+                    for tx in range(32):
+                        for k in range(tile // rows):
+                            for h in range(tile // 32):
+                                i, j = i0 + ty + k * rows, j0 + tx + h * 32
+                                if j < nl and i < np_:
+                                    assert out[d + i * dp + j] == -1  # written once
+                                    out[d + i * dp + j] = t[j - j0, i - i0]
+    np.testing.assert_array_equal(out, view.reshape(-1))
+    assert "unsigned short" in transpose_source((8, 6), (1, 8), 2, 0)  # 2-D, float16 bits
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    for i, code in enumerate((src, transpose_source((8, 6), (1, 8), 2, 0))):
+        (tmp_path / f"t{i}.cu").write_text(code)
+        r = subprocess.run(["nvcc", "-arch=sm_90", "-c", str(tmp_path / f"t{i}.cu"), "-o",
+                            str(tmp_path / f"t{i}.o")], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_no_view_for_a_transpose_read_by_an_elementwise_op():
