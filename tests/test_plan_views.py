@@ -180,22 +180,15 @@ def test_tiled_transpose_source_compiles_and_indexes(tmp_path):
             s_, d = s_ + q * ss, d + q * ds
         for j0 in range(0, nl, tile):
             for i0 in range(0, np_, tile):
-                t = {}
-                for ty in range(rows):
-                    for tx in range(32):
-                        for k in range(tile // rows):
-                            for h in range(tile // 32):
-                                j, i = j0 + ty + k * rows, i0 + tx + h * 32
-                                if j < nl and i < np_:
-                                    t[j - j0, i - i0] = flat[s_ + j * sl + i]
-                for ty in range(rows):
-                    for tx in range(32):
-                        for k in range(tile // rows):
-                            for h in range(tile // 32):
-                                i, j = i0 + ty + k * rows, j0 + tx + h * 32
-                                if j < nl and i < np_:
-                                    assert out[d + i * dp + j] == -1  # written once
-                                    out[d + i * dp + j] = t[j - j0, i - i0]
+                # (ty + k * rows, tx + h * 32) over the 32 x rows threads and their k, h steps
+                walk = [(ty + k * rows, tx + h * 32) for ty in range(rows) for tx in range(32)
+                        for k in range(tile // rows) for h in range(tile // 32)]
+                t = {(a, c): flat[s_ + (j0 + a) * sl + i0 + c] for a, c in walk
+                     if j0 + a < nl and i0 + c < np_}
+                for a, c in walk:  # a: tile row of the output plane (i), c: its column (j)
+                    if j0 + c < nl and i0 + a < np_:
+                        assert out[d + (i0 + a) * dp + j0 + c] == -1  # written once
+                        out[d + (i0 + a) * dp + j0 + c] = t[c, a]
     np.testing.assert_array_equal(out, view.reshape(-1))
     assert "unsigned short" in transpose_source((8, 6), (1, 8), 2, 0)  # 2-D, float16 bits
     if shutil.which("nvcc") is None:
