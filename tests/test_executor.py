@@ -104,7 +104,7 @@ def test_shipped_plans_have_a_direct_implementation_for_every_step(shipped_plans
             assert (p == "generated") == (s.kind == "fused")
         seen |= set(paths)
     assert {"generated", "cublas", "conv (im2col + cublas)", "conv 1x1 (cublas)", "pool kernel",
-            "cupy copy", "view"} <= seen
+            "layout copy", "view"} <= seen
 
 
 def test_step_path_falls_back_for_ops_without_a_direct_kernel():

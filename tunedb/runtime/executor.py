@@ -82,7 +82,8 @@ def _one_line(exc: BaseException, limit: int = 400) -> str:
 def step_path(step: Any) -> str:
     """How the executor runs ``step`` (no GPU needed): ``view``, ``generated``, ``cublas``,
     ``conv 1x1 (cublas)``, ``conv (im2col + cublas)``, ``pool kernel`` (global pools too),
-    ``cupy copy`` or ``cupy op by op``."""
+    ``layout copy`` (the chunked or tiled copy kernels of ``copykernel``, else CuPy's copy) or
+    ``cupy op by op``."""
     if step.kind == "layout_view":
         return "view"
     if step.kind == "fused":
@@ -101,7 +102,7 @@ def step_path(step: Any) -> str:
             return "conv 1x1 (cublas)" if one else "conv (im2col + cublas)"
         return {"matmul": "cublas", "gemm": "cublas"}.get(node.op, "pool kernel")
     if node.op in LAYOUT_DIRECT:
-        return "cupy copy"
+        return "layout copy"
     return OP_BY_OP
 
 
