@@ -13,8 +13,8 @@ from tunedb.kernels.analysis import (
     TRANS,
     UnsupportedFusion,
     analyze,
-    cache_values,
 )
+from tunedb.kernels.passes import cache_values
 
 
 def test_bias_gelu_is_elementwise_with_a_column_operand():

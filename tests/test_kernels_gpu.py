@@ -46,3 +46,25 @@ def test_quick_suite_on_gpu():
             if err > 1.0:
                 failures.append(f"{case.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
+
+
+def test_batched_transposes_on_gpu():
+    """Transposes that keep leading batch dims, fused with their consumers: every legal schedule
+    (the emulated test's graphs) against the float64 reference."""
+    import cupy as cp
+    from test_kernels_emulated import _batched_transposes
+
+    sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+    failures, n = [], 0
+    for g in _batched_transposes():
+        dev, ref = make_inputs(g, analyze(g).C)
+        want = run_reference(g, ref)
+        for s in generable_schedules(g, sm_count=sm):
+            bufs = {v: cp.asarray(a) for v, a in dev.items()}
+            bufs.update({v: cp.asarray(poisoned_output(g.type_of(v))) for v in g.outputs})
+            _launch(cp, generate(g, s, sm_count=sm), bufs)
+            v, err = max_error(g, {v: cp.asnumpy(bufs[v]) for v in g.outputs}, want)
+            n += 1
+            if err > 1.0:
+                failures.append(f"{g.name} {s.label()}: output {v} off by {err:.3g}x tolerance")
+    assert n >= 100 and not failures, "\n".join(failures[:40])

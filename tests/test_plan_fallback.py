@@ -92,3 +92,14 @@ def test_plan_without_a_model_uses_the_fallback():
     p = compile(g, device="generic", cost_model=False)
     (step,) = p.steps
     assert step.cost_source == "roofline" and dict(step.config)["mapping"] == "transpose_tiled"
+
+
+def test_batched_transpose_and_its_consumer_are_one_kernel():
+    # attention-style [B, M, N] -> [B, N, M] and NCHW -> NHWC, each added to a full-size input
+    for shape, perm in (((4, 48, 80), (0, 2, 1)), ((2, 16, 7, 9), (0, 2, 3, 1))):
+        b = GraphBuilder("bt")
+        t = b.transpose(b.input("x", shape), perm=perm)
+        g = b.build([b.relu(b.add(t, b.input("z", tuple(shape[p] for p in perm))))])
+        for model in (False, None):
+            p = compile(g, device="generic", cost_model=model)
+            assert [s.kind for s in p.steps] == ["fused"], (shape, model, [s.kind for s in p.steps])

@@ -65,7 +65,8 @@ def kernel_facts(graph: Graph) -> dict[str, float]:
     nan = float("nan")
     out: dict[str, float] = {f"pattern_{p}": 0.0 for p in PATTERNS}
     try:
-        from tunedb.kernels.analysis import COL, FULL, ROW, TRANS, analyze, cache_values
+        from tunedb.kernels.analysis import COL, FULL, ROW, TRANS, analyze
+        from tunedb.kernels.passes import cache_values
         from tunedb.kernels.schedule import full_bytes
 
         a = analyze(graph)

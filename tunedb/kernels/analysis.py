@@ -76,6 +76,9 @@ class Analysis:
     reductions: tuple[Reduction, ...]
     bcol_q: tuple[tuple[str, int], ...] = ()  # bcol value -> Q (rows per block)
     bcol_p: tuple[tuple[str, int], ...] = ()  # bcol value -> P, where P > 1 (inner rows kept)
+    # transposed input -> its rows per batch index, where a batch prefix is kept (period < R):
+    # domain row r reads batch r // period, row r % period of that batch's [C, period] matrix
+    trans_periods: tuple[tuple[str, int], ...] = ()
 
     @property
     def q(self) -> dict[str, int]:
@@ -110,6 +113,15 @@ class Analysis:
     def transposed_inputs(self) -> tuple[str, ...]:
         c = self.cls
         return tuple(v for v in self.graph.inputs if c.get(v) == TRANS)
+
+    def period(self, v: str) -> int:
+        """Rows per batch index of transposed input ``v`` (R for a plain 2-D transpose)."""
+        return dict(self.trans_periods).get(v, self.R)
+
+    @property
+    def trans_rows(self) -> int:
+        """What every transposed input's vector width must divide: the gcd of their periods."""
+        return math.gcd(*(p for _, p in self.trans_periods)) if self.trans_periods else self.R
 
     @property
     def row_levels(self) -> int:
@@ -177,16 +189,19 @@ def _broadcast_class(si: tuple[int, ...], so: tuple[int, ...], R: int,
                             f"[{R}, {math.prod(so) // R}] domain")
 
 
-def _transpose_split(perm: tuple[int, ...], shape: tuple[int, ...]) -> int | None:
-    """k if ``perm`` (size-1 dims ignored) is the block swap (k..n-1, 0..k-1), else None."""
+def _batched_transpose(perm: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(B, P, C) if ``perm`` (size-1 dims ignored) keeps a prefix of batch dims in place and
+    block-swaps the rest: the result is B matrices [P, C] read from [C, P]; else None."""
     keep = [p for p in perm if shape[p] != 1]
-    if not keep:
-        return None
     order = sorted(keep)
-    for i in range(1, len(order)):
-        k = order[i]
-        if keep == order[i:] + order[:i]:
-            return k
+    for nb in range(len(keep) - 1):
+        if keep[:nb] != order[:nb]:
+            break
+        rest, rest_order = keep[nb:], order[nb:]
+        for i in range(1, len(rest_order)):
+            if rest == rest_order[i:] + rest_order[:i]:
+                size = lambda dims: math.prod(shape[d] for d in dims)  # noqa: E731
+                return size(keep[:nb]), size(rest_order[i:]), size(rest_order[:i])
     return None
 
 
@@ -201,6 +216,7 @@ class _Classifier:
         self.reds: list[Reduction] = []
         self.bqp: dict[str, set[tuple[int, int]]] = {}  # bcol value -> (Q, P) of its broadcasts
         self.leaves = set(graph.inputs) | set(graph.constant_map)
+        self.periods: dict[str, int] = {}  # transposed input -> rows per batch index
 
     def resolve(self, v: str) -> str:
         while v in self.alias:
@@ -315,12 +331,15 @@ class _Classifier:
             return
         if self.resolve(src) not in self.leaves or self.numel(src) != self.N:
             raise UnsupportedFusion(f"{what}: only full-size graph inputs can be read transposed")
-        k = _transpose_split(perm, shape)
-        if k is None or math.prod(shape[k:]) != self.R:
-            raise UnsupportedFusion(f"{what}: perm {perm} of {shape} is not a 2-D transpose "
+        split = _batched_transpose(perm, shape)
+        if split is None or split[0] * split[1] != self.R or split[2] != self.C:
+            raise UnsupportedFusion(f"{what}: perm {perm} of {shape} is not a (batched) 2-D transpose "
                                     f"onto the [{self.R}, {self.C}] domain")
+        rs = self.resolve(src)
+        if self.periods.setdefault(rs, split[1]) != split[1]:
+            raise UnsupportedFusion(f"{what}: {src!r} is read transposed in two ways")
         self.assign(src, TRANS, what)
-        self.alias[out] = self.resolve(src)
+        self.alias[out] = rs
 
     def reduce(self, node: Node, attrs: dict, what: str) -> None:
         src, out = node.inputs[0], node.outputs[0]
@@ -461,8 +480,9 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     blocks = _bcol_blocks(k)
     bq = tuple(sorted((v, q) for v, (q, _) in blocks.items()))
     bp = tuple(sorted((v, p) for v, (_, p) in blocks.items() if p > 1))
+    periods = tuple(sorted((v, p) for v, p in k.periods.items() if p != R))
     return Analysis(graph, R, C, pattern, tuple(sorted(k.cls.items())), tuple(sorted(k.dep.items())),
-                    tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq, bp)
+                    tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq, bp, periods)
 
 
 def _domains(graph: Graph) -> list[tuple[int, int]]:
@@ -491,9 +511,9 @@ def _domains(graph: Graph) -> list[tuple[int, int]]:
             if ax[0] == 0:
                 add(math.prod(t.shape[:ax[-1] + 1]), math.prod(t.shape[ax[-1] + 1:]))
         if n.op == "transpose":
-            k = _transpose_split(tuple(attrs["perm"]), t.shape)
-            if k is not None:
-                add(math.prod(t.shape[k:]), math.prod(t.shape[:k]))
+            split = _batched_transpose(tuple(attrs["perm"]), t.shape)
+            if split is not None:
+                add(split[0] * split[1], split[2])
     for t in sorted({t.shape for t in types.values() if t.numel == big}, key=lambda s: (-len(s), s)):
         for q in range(len(t) - 1, 0, -1):
             add(math.prod(t[:q]), math.prod(t[q:]))
@@ -526,60 +546,3 @@ def analyze(graph: Graph) -> Analysis:
     if inner is not None:
         return inner
     raise first or UnsupportedFusion("no [R, C] domain fits the subgraph")
-
-
-def pass_of(a: Analysis) -> dict[str, int]:
-    """Row-mapped kernels evaluate node outputs in passes over the row: a level-l row reduction
-    in pass l, other full-size values as soon as their inputs are ready (pass = dep), column
-    reductions of a multi pattern in the last pass."""
-    dep = a.dep
-    last = a.row_levels
-    out: dict[str, int] = {}
-    for n in a.nodes:
-        v = n.outputs[0]
-        r = next((r for r in a.reductions if r.value == v), None)
-        if r is not None:
-            out[v] = r.level if r.axis == "row" else last
-        else:
-            out[v] = dep.get(v, 0)
-    return out
-
-
-def cache_values(a: Analysis, mode: str) -> tuple[str, ...]:
-    """The full-size values a row-mapped kernel keeps per element between passes.
-
-    ``boundary``: the pre-reduction values that a later pass consumes (x + r in add_layernorm);
-    ``inputs``: the full-size graph inputs those depend on, later passes recompute the rest."""
-    cls, dep = a.cls, a.dep
-    passes = pass_of(a)
-    red = {r.value: r for r in a.reductions}
-    boundary: list[str] = []
-    for n in a.nodes:
-        v = n.outputs[0]
-        if n.op == "gather_elements":
-            continue
-        p = passes[v] if v in red else (dep.get(v, 0) if cls.get(v) == FULL else 0)
-        if p == 0:
-            continue
-        for i in n.inputs:
-            ri = a.resolve(i)
-            if cls.get(ri) == FULL and dep.get(ri, 0) == 0 and ri not in boundary:
-                boundary.append(ri)
-    if mode == "boundary":
-        return tuple(boundary)
-    if mode != "inputs":
-        raise ValueError(f"unknown cache mode {mode!r}; expected 'boundary' or 'inputs'")
-    prod = {n.outputs[0]: n for n in a.nodes}
-    leaves: list[str] = []
-
-    def walk(v: str) -> None:
-        v = a.resolve(v)
-        if v in prod:
-            for i in prod[v].inputs:
-                walk(i)
-        elif cls.get(v) == FULL and v not in leaves:
-            leaves.append(v)
-
-    for v in boundary:
-        walk(v)
-    return tuple(leaves)

@@ -124,6 +124,15 @@ class Frame:
         fn = "tdb_ldcs" if self.s.stream else "tdb_ldel" if self.s.evict_last else "tdb_ld"
         return f"{fn}<{self.st(v)}, {V}>({self.param[v]} + ({index}))"
 
+    def trans_index(self, v: str, col: str, row: str) -> str:
+        """Offset of domain element (row, col) in transposed input ``v``: col * R + row for a
+        2-D transpose; with batches of P rows, batch row / P of [C, P] matrices."""
+        p = self.a.period(v)
+        if p == self.R:
+            return f"{col} * {self.R}LL + {row}"
+        r = row if row.isidentifier() else f"({row})"
+        return f"{r} / {p}LL * {self.C * p}LL + {col} * {p}LL + {r} % {p}LL"
+
     def bcol_index(self, v: str, row: str, col: str) -> str:
         """Offset of element (row, col) of bcol value ``v``: ((row / Q) * P + row % P) * C + col,
         written without the terms that are constant (P = 1: row / Q; Q = R: row % P)."""

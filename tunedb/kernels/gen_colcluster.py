@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import BCOL, FULL, ROW, cache_values
+from tunedb.kernels.analysis import BCOL, FULL, ROW
 from tunedb.kernels.expr import red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 from tunedb.kernels.gen_cols import (
@@ -24,6 +24,7 @@ from tunedb.kernels.gen_cols import (
     _leaf_loads,
     acc_decls,
 )
+from tunedb.kernels.passes import cache_values
 
 
 def _pass(f: Frame, env: dict[str, str], cached: list[str], first: bool, reds: list, outs: list[str],

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, cache_values
+from tunedb.kernels.analysis import BCOL, COL, FULL, ROW
 from tunedb.kernels.expr import RCP, RED_INIT, RED_WARP, emit_nodes, flit, reciprocals, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
+from tunedb.kernels.passes import cache_values
 from tunedb.kernels.schedule import DTYPE_BYTES, MAX_UNROLLED, row_smem_layout
 
 SMEM_PER_SM = 228 * 1024

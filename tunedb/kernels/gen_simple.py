@@ -75,7 +75,7 @@ def gen_elementwise(f: Frame) -> list[KText]:
     e = dict(env)
     col = _side_loads(f, lc, V, el, e)
     full = {v: f.conv(v, f"ld_{f.n(v)}[u].v[k]") for v in lc[FULL]}
-    trans = {v: f.conv(v, f"{f.param[v]}[(col + k) * {R}LL + row]") for v in lc[TRANS]}
+    trans = {v: f.conv(v, f"{f.param[v]}[{f.trans_index(v, '(col + k)', 'row')}]") for v in lc[TRANS]}
     _element(f, e, full, col, trans, V, "idx", el)
     inner += indent(el, 2)
     inner.append("  }\n}")
@@ -165,7 +165,7 @@ def gen_transpose(f: Frame) -> list[KText]:
         lines.append(f"for (int j = ty; j < {T}; j += {TY}) {{")
         lines.append(f"  const long long c = c0 + j, r = r0 + tx * {V};")
         lines.append(f"  if (c < {C}LL && r < {R}LL) {{")
-        lines.append(f"    const tdb_vec<{f.st(v)}, {V}> t = {f.vec_load(v, f'c * {R}LL + r', V)};")
+        lines.append(f"    const tdb_vec<{f.st(v)}, {V}> t = {f.vec_load(v, f.trans_index(v, 'c', 'r'), V)};")
         lines.append(f"#pragma unroll\n    for (int k = 0; k < {V}; ++k) {tile}[j][tx * {V} + k] = "
                      f"{f.conv(v, 't.v[k]')};")
         lines.append("  }\n}")
@@ -198,7 +198,8 @@ def _gen_transpose_hoisted(f: Frame) -> list[KText]:
     if lc[TRANS]:
         lines.append(f"  const long long tc = c0 + j, tr = r0 + tx * {V};")
         lines.append(f"  if (tc < {C}LL && tr < {R}LL) {{")
-        lines += [f"    tl_{f.n(v)}[i] = {f.vec_load(v, f'tc * {R}LL + tr', V)};" for v in lc[TRANS]]
+        lines += [f"    tl_{f.n(v)}[i] = {f.vec_load(v, f.trans_index(v, 'tc', 'tr'), V)};"
+                  for v in lc[TRANS]]
         lines.append("  }")
     if lc[FULL]:
         lines.append(f"  const long long row = r0 + j, col = c0 + tx * {V};")

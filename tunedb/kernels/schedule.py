@@ -48,8 +48,8 @@ from tunedb.kernels.analysis import (
     TRANSCENDENTAL,
     Analysis,
     analyze,
-    cache_values,
 )
+from tunedb.kernels.passes import cache_values
 
 MAPPINGS = ("elementwise", "warp_per_row", "block_per_row", "rows_per_block", "split_row",
             "col_tiled", "col_cluster", "transpose_tiled")
@@ -248,8 +248,8 @@ def legal_vecs(a: Analysis, need_c: bool = True, need_r: bool = False) -> tuple[
             why.append(f"vector width {v} of {eb}-byte elements exceeds 16 bytes")
         elif need_c and a.C % v:
             why.append(f"vector width {v} does not divide C={a.C}")
-        elif need_r and a.R % v:
-            why.append(f"vector width {v} does not divide R={a.R} (transposed rows)")
+        elif need_r and a.trans_rows % v:
+            why.append(f"vector width {v} does not divide the transposed rows ({a.trans_rows})")
         else:
             ok.append(v)
     return ok, why
@@ -325,8 +325,8 @@ def check(a: Analysis, s: Schedule) -> str:
     if needs_c and a.C % s.vec:
         return f"vector width {s.vec} does not divide C={a.C}"
     if m == "transpose_tiled":
-        if a.R % s.vec:
-            return f"vector width {s.vec} does not divide R={a.R} (transposed rows)"
+        if a.trans_rows % s.vec:
+            return f"vector width {s.vec} does not divide the transposed rows ({a.trans_rows})"
         if s.tile % s.vec or s.tile // s.vec > s.block or s.block % (s.tile // s.vec):
             return f"tile {s.tile} with vec {s.vec} does not fit block {s.block}"
         if s.unroll not in (1, 2):
