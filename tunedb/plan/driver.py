@@ -102,10 +102,11 @@ def load_cost_model(cost_model: Any, device: DeviceInfo | None) -> Any:
     name = device.name if device is not None else DeviceFacts().name
     if cost_model is None:
         root = default_models_root()
-        if root is None or not (model_dir(root, name, "fusion") / CARD_FILE).is_file():
+        registered = model_dir(root, name, "fusion") if root is not None else None
+        if registered is None or not (registered / CARD_FILE).is_file():
             return None
         try:
-            return find_model(root, name, "fusion")
+            return load_model(registered)
         except CostModelError as e:  # a stale default is not the caller's error: plan without it
             warnings.warn(f"default cost model not used: {e}", stacklevel=3)
             return None

@@ -19,9 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from tunedb.kernels.analysis import Analysis
-from tunedb.kernels.schedule import Schedule
+from tunedb.kernels.schedule import Schedule, full_bytes
 
-ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Rows of at most SHORT_ROW_BYTES: a warp per row; longer rows: a block per row.
 SHORT_ROW_BYTES = 1024
 MAPPING_ORDER = {
@@ -36,35 +35,30 @@ MIN_COLUMN_WAVES = 0.5
 ESTIMATE_BIN = 1.05  # estimates within 5 % count as equal, so the rules after them decide
 
 
-def _item_bytes(a: Analysis) -> int:
-    return min((ITEM_BYTES.get(a.graph.type_map[v].dtype, 4) for v in a.graph.inputs), default=4)
-
-
-def _mapping_order(a: Analysis) -> tuple[str, ...]:
+def _mapping_order(a: Analysis, elem_bytes: int) -> tuple[str, ...]:
     if a.pattern in ("row_reduce", "multi"):
-        short = a.C * _item_bytes(a) <= SHORT_ROW_BYTES
+        short = a.C * elem_bytes <= SHORT_ROW_BYTES
         return MAPPING_ORDER["short_rows" if short else "long_rows"]
     return MAPPING_ORDER.get(a.pattern, ())
-
-
-def schedule_key(a: Analysis, s: Schedule, roofline_us: float, waves: float) -> tuple:
-    """Sort key of one legal schedule (smaller first)."""
-    order = _mapping_order(a)
-    rank = order.index(s.mapping) if s.mapping in order else len(order)
-    column = s.mapping in COLUMN_MAPPINGS
-    hoisting = column or s.mapping == "transpose_tiled"  # loads issued together: more unroll
-    return (rank,
-            column and waves < MIN_COLUMN_WAVES,
-            round(math.log(max(roofline_us, 1e-9)) / math.log(ESTIMATE_BIN)),
-            s.grid != "full",                                    # a block per chunk of work
-            -min(s.vec * _item_bytes(a), 16),                    # 16-byte accesses
-            s.row_cache != "registers",
-            -s.unroll if hoisting else s.unroll,
-            abs(s.block - (512 if column else 256)))
 
 
 def fallback_order(a: Analysis, legal: Sequence[Schedule], roofline_us: np.ndarray,
                    waves: np.ndarray) -> list[int]:
     """Indices of ``legal``, best first; ties keep the schedule space's order."""
-    keys = [schedule_key(a, s, float(r), float(w)) for s, r, w in zip(legal, roofline_us, waves)]
-    return sorted(range(len(legal)), key=lambda i: (keys[i], i))
+    eb = full_bytes(a)  # the element width the space's vector widths are checked against
+    order = _mapping_order(a, eb)
+
+    def key(i: int) -> tuple:
+        s, column = legal[i], legal[i].mapping in COLUMN_MAPPINGS
+        hoisting = column or s.mapping == "transpose_tiled"  # loads issued together: more unroll
+        return (order.index(s.mapping) if s.mapping in order else len(order),
+                column and waves[i] < MIN_COLUMN_WAVES,
+                round(math.log(max(float(roofline_us[i]), 1e-9)) / math.log(ESTIMATE_BIN)),
+                s.grid != "full",                                    # a block per chunk of work
+                -min(s.vec * eb, 16),                                # 16-byte accesses
+                s.row_cache != "registers",
+                -s.unroll if hoisting else s.unroll,
+                abs(s.block - (512 if column else 256)),
+                i)
+
+    return sorted(range(len(legal)), key=key)
