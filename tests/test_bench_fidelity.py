@@ -35,7 +35,10 @@ def test_drift_of_shared_candidates(tmp_path, capsys):
     assert r["groups"]["ge_20us"]["n"] + r["groups"]["lt_20us"]["n"] == r["pairs"]
     out = tmp_path / "fid.json"
     assert main([str(tmp_path / "later.duckdb"), str(stored), "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["pairs"] == r["pairs"]
+    written = json.loads(out.read_text())
+    assert written["pairs"] == r["pairs"]
+    assert written["argv"][1:] == [str(tmp_path / "later.duckdb"), str(stored), "--out", str(out)]
+    assert "git_commit" in written
     capsys.readouterr()
 
 

@@ -62,6 +62,7 @@ def test_bench_cli_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
     assert (data / "manifest.json").exists()
     res = json.loads(out.read_text())
     assert set(res["strategies"]) == {"exhaustive", "random", "model"} and res["workloads"] == 5
+    assert res["argv"][1:3] == ["--data", str(data)] and "git_commit" in res
     for s in res["strategies"].values():
         assert s["total_measured"] == 60 and s["measurements"] == [10, 20, 30, 40, 50, 60]
         assert set(s["to_target"]) == {"0.9", "1"}

@@ -3,7 +3,7 @@
     python -m tunedb.bench.active --data PATH [--budget-per-workload N] [--out result.json]
 
 Over stored measurements (a Parquet export directory or a tunedb DuckDB file), on the replay
-device (CPU only), each strategy of ``collectors.strategy`` runs a real ``Collector.run`` into a
+device (CPU only), each strategy of ``tunedb.collect.strategy`` runs a real ``Collector.run`` into a
 fresh in-memory store, with the stored candidates of the replayed device as the suite. After
 every measurement we know, per workload, the best latency measured so far; the curves report,
 every ``--step`` measurements:
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from collectors.base import Collector, Job
-from collectors.strategy import STRATEGIES, make_strategy
+from tunedb.bench.provenance import provenance
+from tunedb.collect import STRATEGIES, Collector, Job, make_strategy
 from tunedb.records import Candidate, DeviceInfo, Measurement, Run, Workload, canonical_json
 
 SYNTHETIC_DEVICE = DeviceInfo("NVIDIA H200", "synthetic", "9.0", 132, 50 << 20, 141 << 30, "", "", "")
@@ -123,8 +123,8 @@ def load_dataset(path: str | Path, kind: str = "fusion", device_id: str | None =
             continue  # not measured on the replayed device
         specs.setdefault(c.workload_hash, []).append((c.config_dict, None))
         n += 1
-        if res["status"] == "ok" and res["samples_us"]:
-            t = float(np.median(res["samples_us"]))
+        if res.status == "ok" and res.samples_us:
+            t = float(np.median(res.samples_us))
             true_best[c.workload_hash] = min(true_best.get(c.workload_hash, math.inf), t)
     if not specs:
         raise ActiveError(f"{p} holds no {kind!r} measurements on device {dev.info.name} ({dev.info.id})")
@@ -326,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     result["data"] = Path(args.data).name
+    result.update(provenance(None if argv is None else [sys.argv[0], *argv]))
     print(_table(result))
     if args.out:
         out = Path(args.out)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.bench.provenance import provenance
 from tunedb.store import TuningStore
 
 SPLIT_US = 20.0
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # one line, non-zero exit: a bad path or an empty overlap
         print(f"error: {e}", file=sys.stderr)
         return 1
+    result.update(provenance(None if argv is None else [sys.argv[0], *argv]))
     text = json.dumps(result, indent=1)
     if a.out:
         Path(a.out).write_text(text + "\n")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from tunedb.bench.host import HostPrep, spawn_pool, submit_or_none
+from tunedb.bench.provenance import provenance
 from tunedb.graph.ir import Graph
 from tunedb.runtime.inputs import bf16_to_f32, storage_dtype, tolerance
 from tunedb.runtime.measure import WorkloadBuffers
@@ -454,7 +455,8 @@ def run_bench(cases: list[Any], out: Path | None, db: Path | None = None, top: i
     workloads = [Workload.from_graph(c.graph, c.family, c.name) for c in cases]
     result: dict[str, Any] = {"benchmark": "fusion", "suite": suite, "protocol": PROTOCOL, "top_k": top,
                               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              "cases": [], "complete": False, "stopped": "", "notes": []}
+                              "cases": [], "complete": False, "stopped": "", "notes": [],
+                              **provenance()}
 
     def save() -> None:
         result.update(summary=summarize(result), elapsed_s=round(time.monotonic() - t0, 1))

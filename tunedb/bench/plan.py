@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from tunedb.bench.fusion import BenchError, _finite, _one_line, _versions, geomean, rel_l2, write_json
+from tunedb.bench.provenance import provenance
 from tunedb.graph.ir import Graph
 from tunedb.runtime.inputs import make_inputs
 
@@ -417,7 +418,8 @@ def run_bench(entries: list[Entry], out: Path | None, db: Any = None, cost_model
         "benchmark": "plan", "protocol": PROTOCOL,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": {"id": info.id, **asdict(info)}, "env": _versions(), "clocks_before": clocks(),
-        "peers": list(peers), "entries": [], "complete": False, "stopped": "", "notes": []}
+        "peers": list(peers), "entries": [], "complete": False, "stopped": "", "notes": [],
+        **provenance()}
     say(f"device {info.name} ({info.sm_count} SMs), driver {info.driver}, CUDA {info.cuda_runtime}")
     fw = Frameworks() if peers else None
     if fw is not None:

@@ -1,0 +1,38 @@
+"""Where a bench result came from: the command line that ran it and the git commit of the code.
+
+Every bench writer adds these to its JSON so that data/README.md can name the command and the
+commit of each shipped file without guessing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def git_commit(where: Path | None = None) -> str | None:
+    """The commit checked out at ``where`` (default: this source tree), with ``-dirty`` appended
+    when tracked files differ from it. A copy of the tree without ``.git`` (as shipped to a lent
+    GPU machine) names it in ``$TUNEDB_GIT_COMMIT``; otherwise None (an installed wheel, no git)."""
+    cwd = where or Path(__file__).resolve().parent
+    named = os.environ.get("TUNEDB_GIT_COMMIT", "").strip() or None
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5, cwd=cwd, check=False)
+        if head.returncode != 0 or not head.stdout.strip():
+            return named
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, cwd=cwd, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return named
+    commit = head.stdout.strip()
+    return commit + "-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else commit
+
+
+def provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``{"argv": ..., "git_commit": ...}`` for a result file; ``argv`` defaults to ``sys.argv``
+    (pass the arguments a ``main(argv)`` was called with when they are not the process's)."""
+    return {"argv": list(sys.argv if argv is None else argv), "git_commit": git_commit()}
