@@ -71,7 +71,7 @@ STREAM_MAPPINGS = ("elementwise", "transpose_tiled", "warp_per_row", "block_per_
 # cache in registers. On H200s it took rmsnorm 8192x4096 from 66.1 to 64.7 µs on one board (and
 # 66.6 to 66.8 on another) and add_layernorm from 95.3 to 93.8, made scale_mask_softmax 20 %
 # slower on one board, and slowed re-read rows, transposes, elementwise, col_tiled and
-# rows_per_block by up to 9 % (data/bench/evict_last_h200.json): the search decides per workload.
+# rows_per_block by up to 9 % (docs/investigations.md, evict_last): the search decides per workload.
 EVICT_LAST_MAPPINGS = ("warp_per_row", "block_per_row")
 
 MAX_CACHE_REGS = 64          # registers/thread a row cache may take (of 255; spills kill bandwidth)
