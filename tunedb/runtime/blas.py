@@ -253,6 +253,9 @@ def library() -> Any:
     }
     optional = {"cublasSetWorkspace_v2": [vp, vp, ctypes.c_size_t],
                 "cublasGemmBatchedEx": [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i, i],
+                # CUDA >= 12.5; host arrays of ops/sizes/scalars, device arrays of pointers
+                "cublasGemmGroupedBatchedEx": [vp, vp, vp, vp, vp, vp, vp, vp, i, vp, vp, i, vp, vp,
+                                               vp, i, vp, i, vp, i],
                 "cublasSetMathMode": [vp, i],
                 "cublasGetVersion_v2": [vp, ctypes.POINTER(i)]}
     for name, args in {**protos, **optional}.items():

@@ -103,7 +103,7 @@ def record_forked(main_stream: Any, branches: Sequence[Callable[[int], None]], p
 
 
 @contextmanager
-def _no_gc() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     # A finalizer that frees device memory or destroys a cuBLAS handle would break a capture.
     was_on = gc.isenabled()
     gc.disable()
@@ -133,7 +133,7 @@ def capture_forked(main_stream: Any, branches: Sequence[Callable[[int], None]], 
     if not main_stream.ptr:
         raise ValueError("capture_forked needs a non-default main stream")
     graph, err = None, None
-    with _no_gc(), current_stream(cp, main_stream), cp.cuda.using_allocator(pool.memory_pool.malloc):
+    with gc_paused(), current_stream(cp, main_stream), cp.cuda.using_allocator(pool.memory_pool.malloc):
         main_stream.begin_capture()
         try:
             record_forked(main_stream, branches, pool)

@@ -1,0 +1,300 @@
+"""Packing workloads: independent GEMM-like ops ready at the same time, and how to launch them.
+
+A ``PackingWorkload`` is a multiset of ``Member`` GEMMs ``out[b] = x[b] @ w[b]`` (``x``: ``[m, k]``;
+``w``: ``[k, n]`` for layout ``nn``, or ``[n, k]`` read transposed for ``nt``, a linear layer's
+weight). A convolution enters as its im2col GEMM (``m`` = output pixels, ``k`` = in-channels x
+kernel area, ``n`` = out-channels). Members with the same non-empty ``weight`` tag share one
+weight. Its identity (``hash``) is canonical: the order of members, their labels and the names of
+weight tags do not enter it.
+
+A ``Candidate`` partitions the members into clusters and gives each cluster a backend:
+
+* ``serial``: one cuBLAS call per member, one after another (all candidates replay as one graph);
+* ``streams``: the members spread over ``k`` streams forked and joined inside the graph;
+* ``padded``: every problem zero-padded to the cluster's largest ``m``, ``n``, ``k`` and stacked,
+  one strided-batched GEMM;
+* ``pointer``: one pointer-array batched GEMM, each problem in its own buffer padded to the
+  cluster's largest shape;
+* ``grouped``: one ``cublasGemmGroupedBatchedEx`` call, problems of equal shape in one group,
+  no padding.
+
+Padding waste (the share of a cluster's multiply-adds spent on zeros) is part of every candidate.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tunedb.records import canonical_json, sha256_hex
+
+SCHEME = "tunedb.packing/1"
+DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LAYOUTS = ("nn", "nt")
+KINDS = ("gemm", "bgemm", "conv")
+BACKENDS = ("serial", "streams", "padded", "pointer", "grouped")
+SMS_H200 = 132
+
+
+@dataclass(frozen=True)
+class Member:
+    """One GEMM-like op: ``batch`` problems of ``[m, k] @ [k, n]`` in ``dtype``."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "float32"
+    layout: str = "nn"
+    kind: str = "gemm"
+    weight: str = ""  # same non-empty tag: one shared weight
+    label: str = field(default="", compare=False)  # where it comes from; not part of the identity
+
+    def __post_init__(self) -> None:
+        if min(self.m, self.n, self.k, self.batch) < 1:
+            raise ValueError(f"packing member {self.label or ''} has a non-positive size: "
+                             f"m={self.m} n={self.n} k={self.k} batch={self.batch}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"packing member dtype {self.dtype!r}: expected one of {sorted(DTYPES)}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"packing member layout {self.layout!r}: expected one of {LAYOUTS}")
+        if self.kind not in KINDS:
+            raise ValueError(f"packing member kind {self.kind!r}: expected one of {KINDS}")
+
+    @property
+    def key(self) -> tuple:
+        """Everything that shapes the computation (not the label, not the weight tag's name)."""
+        return (self.kind, self.dtype, self.layout, self.m, self.n, self.k, self.batch)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+    def bytes(self, weight_read: bool = True) -> int:
+        isz = DTYPES[self.dtype]
+        weight = self.k * self.n if weight_read else 0
+        return isz * self.batch * (self.m * self.k + self.m * self.n + weight)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"m": self.m, "n": self.n, "k": self.k, "batch": self.batch, "dtype": self.dtype,
+                "layout": self.layout, "kind": self.kind, "weight": self.weight, "label": self.label}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Member:
+        return Member(**{k: d[k] for k in ("m", "n", "k", "batch", "dtype", "layout", "kind", "weight",
+                                           "label") if k in d})
+
+
+@dataclass(frozen=True)
+class PackingWorkload:
+    """A named multiset of independent members; ``family`` says which suite family it is from."""
+
+    name: str
+    family: str
+    members: tuple[Member, ...]
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise ValueError(f"packing workload {self.name!r} has no members")
+        shared: dict[str, tuple] = {}
+        for mb in self.members:
+            if mb.weight:
+                sig = (mb.dtype, mb.layout, mb.n, mb.k, mb.batch)
+                if shared.setdefault(mb.weight, sig) != sig:
+                    raise ValueError(f"packing workload {self.name!r}: members sharing weight "
+                                     f"{mb.weight!r} differ in dtype/layout/n/k/batch")
+
+    def canonical(self) -> list:
+        """Weight groups as sorted lists of member keys (a member of its own is a group of one),
+        sorted: independent of member order, labels and tag names."""
+        groups: dict[str, list] = defaultdict(list)
+        alone = []
+        for mb in self.members:
+            if mb.weight:
+                groups[mb.weight].append(list(mb.key))
+            else:
+                alone.append([False, [list(mb.key)]])
+        shared = [[True, sorted(g)] for g in groups.values()]
+        return sorted(alone + shared)
+
+    @property
+    def hash(self) -> str:
+        return sha256_hex(canonical_json([SCHEME, self.canonical()]))
+
+    @property
+    def problems(self) -> int:
+        return sum(mb.batch for mb in self.members)
+
+    @property
+    def flops(self) -> int:
+        return sum(mb.flops for mb in self.members)
+
+    def bytes(self) -> int:
+        """Bytes read and written once: each shared weight counted once."""
+        seen: set[str] = set()
+        total = 0
+        for mb in self.members:
+            total += mb.bytes(weight_read=not (mb.weight and mb.weight in seen))
+            if mb.weight:
+                seen.add(mb.weight)
+        return total
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scheme": SCHEME, "name": self.name, "family": self.family, "hash": self.hash,
+                "members": [mb.to_json() for mb in self.members]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> PackingWorkload:
+        w = PackingWorkload(d["name"], d["family"], tuple(Member.from_json(m) for m in d["members"]))
+        if "hash" in d and d["hash"] != w.hash:
+            raise ValueError(f"packing workload {w.name!r}: stored hash does not match its members")
+        return w
+
+
+# -- candidates ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cluster:
+    """Members (indices into the workload) launched together by one backend."""
+
+    members: tuple[int, ...]
+    backend: str
+    streams: int = 1
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"packing backend {self.backend!r}: expected one of {BACKENDS}")
+        if not self.members:
+            raise ValueError("an empty packing cluster")
+
+    @property
+    def label(self) -> str:
+        return f"streams{self.streams}" if self.backend == "streams" else self.backend
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A partition of the members into clusters, each with a backend; clusters run in order."""
+
+    partition: str  # how the clusters were formed (whole / shape / nk / bins)
+    clusters: tuple[Cluster, ...]
+
+    @property
+    def name(self) -> str:
+        labels = sorted({c.label for c in self.clusters})
+        return f"{self.partition}:{'+'.join(labels)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"partition": self.partition,
+                "clusters": [{"members": list(c.members), "backend": c.backend, "streams": c.streams}
+                             for c in self.clusters]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Candidate:
+        return Candidate(d["partition"], tuple(Cluster(tuple(c["members"]), c["backend"],
+                                                       c.get("streams", 1)) for c in d["clusters"]))
+
+
+def padded_shape(members: Sequence[Member]) -> tuple[int, int, int]:
+    return max(m.m for m in members), max(m.n for m in members), max(m.k for m in members)
+
+
+def padding_waste(members: Sequence[Member], backend: str) -> float:
+    """Share of the multiply-adds a backend spends on zero padding (0 for per-problem backends)."""
+    if backend not in ("padded", "pointer"):
+        return 0.0
+    M, N, K = padded_shape(members)
+    useful = sum(m.batch * m.m * m.n * m.k for m in members)
+    total = sum(m.batch for m in members) * M * N * K
+    return 1.0 - useful / total
+
+
+def candidate_waste(w: PackingWorkload, cand: Candidate) -> float:
+    """Padding waste of a whole candidate: padded multiply-adds over all multiply-adds done."""
+    useful = w.flops // 2
+    done = 0
+    for c in cand.clusters:
+        ms = [w.members[i] for i in c.members]
+        if c.backend in ("padded", "pointer"):
+            M, N, K = padded_shape(ms)
+            done += sum(m.batch for m in ms) * M * N * K
+        else:
+            done += sum(m.flops // 2 for m in ms)
+    return 1.0 - useful / done
+
+
+def uniform(members: Sequence[Member]) -> bool:
+    """One dtype and one layout: what a single batched call needs."""
+    return len({(m.dtype, m.layout) for m in members}) == 1
+
+
+def _groups(w: PackingWorkload, key: Any) -> list[tuple[int, ...]]:
+    out: dict[Any, list[int]] = defaultdict(list)
+    for i, mb in enumerate(w.members):
+        out[key(mb)].append(i)
+    return [tuple(v) for _, v in sorted(out.items(), key=lambda kv: str(kv[0]))]
+
+
+def _bins(w: PackingWorkload, max_waste: float) -> list[tuple[int, ...]]:
+    """Members of one (dtype, layout, n, k) sorted by m and cut wherever padding a run to its
+    largest m would waste more than ``max_waste``."""
+    out = []
+    for grp in _groups(w, lambda m: (m.dtype, m.layout, m.kind, m.n, m.k)):
+        run: list[int] = []
+        for i in sorted(grp, key=lambda i: w.members[i].m):
+            trial = run + [i]
+            if run and padding_waste([w.members[j] for j in trial], "padded") > max_waste:
+                out.append(tuple(run))
+                trial = [i]
+            run = trial
+        out.append(tuple(run))
+    return out
+
+
+def partitions(w: PackingWorkload) -> dict[str, list[tuple[int, ...]]]:
+    """The clusterings tried: everything together, equal shapes, equal (n, k), m-bins."""
+    everything = [tuple(range(len(w.members)))]
+    parts = {"whole": everything,
+             "shape": _groups(w, lambda m: m.key),
+             "nk": _groups(w, lambda m: (m.dtype, m.layout, m.kind, m.n, m.k)),
+             "bins": _bins(w, 0.25)}
+    seen, out = set(), {}
+    for name, p in parts.items():
+        sig = tuple(sorted(p))
+        if name == "whole" or sig not in seen:
+            out[name] = p
+        seen.add(sig)
+    return out
+
+
+def candidates(w: PackingWorkload, stream_counts: Iterable[int] = (2, 4, 8, 16),
+               max_waste: float = 0.75) -> list[Candidate]:
+    """Every candidate tried for ``w`` (a cluster whose padding would waste more than
+    ``max_waste`` of its work is not padded)."""
+    n = len(w.members)
+    allm = tuple(range(n))
+    out = [Candidate("whole", (Cluster(allm, "serial"),))]
+    for k in stream_counts:
+        if 2 <= k <= max(2, n):
+            out.append(Candidate("whole", (Cluster(allm, "streams", min(k, n)),)))
+    if len({m.dtype for m in w.members}) == 1:
+        out.append(Candidate("whole", (Cluster(allm, "grouped"),)))
+    for pname, parts in partitions(w).items():
+        for backend in ("padded", "pointer"):
+            clusters = []
+            for p in parts:
+                ms = [w.members[i] for i in p]
+                ok = uniform(ms) and padding_waste(ms, backend) <= max_waste
+                clusters.append(Cluster(p, backend if ok and (len(ms) > 1 or ms[0].batch > 1)
+                                        else "serial"))
+            if any(c.backend == backend for c in clusters):
+                out.append(Candidate(pname, tuple(clusters)))
+    uniq: dict[str, Candidate] = {}
+    for c in out:
+        uniq.setdefault(canonical_json(c.to_json()), c)
+    return list(uniq.values())
+
+
+def with_dtype(w: PackingWorkload, dtype: str, suffix: str = "") -> PackingWorkload:
+    return PackingWorkload(w.name + suffix, w.family, tuple(replace(m, dtype=dtype) for m in w.members))
