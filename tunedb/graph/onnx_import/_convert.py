@@ -1,14 +1,19 @@
 """The importer proper: walks an ONNX graph once, folding constants and emitting tunedb nodes.
 
 Every ONNX value is either *computed* (``env``: its tunedb value in the builder) or *constant*
-(``consts``: a NumPy array). A node whose inputs are all constants is evaluated right away with
-ONNX's reference evaluator, so the shape arithmetic exporters emit (Shape -> Gather -> Concat ->
-Reshape, ConstantOfShape, Range, Equal/Where on constants) never becomes a tunedb node. Shape and
-Size of computed values fold too: tunedb types are static. A constant feeding a computed node
-becomes a tunedb constant on first use.
+(``consts``: a NumPy array). A node whose inputs are all constants is evaluated right away, so
+the shape arithmetic exporters emit (Shape -> Gather -> Concat -> Reshape, ConstantOfShape,
+Range, Equal/Where on constants) never becomes a tunedb node. Folding runs the node's own tunedb
+translation through tunedb's reference interpreter (the semantics the node would have at run
+time); ops tunedb does not map (NonZero, Range, ...) go to ONNX's reference evaluator. A node
+neither can fold stays a runtime node (logged at debug level): folding never aborts an import.
+Shape and Size of computed values fold too: tunedb types are static. A constant feeding a
+computed node becomes a tunedb constant on first use.
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import onnx
@@ -24,6 +29,9 @@ from tunedb.graph.onnx_import._model import (
     one_line,
 )
 from tunedb.graph.onnx_import._ops import BINARY, FOLD_ONLY, UNARY, OpHandlers
+from tunedb.graph.reference import run_reference
+
+_log = logging.getLogger(__name__)
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 # Never evaluated at import: random ops, and control flow whose bodies may read computed values.
@@ -120,10 +128,15 @@ class Importer(OpHandlers):
         # shape arithmetic uses ops (NonZero, Einsum, ...) tunedb has no use for at run time.
         if not ms_rms and all(i in self.consts for i in ins) and (
                 op in FOLD_ONLY or ins and op not in _NO_FOLD and not op.startswith("Random")):
-            self._fold(node)
-            return
-        if not hasattr(self, "_op_" + op) and op not in UNARY and op not in BINARY:
+            if self._fold(node):
+                return
+        if not self._maps(op):
             raise self._unsupported()
+        self._emit(node)
+
+    def _emit(self, node: onnx.NodeProto) -> None:
+        """Translate ``node`` into tunedb nodes of ``self.b`` (constants become builder ones)."""
+        op = node.op_type
         if op in FOLD_ONLY:
             raise self.err("needs constant inputs (tunedb graphs have static shapes)")
         elif op in UNARY:
@@ -152,17 +165,57 @@ class Importer(OpHandlers):
     def err(self, msg: str) -> OnnxImportError:
         return OnnxImportError(f"{self._where()}: {msg}")
 
-    def _fold(self, node: onnx.NodeProto) -> None:
+    def _maps(self, op: str) -> bool:
+        """Whether tunedb has a runtime translation of default-domain ``op``."""
+        return op in UNARY or op in BINARY or getattr(self, "_op_" + op, None) is not None
+
+    def _fold(self, node: onnx.NodeProto) -> bool:
+        """Evaluate an all-constant node into ``consts``; False (and a debug note) when it cannot
+        be folded but can run, so that the caller converts it as a runtime node."""
+        errors = []
+        if self._maps(node.op_type):
+            try:
+                return self._fold_tunedb(node)
+            except (GraphError, KeyError, ValueError, TypeError, IndexError) as e:
+                errors.append(f"tunedb reference: {one_line(e)}")
         from onnx.reference import ReferenceEvaluator  # heavy import, needed only here
 
         feeds = {i: self.consts[i] for i in node.input if i}
         try:
             outs = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
         except Exception as e:  # any evaluator failure is this node's problem
-            raise self.err(f"constant folding failed: {one_line(e)}") from None
-        for name, v in zip(node.output, outs):
-            if name:
-                self.consts[name] = np.asarray(v)
+            errors.append(f"onnx reference: {one_line(e)}")
+        else:
+            for name, v in zip(node.output, outs):
+                if name:
+                    self.consts[name] = np.asarray(v)
+            return True
+        if node.op_type in FOLD_ONLY or not self._maps(node.op_type):
+            raise self.err(f"constant folding failed: {'; '.join(errors)}")
+        _log.debug("%s: not folded, kept as a runtime node (%s)", self._where(), "; ".join(errors))
+        return False
+
+    def _fold_tunedb(self, node: onnx.NodeProto) -> bool:
+        """Fold through the node's tunedb translation: it is emitted into a scratch builder whose
+        only values are the constant inputs, then run by ``run_reference`` (float64) and rounded
+        to the output types. The importer's builder state is swapped out meanwhile."""
+        saved = self.b, self.env, self.materialised
+        self.b, self.env, self.materialised = GraphBuilder("fold"), {}, set()
+        try:
+            before = set(self.consts)
+            self._emit(node)
+            pending = [(o, self.env[o]) for o in node.output
+                       if o and o in self.env and o not in before]
+            if pending:
+                outs = [self.b.identity(v) if v in self.materialised else v for _, v in pending]
+                graph = self.b.build(outs)
+                types = graph.type_map
+                got = run_reference(graph, {})
+                for (o, _), v in zip(pending, graph.outputs):
+                    self.consts[o] = _as_dtype(got[v], types[v].dtype)
+        finally:
+            self.b, self.env, self.materialised = saved
+        return True
 
     # -- values -------------------------------------------------------------------------------
     def val(self, name: str) -> str:
@@ -246,6 +299,13 @@ class Importer(OpHandlers):
         if self.opset < attr_before or "axes" in a:
             return None if a.get("axes") is None else [int(x) for x in a["axes"]]
         return self.ints(1, "axes")
+
+
+def _as_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """A reference result (float64/int64/bool) rounded to a tunedb dtype as a NumPy array."""
+    if dtype == "bfloat16":
+        return a.astype(np.float32).astype(BF16)
+    return a.astype(dtype)
 
 
 def _attrs(node: onnx.NodeProto) -> dict:

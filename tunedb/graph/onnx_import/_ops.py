@@ -251,6 +251,46 @@ class OpHandlers:
         self.set(0, self.b.gather_elements(self.val(n.input[0]), self.val(n.input[1]),
                                            axis=int(a.get("axis", 0))))
 
+    def _op_GatherND(self, n, a):
+        if int(a.get("batch_dims", 0)):
+            raise self.err("GatherND with batch_dims > 0 is not supported")
+        data = self.shape(n.input[0])
+        idx_shape = self.shape(n.input[1])
+        k = idx_shape[-1]
+        # Gather rows of the data flattened over its first k dims, at the linear index
+        # sum_j idx[..., j] * stride_j (negative indices count from the end, as in ONNX).
+        strides = [_prod(data[j + 1:k]) for j in range(k)]
+        flat = self.reshape(self.val(n.input[0]), (_prod(data[:k]),) + tuple(data[k:]))
+        if n.input[1] in self.consts:
+            idx = np.asarray(self.consts[n.input[1]], np.int64)
+            lin = ((idx % np.asarray(data[:k], np.int64)) * np.asarray(strides, np.int64)).sum(-1)
+            self.set(0, self.b.gather(flat, self.b.constant(lin, dtype="int64"), axis=0))
+            return
+        idx, lin = self.val(n.input[1]), None
+        rank = len(idx_shape)
+        for j in range(k):
+            c = self.b.squeeze(self.b.slice(idx, starts=(j,), ends=(j + 1,), axes=(rank - 1,),
+                                            steps=(1,)), axes=(rank - 1,))
+            c = self.b.where(self.b.lt(c, self.b.scalar(0, c)),
+                             self.b.add(c, self.b.scalar(data[j], c)), c)
+            c = self.b.mul(c, self.b.scalar(strides[j], c)) if strides[j] != 1 else c
+            lin = c if lin is None else self.b.add(lin, c)
+        self.set(0, self.b.gather(flat, lin, axis=0))
+
+    def _op_IsNaN(self, n, a):
+        x = self.val(n.input[0])
+        self.set(0, self.b.ne(x, x))
+
+    def _op_IsInf(self, n, a):
+        x = self.val(n.input[0])
+        inf = self.b.scalar(float("inf"), x)
+        pos = self.b.eq(x, inf) if a.get("detect_positive", 1) else None
+        neg = self.b.eq(x, self.b.neg(inf)) if a.get("detect_negative", 1) else None
+        if pos is None and neg is None:  # detects nothing: x < -inf is false everywhere
+            self.set(0, self.b.lt(x, self.b.neg(inf)))
+            return
+        self.set(0, pos if neg is None else neg if pos is None else self.b.or_(pos, neg))
+
     def _op_Trilu(self, n, a):
         src = self.shape(n.input[0])
         k = self.ints(1, "k")

@@ -1,0 +1,132 @@
+"""Models people export: constant folding that never aborts an import, and the zoo of
+data/graphs/zoo (written by benchmarks/export_zoo.py: transformers and torchvision models from
+their default configs, both PyTorch exporters, fp32 and bf16, weights stripped) importing and
+planning on the CPU, with onnxruntime's results on seeded weights where the model is small.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tunedb.graph.onnx_import import OnnxImportError, import_onnx
+from tunedb.graph.reference import run_reference
+
+ZOO = Path(__file__).resolve().parent.parent / "data" / "graphs" / "zoo"
+
+
+def _model(nodes, inits, inputs, outputs, opset: int = 17) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "t", inputs, outputs,
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _token_type_model() -> onnx.ModelProto:
+    """BERT's embedding prologue as both exporters write it: the token-type buffer [1, 512]
+    sliced to the sequence, expanded to the batch and gathered by position (GatherElements),
+    all on constants. ONNX's reference evaluator fails on it ('cannot reshape array of size 1
+    into shape (1,128)'), which aborted every BERT import."""
+    inits = {"buf": np.zeros((1, 512), np.int64),
+             "pos": np.arange(128, dtype=np.int64).reshape(1, 128)[:, ::-1].copy(),
+             "shape": np.array([1, 128], np.int64), "st": np.array([0], np.int64),
+             "en": np.array([128], np.int64), "ax": np.array([1], np.int64),
+             "table": np.arange(2 * 4, dtype=np.float32).reshape(2, 4)}
+    inits["buf"][0, 100:] = 1
+    nodes = [helper.make_node("Slice", ["buf", "st", "en", "ax"], ["sliced"]),
+             helper.make_node("Expand", ["sliced", "shape"], ["expanded"]),
+             helper.make_node("GatherElements", ["expanded", "pos"], ["types"], axis=1),
+             helper.make_node("Gather", ["table", "types"], ["emb"]),
+             helper.make_node("Add", ["x", "emb"], ["y"])]
+    return _model(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128, 4])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128, 4])])
+
+
+def test_bert_token_type_prologue_folds_with_tunedb_reference():
+    model = _token_type_model()
+    graph = import_onnx(model)
+    assert [n.op for n in graph.nodes] == ["add"]  # the whole prologue became one constant
+    x = np.random.default_rng(0).standard_normal((1, 128, 4)).astype(np.float32)
+    got = run_reference(graph, {"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=0, atol=1e-6)
+
+
+def test_unfoldable_constant_node_stays_a_runtime_node(caplog):
+    # An index out of range: neither reference folds it, so it is kept as a runtime gather
+    # (with a debug note) instead of aborting the import.
+    inits = {"data": np.arange(6, dtype=np.float32).reshape(2, 3),
+             "idx": np.array([[0, 5]], np.int64)}
+    nodes = [helper.make_node("GatherElements", ["data", "idx"], ["g"], axis=1),
+             helper.make_node("Add", ["x", "g"], ["y"])]
+    model = _model(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
+    with caplog.at_level(logging.DEBUG, logger="tunedb.graph.onnx_import._convert"):
+        graph = import_onnx(model)
+    assert [n.op for n in graph.nodes] == ["gather_elements", "add"]
+    assert any("not folded, kept as a runtime node" in r.getMessage() for r in caplog.records)
+
+
+def test_fold_only_op_that_fails_is_one_line_error():
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["c"]),
+             helper.make_node("Add", ["x", "c"], ["y"])]
+    model = _model(nodes, {"shape": np.array([-2], np.int64)},
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    with pytest.raises(OnnxImportError, match=r"ConstantOfShape.*constant folding failed") as e:
+        import_onnx(model)
+    assert "\n" not in str(e.value)
+
+
+def test_folded_bf16_constants_keep_their_dtype():
+    import ml_dtypes
+
+    w = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
+    nodes = [helper.make_node("Cast", ["w"], ["wb"], to=TensorProto.BFLOAT16),
+             helper.make_node("Mul", ["wb", "wb"], ["w2"]),
+             helper.make_node("Add", ["x", "w2"], ["y"])]
+    model = _model(nodes, {"w": w}, [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 4])])
+    graph = import_onnx(model)
+    assert [n.op for n in graph.nodes] == ["add"]
+    (c,) = (c for _, c in graph.constants)
+    assert c.type.dtype == "bfloat16"
+    wb = w.astype(ml_dtypes.bfloat16).astype(np.float64)
+    want = (wb * wb).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(c.array, np.float32), want)
+
+
+@pytest.mark.parametrize("const_indices", [True, False])
+def test_gather_nd_matches_onnxruntime(const_indices):
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    idx = np.array([[[0, 1], [2, -1]], [[1, 3], [-3, 0]]], np.int64)
+    inits = {"idx": idx} if const_indices else {}
+    ins = [helper.make_tensor_value_info("data", TensorProto.FLOAT, [3, 4, 5])]
+    if not const_indices:
+        ins.append(helper.make_tensor_value_info("idx", TensorProto.INT64, [2, 2, 2]))
+    model = _model([helper.make_node("GatherND", ["data", "idx"], ["y"])], inits, ins,
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2, 5])])
+    feeds = {"data": data} if const_indices else {"data": data, "idx": idx}
+    got = run_reference(import_onnx(model), feeds)["y"]
+    np.testing.assert_array_equal(got.astype(np.float32), _ort(model, feeds)[0])
+
+
+def test_isnan_isinf_match_onnxruntime():
+    x = np.array([0.0, np.nan, np.inf, -np.inf, -1.5], np.float32)
+    nodes = [helper.make_node("IsNaN", ["x"], ["a"]), helper.make_node("IsInf", ["x"], ["b"]),
+             helper.make_node("IsInf", ["x"], ["c"], detect_negative=0)]
+    outs = [helper.make_tensor_value_info(v, TensorProto.BOOL, [5]) for v in "abc"]
+    model = _model(nodes, {}, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])], outs)
+    got = run_reference(import_onnx(model), {"x": x})
+    for v, want in zip("abc", _ort(model, {"x": x})):
+        np.testing.assert_array_equal(got[v], want)
