@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from collectors.base import Collector, Job
+from tunedb.collect import Collector, Job
 from tunedb.records import Workload
 
 

@@ -11,10 +11,11 @@ import pytest
 from cli_apps import collect_app
 from typer.testing import CliRunner
 
-from collectors.base import Collector, Job, load_collector, to_measurement
+from tunedb.collect import Collector, Job, load_collector
 from tunedb.graph.builder import GraphBuilder
 from tunedb.records import Candidate, DeviceInfo, Measurement, Protocol, Run, Workload
 from tunedb.runtime import ReplayDevice, ReplayError, open_device
+from tunedb.runtime.results import MeasureRequest, MeasureResult
 from tunedb.store import TuningStore
 
 DEVICE = DeviceInfo("Replay H200", "abc123", "9.0", 132, 50 << 20, 141 << 30, "13.0", "13.0", "14.0.0")
@@ -135,16 +136,32 @@ def test_replay_errors(tmp_path: Path) -> None:
         open_device("tpu")
 
 
-def test_to_measurement_turns_bad_results_into_failures() -> None:
+def test_bad_device_results_become_failures() -> None:
     p = Protocol()
-    m = to_measurement({"status": "ok", "samples_us": []}, "c", "d", "r", p)
+    m = MeasureResult.from_wire({"status": "ok", "samples_us": []}).to_measurement("c", "d", "r", p)
     assert m.status == "runtime_error" and "no timing samples" in m.error
-    m = to_measurement({"status": "weird"}, "c", "d", "r", p)
-    assert m.status == "runtime_error"
-    m = to_measurement({"status": "ok", "samples_us": [2.0, 1.0], "protocol": {"warmup": 1, "samples": 2,
-                                                                              "flush_l2": True, "batch": 8}},
-                       "c", "d", "r", p)
+    m = MeasureResult.from_wire({"status": "weird"}).to_measurement("c", "d", "r", p)
+    assert m.status == "runtime_error" and "weird" in m.error
+    m = MeasureResult.from_wire({"status": "ok", "samples_us": [2.0, 1.0], "protocol": {
+        "warmup": 1, "samples": 2, "flush_l2": True, "batch": 8}}).to_measurement("c", "d", "r", p)
     assert m.status == "ok" and json.loads(m.protocol_json)["batch"] == 8
+    # Without a protocol of its own a result is recorded under the device's.
+    m = MeasureResult("ok", (3.0,)).to_measurement("c", "d", "r", Protocol(samples=1))
+    assert json.loads(m.protocol_json)["samples"] == 1
+    # A failed result keeps no samples, and the error text is bounded.
+    m = MeasureResult("incorrect", (1.0,), "x" * 10_000).to_measurement("c", "d", "r", p)
+    assert m.samples_us == () and len(m.error) == 4000
+
+
+def test_measure_records_cross_the_worker_pipe_unchanged() -> None:
+    res = MeasureResult("ok", (1.5, 2.5), "", 32, 1024, 0, Protocol(batch=4).to_json(), {"time_s": 0.1})
+    wire = json.loads(json.dumps(res.to_wire()))
+    assert MeasureResult.from_wire(wire) == res
+    assert MeasureResult.from_wire({**wire, "_restart": True}).restart
+    req = MeasureRequest("h", {"kernels": [{"source": "k", "name": "f"}]})
+    assert req.to_wire() == {"kernels": [{"source": "k", "name": "f"}], "candidate_hash": "h"}
+    bad = req.failed("nvrtc: error")
+    assert bad.to_wire()["error"] == "nvrtc: error" and bad.kernels == req.kernels
 
 
 def test_unknown_collector_is_a_one_line_error() -> None:
@@ -154,7 +171,6 @@ def test_unknown_collector_is_a_one_line_error() -> None:
 
 
 def test_collect_without_gpu_is_a_one_line_error(tmp_path: Path) -> None:
-    pytest.importorskip("tunedb.cli_common")
     try:
         import cupy  # noqa: F401
 

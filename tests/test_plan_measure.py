@@ -61,7 +61,7 @@ def test_measurements_from_the_shipped_replay_are_stored_and_hit_next_time(tmp_p
     for m in rows:  # every stored row is the replayed one, on the replayed device, in this run
         old = replay.lookup(m.candidate_hash)
         assert old is not None and m.run_id == run.id and m.device_id == replay.info.id
-        assert (m.status, list(m.samples_us)) == (old["status"], old["samples_us"])
+        assert (m.status, m.samples_us) == (old.status, old.samples_us)
         assert cands[m.candidate_hash].source_hash  # the generated kernel's source hash
     medians = [sorted(m.samples_us)[len(m.samples_us) // 2] for m in rows if m.status == "ok"]
     assert step.measured_us == min(medians)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from tunedb.graph.builder import GraphBuilder
 from tunedb.records import Protocol, Workload
+from tunedb.runtime.results import MeasureRequest
 
 pytestmark = pytest.mark.gpu
 
@@ -37,12 +40,12 @@ def _workload() -> Workload:
     return Workload.from_graph(g, "eltwise", "bias_relu")
 
 
-def _wire(w: Workload, source: str, block: int = 256) -> dict:
+def _wire(w: Workload, source: str, block: int = 256) -> MeasureRequest:
     out = w.graph.outputs[0]
-    return {"kernels": [{"name": "bias_relu", "source": source, "grid": [(R * C + block - 1) // block],
-                         "block": [block], "shared_bytes": 0,
-                         "args": ["x", "b", out, {"type": "int32", "value": R * C},
-                                  {"type": "int32", "value": C}]}], "scratch": []}
+    kernel = {"name": "bias_relu", "source": source, "grid": [(R * C + block - 1) // block],
+              "block": [block], "shared_bytes": 0,
+              "args": ["x", "b", out, {"type": "int32", "value": R * C}, {"type": "int32", "value": C}]}
+    return MeasureRequest(f"{block}-{source}", {"kernels": [kernel], "scratch": []})
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +69,12 @@ def test_ok_incorrect_and_compile_error(device) -> None:
     wires = [_wire(w, GOOD), _wire(w, GOOD, 128), _wire(w, WRONG), _wire(w, PARTIAL), _wire(w, BROKEN)]
     device.prefetch(wires)
     res = [r for _, r in device.measure(w, wires)]
-    assert [r["status"] for r in res] == ["ok", "ok", "incorrect", "incorrect", "compile_error"]
+    assert [r.status for r in res] == ["ok", "ok", "incorrect", "incorrect", "compile_error"]
     for r in res[:2]:
-        assert len(r["samples_us"]) == 10 and all(s > 0 for s in r["samples_us"])
-        assert r["registers"] > 0 and r["local_bytes"] == 0
-        assert r["protocol"]["batch"] >= 1
-    assert "max abs error" in res[2]["error"] and "inf" in res[3]["error"]
+        assert len(r.samples_us) == 10 and all(s > 0 for s in r.samples_us)
+        assert r.registers > 0 and r.local_bytes == 0
+        assert Protocol(**json.loads(r.protocol_json)).batch >= 1
+    assert "max abs error" in res[2].error and "inf" in res[3].error
 
 
 def test_illegal_address_and_hang_do_not_stop_the_collection(device) -> None:
@@ -79,7 +82,7 @@ def test_illegal_address_and_hang_do_not_stop_the_collection(device) -> None:
     device.worker.timeout_s = 10
     wires = [_wire(w, ILLEGAL), _wire(w, GOOD), _wire(w, HANG), _wire(w, GOOD)]
     res = [r for _, r in device.measure(w, wires)]
-    assert [r["status"] for r in res] == ["runtime_error", "ok", "timeout", "ok"]
+    assert [r.status for r in res] == ["runtime_error", "ok", "timeout", "ok"]
 
 
 def _fusion_ready() -> bool:
@@ -114,15 +117,15 @@ def test_prepared_workload_is_loaded_and_stats_say_where_time_went(device) -> No
     before = device.stats()
     device.prefetch(wires, workload=w)
     res = [r for _, r in device.measure(w, wires)]
-    assert [r["status"] for r in res] == ["ok", "ok"]
-    assert all(r["phases"]["verify_s"] > 0 and r["phases"]["time_s"] > 0 for r in res)
-    assert "setup_s" in res[0]["phases"]
+    assert [r.status for r in res] == ["ok", "ok"]
+    assert all(r.phases["verify_s"] > 0 and r.phases["time_s"] > 0 for r in res)
+    assert "setup_s" in res[0].phases
     st = device.stats()
     assert st["candidates"] == before["candidates"] + 2
     assert st["workloads"] == before["workloads"] + 1
     assert st["timing_s"] > before["timing_s"] and st["verify_s"] > before["verify_s"]
     if st["prep_pool"]:
-        assert res[0]["phases"]["setup_local"] is False  # inputs came from the prep pool
+        assert res[0].phases["setup_local"] is False  # inputs came from the prep pool
         assert st["setup_local"] == before["setup_local"]
 
 

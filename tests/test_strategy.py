@@ -12,10 +12,9 @@ import pytest
 from cli_apps import collect_app
 from typer.testing import CliRunner
 
-from collectors import base
-from collectors.base import CollectError, Collector
-from collectors.strategy import STRATEGIES, ModelStrategy, RooflineStrategy, make_strategy
 from tunedb.bench.active import load_dataset, write_synthetic
+from tunedb.collect import CollectError, Collector, engine
+from tunedb.collect.strategy import STRATEGIES, ModelStrategy, RooflineStrategy, make_strategy
 from tunedb.runtime import ReplayDevice
 from tunedb.store import TuningStore
 
@@ -149,8 +148,8 @@ def _replay(dev: ReplayDevice, strat: Any) -> list[tuple[str, str, float | None]
     for i in np.flatnonzero(strat.done):
         h = strat.cand_hash[i]
         res = dev.lookup(h)
-        lat = float(np.median(res["samples_us"])) if res["status"] == "ok" else None
-        out.append((h, res["status"], lat))
+        lat = float(np.median(res.samples_us)) if res.status == "ok" else None
+        out.append((h, res.status, lat))
     return out
 
 
@@ -176,8 +175,7 @@ def test_rounds_must_be_positive(stored: tuple[Path, int]) -> None:
 def test_collect_cli_strategy_flag_with_replay(stored: tuple[Path, int], tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     data, n = stored
-    pytest.importorskip("tunedb.cli_common")
-    monkeypatch.setitem(base.BUILTIN_COLLECTORS, "stored-test", f"{__name__}:StoredCollector")
+    monkeypatch.setitem(engine.BUILTIN_COLLECTORS, "stored-test", f"{__name__}:StoredCollector")
     db = tmp_path / "c.duckdb"
     common = ["collect", "--collector", "stored-test", "--suite", str(data), "--device", f"replay:{data}",
               "--db", str(db)]

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from tunedb._version import __version__
+
+__all__ = ["__version__", "compile"]
 
 
 def compile(model: Any, **kwargs: Any) -> Any:

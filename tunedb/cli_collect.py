@@ -30,7 +30,7 @@ def _summary_line(s: Any) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from collectors.base import CollectError
+    from tunedb.collect import CollectError
     from tunedb.runtime import NoGPUError, ReplayError, WorkerError
 
     for cls in (NoGPUError, ReplayError, WorkerError, CollectError):
@@ -64,8 +64,7 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOption = False,
     ) -> None:
         """Generate, verify and time candidates; store every measurement (resumable)."""
-        from collectors.base import load_collector
-        from collectors.strategy import make_strategy
+        from tunedb.collect import load_collector, make_strategy
         from tunedb.runtime import open_device
 
         try:

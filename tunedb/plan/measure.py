@@ -26,9 +26,19 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
+from tunedb._version import __version__
+from tunedb.collect.engine import git_sha, now_iso
+from tunedb.graph.hashing import node_hashes
+from tunedb.kernels.codegen import generate
+from tunedb.kernels.schedule import Schedule
 from tunedb.plan.cost import GroupCost, stitch_of
 from tunedb.plan.record import KernelStep
 from tunedb.records import Candidate, Measurement, Run, Workload, canonical_json
+from tunedb.runtime.cuda import plan_to_wire
+from tunedb.runtime.results import MeasureRequest, MeasureResult
+from tunedb.store import StoreError, TuningStore
 
 Lookup = Callable[[str], "Workload | None"]
 
@@ -41,8 +51,6 @@ class Recorder:
     workloads, candidates and measurements. Nothing is written when nothing was measured."""
 
     def __init__(self, store: Any, device: Any, config: dict[str, Any]) -> None:
-        from collectors.base import now_iso
-
         self.store, self.device = store, device
         self.info = device.info
         self.config = config
@@ -54,33 +62,28 @@ class Recorder:
         self.candidates: dict[str, Candidate] = {}
         self.measurements: list[Measurement] = []
 
-    def known(self, candidate_hash: str) -> dict | None:
-        """The stored result of a candidate measured on this device before, as a device result
-        dict (an ok one if any run had it ok), or None."""
+    def known(self, candidate_hash: str) -> MeasureResult | None:
+        """The stored result of a candidate measured on this device before (an ok one if any run
+        had it ok), or None."""
         if candidate_hash not in self._stored:
             return None
         rows = self.store.measurements(candidate_hash=candidate_hash, device_id=self.info.id)
         best = next((m for m in rows if m.status == "ok"), rows[0] if rows else None)
         if best is None:
             return None
-        return {"status": best.status, "samples_us": list(best.samples_us), "error": best.error}
+        return MeasureResult.from_measurement(best)
 
-    def add(self, workload: Workload, candidate: Candidate, result: dict) -> None:
-        from collectors.base import to_measurement
-
+    def add(self, workload: Workload, candidate: Candidate, result: MeasureResult) -> None:
         self.workloads.setdefault(workload.hash, workload)
         self.candidates.setdefault(candidate.hash, candidate)
-        self.measurements.append(to_measurement(result, candidate.hash, self.info.id, self.run_id,
-                                                self.device.protocol))
+        self.measurements.append(result.to_measurement(candidate.hash, self.info.id, self.run_id,
+                                                       self.device.protocol))
         self._stored.add(candidate.hash)
 
     def flush(self) -> int:
         """Write everything buffered; returns the number of measurement rows written."""
         if not self.measurements:
             return 0
-        from collectors.base import git_sha, now_iso
-        from tunedb import __version__
-
         run = Run(id=self.run_id, collector="plan", tunedb_version=__version__, git_sha=git_sha(),
                   host=socket.gethostname(),
                   config_json=canonical_json({**self.config, "device": getattr(self.device, "kind", "?"),
@@ -102,10 +105,6 @@ def replay_lookup(device: Any) -> Lookup | None:
     path = getattr(device, "path", None)
     if getattr(device, "kind", "") != "replay" or path is None:
         return None
-    import duckdb
-
-    from tunedb.store import StoreError, TuningStore
-
     if Path(path).is_dir():
         table = Path(path) / "workloads.parquet"
         if not table.is_file():
@@ -143,8 +142,6 @@ class Naming:
             stored = next((w for w in (src(h) for src in self.sources) if w is not None), None)
             names: dict[str, str] = {}
             if stored is not None and stored.graph_json != workload.graph_json:
-                from tunedb.graph.hashing import node_hashes
-
                 by_hash: dict[str, str] = {}
                 for v, vh in node_hashes(stored.graph).items():
                     by_hash.setdefault(vh, v)
@@ -174,14 +171,10 @@ def measure_steps(steps: list[KernelStep], costs: list[GroupCost], top: int, gpu
                   recorder: Recorder | None = None) -> tuple[list[KernelStep], int]:
     """Measure the ``top`` best-ranked schedules of every fused step on ``gpu``; keep the fastest
     correct one (``measured_us``). Returns the steps and how many results the device gave."""
-    from tunedb.kernels.codegen import generate
-    from tunedb.kernels.schedule import Schedule
-    from tunedb.runtime.cuda import plan_to_wire
-
     sources = [recorder.store.workload] if recorder is not None else []
     replay = replay_lookup(gpu)
     naming = Naming(sources + ([replay] if replay is not None else []))
-    results: dict[str, dict | None] = {}  # candidate hash -> result, shared by equal workloads
+    results: dict[str, MeasureResult | None] = {}  # candidate hash -> result, shared by equal workloads
     measured = 0
     out = []
     for step, cost in zip(steps, costs):
@@ -193,7 +186,8 @@ def measure_steps(steps: list[KernelStep], costs: list[GroupCost], top: int, gpu
         wl = Workload.from_graph(step.graph, "plan", step.workload_hash[:12])
         record_wl, names = naming.of(wl)
         keys = [Candidate(wl.hash, "fusion", renamed(cfg, names)).hash for cfg in configs]
-        cands, wires = [], []
+        cands: list[Candidate] = []
+        requests: list[MeasureRequest] = []
         for cfg, key in zip(configs, keys):
             if key in results or key in (c.hash for c in cands):
                 continue
@@ -202,17 +196,18 @@ def measure_steps(steps: list[KernelStep], costs: list[GroupCost], top: int, gpu
                 results[key] = stored
                 continue
             source_hash = ""
+            # A replay device answers by candidate hash: the stored (renamed) candidate's.
             try:
                 kplan = generate(step.graph, Schedule.from_config(cfg), gpu.info.sm_count)
-                wire, source_hash = plan_to_wire(kplan), str(getattr(kplan, "source_hash", ""))
+                request = MeasureRequest(key, plan_to_wire(kplan))
+                source_hash = str(getattr(kplan, "source_hash", ""))
             except ValueError as e:  # UnsupportedFusion is a ValueError too: a compile_error
-                wire = {"kernels": [], "scratch": [], "error": str(e)}
+                request = MeasureRequest(key, error=str(e))
             cands.append(Candidate(wl.hash, "fusion", renamed(cfg, names), source_hash))
-            # A replay device answers by candidate hash.
-            wires.append({**wire, "candidate_hash": key})
-        if wires:
-            gpu.prefetch(wires, workload=wl)
-            for i, res in gpu.measure(wl, wires):
+            requests.append(request)
+        if requests:
+            gpu.prefetch(requests, workload=wl)
+            for i, res in gpu.measure(wl, requests):
                 results[cands[i].hash] = res
                 if res is None:  # a replay device without data for it: nothing to record
                     continue
@@ -221,10 +216,9 @@ def measure_steps(steps: list[KernelStep], costs: list[GroupCost], top: int, gpu
                     recorder.add(record_wl, cands[i], res)
         best: tuple[float, dict] | None = None
         for cfg, key in zip(configs, keys):
-            res = results.get(key) or {}
-            samples = [float(s) for s in res.get("samples_us") or []]
-            if res.get("status") == "ok" and samples:
-                med = _median(samples)
+            res = results.get(key)
+            if res is not None and res.status == "ok" and res.samples_us:
+                med = _median(list(res.samples_us))
                 if best is None or med < best[0]:
                     best = (med, cfg)
         if best is None:

@@ -23,6 +23,7 @@ from typing import Any
 from tunedb.records import DeviceInfo, Protocol, Workload
 from tunedb.runtime.device import CUPY_MISSING, NoGPUError, clocks
 from tunedb.runtime.inputs import prepare_workload
+from tunedb.runtime.results import MeasureRequest, MeasureResult
 from tunedb.runtime.worker import Worker, WorkerError
 
 MEASURE_TASK = "tunedb.runtime.measure:gpu_task"
@@ -198,11 +199,11 @@ class CudaDevice:
         return clocks(self.uuid)
 
     @staticmethod
-    def _key(wire: dict) -> str:
-        return "\x00".join(k["source"] for k in wire.get("kernels", ()))
+    def _key(request: MeasureRequest) -> str:
+        return "\x00".join(k["source"] for k in request.kernels)
 
     # -- look-ahead: inputs/references and compiles ---------------------------------------
-    def prefetch(self, wires: list[dict], workload: Workload | None = None) -> None:
+    def prefetch(self, requests: list[MeasureRequest], workload: Workload | None = None) -> None:
         """Start preparing ``workload`` (inputs + reference) and compiling these plans in the
         pools; called a workload ahead of ``measure``."""
         if workload is None:
@@ -215,12 +216,12 @@ class CudaDevice:
 
         # One task per candidate (not per workload): NVRTC takes ~0.1 s a kernel, the pool's IPC
         # well under 1 ms, and the first candidates of a workload are ready soonest this way.
-        for w in wires:
-            key = self._key(w)
-            if w.get("error") or not key or key in self._futures:
+        for r in requests:
+            key = self._key(r)
+            if r.error or not key or key in self._futures:
                 continue
             try:
-                self._futures[key] = self._pool.submit(precompile, w["kernels"])
+                self._futures[key] = self._pool.submit(precompile, r.kernels)
             except Exception:  # noqa: BLE001 - a broken pool: the worker compiles instead
                 self._pool = None
                 return
@@ -271,15 +272,15 @@ class CudaDevice:
         self._manifests[h] = man
         return man
 
-    def _ready(self, wire: dict, wait: bool) -> dict | None:
-        """The wire with its pool compile error, if any; ``None`` if not compiled yet and
+    def _ready(self, request: MeasureRequest, wait: bool) -> MeasureRequest | None:
+        """The request with its pool compile error, if any; ``None`` if not compiled yet and
         ``wait`` is false."""
-        if wire.get("error"):
-            return wire
-        key = self._key(wire)
+        if request.error:
+            return request
+        key = self._key(request)
         fut = self._futures.get(key)
         if fut is None:
-            return wire
+            return request
         if not wait and not fut.done():
             return None
         del self._futures[key]
@@ -290,12 +291,13 @@ class CudaDevice:
             res = {"ok": True}
         self._stats["compile_wait_s"] += time.perf_counter() - t0
         err = "" if res.get("ok") else str(res.get("error", "compile error"))
-        return {**wire, "error": err} if err else wire
+        return request.failed(err) if err else request
 
     # -- measuring ----------------------------------------------------------------------------
-    def measure(self, workload: Workload, wires: list[dict]) -> Iterator[tuple[int, dict | None]]:
-        """Yield ``(index, result dict)`` for every wire plan, in order. Candidates go to the
-        worker as soon as they are compiled (in runs of ready ones), not a whole chunk at once."""
+    def measure(self, workload: Workload, requests: list[MeasureRequest]
+                ) -> Iterator[tuple[int, MeasureResult]]:
+        """Yield ``(index, result)`` for every request, in order. Candidates go to the worker as
+        soon as they are compiled (in runs of ready ones), not a whole chunk at once."""
         t_in = time.perf_counter()
         context = {"workload_hash": workload.hash, "graph": _graph_json(workload),
                    "protocol": asdict(self.protocol)}
@@ -304,17 +306,18 @@ class CudaDevice:
             context["prep"] = man
         pos = 0
         try:
-            while pos < len(wires):
-                batch = [self._ready(wires[pos], wait=True)]
+            while pos < len(requests):
+                batch = [self._ready(requests[pos], wait=True)]
                 pos += 1
-                while pos < len(wires):
-                    item = self._ready(wires[pos], wait=False)
+                while pos < len(requests):
+                    item = self._ready(requests[pos], wait=False)
                     if item is None:
                         break
                     batch.append(item)
                     pos += 1
                 base = pos - len(batch)
-                for i, res in self.worker.run(context, batch):
+                for i, wire in self.worker.run(context, [r.to_wire() for r in batch]):
+                    res = MeasureResult.from_wire(wire)
                     self._account(res)
                     t_out = time.perf_counter()
                     self._stats["measure_s"] += t_out - t_in
@@ -325,12 +328,11 @@ class CudaDevice:
         finally:
             self._stats["measure_s"] += time.perf_counter() - t_in
 
-    def _account(self, res: dict) -> None:
+    def _account(self, res: MeasureResult) -> None:
         st = self._stats
         st["candidates"] += 1
-        status = str(res.get("status", "?"))
-        st[f"status_{status}"] = st.get(f"status_{status}", 0) + 1
-        ph = res.get("phases") or {}
+        st[f"status_{res.status}"] = st.get(f"status_{res.status}", 0) + 1
+        ph = res.phases
         for src, dst in (("setup_s", "worker_setup_s"), ("compile_s", "worker_compile_s"),
                          ("verify_s", "verify_s"), ("time_s", "timing_s")):
             v = ph.get(src)

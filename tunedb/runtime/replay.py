@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tunedb.records import DeviceInfo, Measurement, Protocol, Workload
+from tunedb.runtime.results import MeasureRequest, MeasureResult
 
 
 class ReplayError(ValueError):
@@ -77,24 +78,21 @@ class ReplayDevice:
     def clocks(self) -> dict[str, float]:
         return {}
 
-    def prefetch(self, wires: list[dict], workload: Workload | None = None) -> None:
+    def prefetch(self, requests: list[MeasureRequest], workload: Workload | None = None) -> None:
         return None
 
     def stats(self) -> dict:
         return {}
 
-    def lookup(self, candidate_hash: str) -> dict | None:
+    def lookup(self, candidate_hash: str) -> MeasureResult | None:
         m = self._data.get(candidate_hash)
-        if m is None:
-            return None
-        return {"status": m.status, "samples_us": list(m.samples_us), "error": m.error,
-                "registers": m.registers, "shared_bytes": m.shared_bytes, "local_bytes": m.local_bytes,
-                "protocol_json": m.protocol_json}
+        return None if m is None else MeasureResult.from_measurement(m)
 
-    def measure(self, workload: Workload, wires: list[dict]) -> Iterator[tuple[int, dict | None]]:
-        """Yield ``(index, stored result or None)``; wires must carry ``candidate_hash``."""
-        for i, w in enumerate(wires):
-            yield i, self.lookup(str(w.get("candidate_hash", "")))
+    def measure(self, workload: Workload, requests: list[MeasureRequest]
+                ) -> Iterator[tuple[int, MeasureResult | None]]:
+        """Yield ``(index, stored result or None)`` for every request."""
+        for i, r in enumerate(requests):
+            yield i, self.lookup(r.candidate_hash)
 
     def close(self) -> None:
         self._data = {}

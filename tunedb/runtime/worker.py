@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tunedb.runtime.results import MeasureResult
+
 TaskFn = Callable[[dict, dict, list], Iterator[dict]]
 
 
@@ -94,7 +96,8 @@ def _worker_main(conn: Any, task: str, init: str | None) -> None:
 
 
 def failure(status: str, error: str) -> dict:
-    return {"status": status, "error": error}
+    """The result of an item the process could not finish, in the wire form tasks yield."""
+    return MeasureResult.failure(status, error).to_wire()
 
 
 class Worker:

@@ -1,17 +1,26 @@
-"""Collector base: suite -> workloads -> candidates -> (resume filter) -> device -> store.
+"""The collection engine: suite -> workloads -> candidates -> (resume filter) -> device -> store.
 
-A collector says *what* to measure (``jobs``: workloads and their candidate specs; ``build``: one
-spec's kernel plan); ``Collector.run`` does the rest the same way for every kind: skips candidates
-already measured on this device (a killed collection re-run measures nothing twice), honours
-``budget`` (candidates), ``time_s`` and ``rounds``, asks a strategy (``collectors.strategy``)
-what to measure in each round and tells it every result, prepares (code-generates) the next
-workload in a thread while the device measures the current one, and writes Workload / Candidate /
-Measurement rows in batched transactions from this (the parent) process only, inside one
-recorded Run.
+A collector plugin (``collectors/``, registered in the ``tunedb.collectors`` entry points) says
+*what* to measure by subclassing ``Collector``:
+
+- ``name`` (the plugin's name) and ``kind`` (the candidate kind: ``fusion``, ``packing``, ...);
+- ``jobs(suite)``: one ``Job`` per workload, with the ``(config dict, spec)`` pair of every legal
+  candidate (a config is a dict of JSON scalars; the spec is anything ``build`` needs);
+- ``build(workload, spec)``: ``(source_hash, plan)``, the plan in the form the device runs
+  (``tunedb.runtime.cuda.plan_to_wire``); raising records the candidate as a ``compile_error``.
+
+``Collector.run`` does the rest the same way for every kind: skips candidates already measured on
+this device (a killed collection re-run measures nothing twice), honours ``budget`` (candidates),
+``time_s`` and ``rounds``, asks a strategy (``tunedb.collect.strategy``) what to measure in each
+round and tells it every result, prepares (code-generates) the next workload in a thread while the
+device measures the current one (``MeasureRequest`` in, ``MeasureResult`` out), and writes Workload /
+Candidate / Measurement rows in batched transactions from this (the parent) process only, inside
+one recorded Run.
 """
 
 from __future__ import annotations
 
+import importlib
 import queue
 import socket
 import subprocess
@@ -21,16 +30,17 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from tunedb.records import Candidate, Measurement, Protocol, Run, Workload, canonical_json
+from tunedb._version import __version__
+from tunedb.collect.jobs import CollectError, Job, Summary, Task
+from tunedb.collect.strategy import ExhaustiveStrategy, Strategy
+from tunedb.records import Candidate, Measurement, Run, Workload, canonical_json
+from tunedb.runtime.results import MeasureRequest
 
-
-class CollectError(ValueError):
-    """A collection cannot start (unknown suite, ...); the message is one line."""
-
-
+# Plugins of this source tree, for a checkout used without installing it (no entry points).
 BUILTIN_COLLECTORS = {"fusion": "collectors.fusion:FusionCollector"}
 
 
@@ -45,51 +55,6 @@ def git_sha() -> str:
     except (OSError, subprocess.SubprocessError):
         return ""
     return r.stdout.strip() if r.returncode == 0 else ""
-
-
-@dataclass
-class Job:
-    """One workload and the specs (schedules) of its legal candidates."""
-
-    workload: Workload
-    specs: list[tuple[dict, Any]]  # (config dict, opaque spec handed to ``build``)
-    pruned: int = 0
-
-
-@dataclass
-class Task:
-    candidate: Candidate
-    wire: dict  # the plan as the device runs it, or {"error": text} when code generation failed
-
-
-@dataclass
-class Summary:
-    run_id: str = ""
-    device_id: str = ""
-    workloads: int = 0
-    total: int = 0              # legal candidates in the suite
-    pruned: int = 0             # pruned by the schedule space, never measured
-    already: int = 0            # measured on this device before (resume)
-    missing: int = 0            # replay only: not in the replay data
-    measured: int = 0
-    statuses: dict[str, int] = field(default_factory=dict)
-    elapsed_s: float = 0.0
-    stopped: str = ""           # "", "budget", "time" or "rounds"
-
-    @property
-    def ok(self) -> int:
-        return self.statuses.get("ok", 0)
-
-    @property
-    def failed(self) -> int:
-        return self.measured - self.ok
-
-    @property
-    def rate(self) -> float:
-        return self.measured / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "ok": self.ok, "failed": self.failed, "rate_per_s": round(self.rate, 2)}
 
 
 class _Writer:
@@ -136,33 +101,14 @@ class _Pass:
     written: set[str] = field(default_factory=set)  # workloads already handed to the writer
 
 
-def to_measurement(res: dict, candidate_hash: str, device_id: str, run_id: str,
-                   protocol: Protocol) -> Measurement:
-    """A device result dict as a Measurement record (bad results become ``runtime_error``)."""
-    status = str(res.get("status", "runtime_error"))
-    samples = tuple(float(s) for s in (res.get("samples_us") or ()))
-    error = str(res.get("error", "") or "")
-    if status == "ok" and not samples:
-        status, error = "runtime_error", error or "no timing samples"
-    if status not in ("ok", "compile_error", "runtime_error", "incorrect", "timeout"):
-        status, error = "runtime_error", f"unknown status {status!r}: {error}"
-    if res.get("protocol_json"):
-        proto_json = str(res["protocol_json"])
-    else:
-        try:
-            proto_json = Protocol(**res["protocol"]).to_json() if res.get("protocol") else protocol.to_json()
-        except TypeError:
-            proto_json = protocol.to_json()
-    return Measurement(candidate_hash, device_id, run_id, status, samples if status == "ok" else (),
-                       error[:4000], int(res.get("registers", -1)), int(res.get("shared_bytes", -1)),
-                       int(res.get("local_bytes", -1)), proto_json)
-
-
 class Collector:
-    """Base class; subclasses set ``name`` / ``kind`` and implement ``jobs`` and ``build``."""
+    """Base class of collector plugins; subclasses set ``name`` / ``kind`` and implement ``jobs``
+    and ``build`` (see the module docstring). ``device_info`` is the measuring device's
+    ``DeviceInfo`` while ``run`` runs (a plugin may size its search to it, e.g. the SM count)."""
 
     name = "base"
     kind = "fusion"
+    device_info: Any = None
 
     def jobs(self, suite: str) -> Iterator[Job]:
         raise NotImplementedError
@@ -181,24 +127,22 @@ class Collector:
     def run(self, store: Any, device: Any, suite: str, budget: int | None = None,
             time_s: float | None = None, progress: Callable[[Summary], None] | None = None,
             flush_every: int = 256, flush_s: float = 5.0, chunk: int = 64,
-            config: dict | None = None, strategy: Any = None, rounds: int | None = None) -> Summary:
-        """Measure the suite on ``device`` into ``store``. ``strategy`` (``collectors.strategy``;
-        default exhaustive: suite order, one pass) chooses what to measure in each round;
-        ``rounds`` caps the number of rounds."""
+            config: dict | None = None, strategy: Strategy | None = None,
+            rounds: int | None = None) -> Summary:
+        """Measure the suite on ``device`` into ``store``. ``strategy`` (default exhaustive: suite
+        order, one pass) chooses what to measure in each round; ``rounds`` caps the rounds."""
         t0 = time.monotonic()
         info = device.info
         self.device_info = info  # collectors may size their search to the device (SM count)
         if rounds is not None and rounds < 1:
             raise CollectError(f"rounds must be >= 1, got {rounds}")
         if strategy is None:
-            from collectors.strategy import ExhaustiveStrategy
-
             strategy = ExhaustiveStrategy()
         try:
             jobs = list(self.jobs(suite))  # before the Run row: a bad suite leaves no trace
         except (ValueError, KeyError, LookupError) as e:
             raise CollectError(f"suite {suite!r}: {' '.join(str(e).split())}") from None
-        run = Run(id=uuid.uuid4().hex, collector=self.name, tunedb_version=_version(), git_sha=git_sha(),
+        run = Run(id=uuid.uuid4().hex, collector=self.name, tunedb_version=__version__, git_sha=git_sha(),
                   host=socket.gethostname(),
                   config_json=canonical_json({"suite": suite, "budget": budget, "time_s": time_s,
                                               "device": getattr(device, "kind", "?"),
@@ -272,13 +216,12 @@ class Collector:
                         summary.stopped = "time"
                         break
                     part = tasks[start:start + ctx.chunk]
-                    wires = [{**t.wire, "candidate_hash": t.candidate.hash} for t in part]
-                    for i, res in device.measure(job.workload, wires):
+                    for i, res in device.measure(job.workload, [t.request for t in part]):
                         if res is None:
                             summary.missing += 1
                             continue
-                        m = to_measurement(res, part[i].candidate.hash, ctx.device_id, ctx.run_id,
-                                           device.protocol)
+                        m = res.to_measurement(part[i].candidate.hash, ctx.device_id, ctx.run_id,
+                                               device.protocol)
                         writer.add(m)
                         ctx.strategy.observe(m.candidate_hash, m.status, m.median_us)
                         summary.measured += 1
@@ -313,16 +256,19 @@ class Collector:
                     if left is not None and len(tasks) >= left:
                         break
                     try:
-                        source_hash, wire = self.build(job.workload, spec)
+                        source_hash, plan = self.build(job.workload, spec)
+                        request = MeasureRequest(cand.hash, plan)
                     except Exception as e:  # noqa: BLE001 - a generator bug is this candidate's failure
-                        source_hash, wire = "", {"error": f"code generation failed: {type(e).__name__}: {e}"}
+                        source_hash = ""
+                        request = MeasureRequest(cand.hash, error=f"code generation failed: "
+                                                                  f"{type(e).__name__}: {e}")
                     measured.add(cand.hash)  # also dedupes specs that map to the same config
-                    tasks.append(Task(Candidate(job.workload.hash, self.kind, config, source_hash), wire))
+                    tasks.append(Task(Candidate(job.workload.hash, self.kind, config, source_hash), request))
                 if not tasks:
                     continue
                 if left is not None:
                     left -= len(tasks)
-                device.prefetch([t.wire for t in tasks], workload=job.workload)
+                device.prefetch([t.request for t in tasks], workload=job.workload)
                 while not stop.is_set():
                     try:
                         out.put((job, tasks), timeout=0.2)
@@ -335,18 +281,9 @@ class Collector:
         out.put(None)
 
 
-def _version() -> str:
-    from tunedb import __version__
-
-    return __version__
-
-
 def load_collector(name: str) -> Collector:
     """Instantiate the collector registered as ``name`` in the ``tunedb.collectors`` entry points
     (falling back to the built-in ones when the package is not installed)."""
-    import importlib
-    from importlib.metadata import entry_points
-
     target = None
     for ep in entry_points(group="tunedb.collectors"):
         if ep.name == name:

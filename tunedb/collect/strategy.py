@@ -29,8 +29,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
-from collectors.base import Job
+from tunedb.collect.jobs import Job
+from tunedb.costmodel.features import (
+    FEATURE_NAMES,
+    ROOFLINE_FEATURE,
+    DeviceFacts,
+    feature_index,
+    featurize,
+    featurize_frame,
+)
+from tunedb.records import Candidate
 
 STRATEGIES: tuple[str, ...] = ("exhaustive", "random", "roofline", "model")
 
@@ -55,8 +65,6 @@ class Strategy:
     def start(self, jobs: list[Job], measured: set[str], device_info: Any = None, kind: str = "fusion",
               prior: Any = None) -> int:
         """Index the suite's candidates; returns how many were measured before (skipped)."""
-        from tunedb.records import Candidate
-
         self.jobs = jobs
         self.kind = kind
         self.device_info = device_info
@@ -197,14 +205,10 @@ class RooflineStrategy(Strategy):
 
     def prepare(self, prior: Any) -> None:
         self.X, self.has_features = self._features()
-        from tunedb.costmodel.features import ROOFLINE_FEATURE, feature_index
-
         self.roofline = self.X[:, feature_index(ROOFLINE_FEATURE)].astype(np.float64)
         self.tiebreak = self.rng.random(len(self.cand_hash))
 
     def _device_facts(self) -> Any:
-        from tunedb.costmodel.features import DeviceFacts
-
         info = self.device_info
         if info is not None and getattr(info, "sm_count", 0):
             return DeviceFacts.from_device_info(info)
@@ -213,8 +217,6 @@ class RooflineStrategy(Strategy):
     def _features(self) -> tuple[np.ndarray, np.ndarray]:
         """Features of every candidate (compile-time facts unknown). A workload the featuriser
         cannot read keeps NaN rows and is ordered at random instead."""
-        from tunedb.costmodel.features import FEATURE_NAMES, featurize
-
         facts = self._device_facts()
         X = np.full((len(self.cand_hash), len(FEATURE_NAMES)), np.nan, dtype=np.float32)
         ok = np.zeros(len(self.cand_hash), dtype=bool)
@@ -282,8 +284,6 @@ class ModelStrategy(RooflineStrategy):
 
     def prepare(self, prior: Any) -> None:
         super().prepare(prior)
-        from tunedb.costmodel.features import feature_index
-
         fi = feature_index("floor_us")
         # Label: log(latency / floor time). The floor depends on the workload only, so the
         # order within a workload is unchanged, but workloads of very different sizes share one
@@ -298,10 +298,6 @@ class ModelStrategy(RooflineStrategy):
         suites, other workloads) warm-start the model; this run's own ones are in ``latency``."""
         if prior is None or getattr(prior, "num_rows", 0) == 0:
             return None, None
-        import pyarrow.compute as pc
-
-        from tunedb.costmodel.features import featurize_frame
-
         t = prior
         if "status" in t.column_names:
             t = t.filter(pc.equal(t["status"], "ok"))
@@ -389,7 +385,6 @@ class ModelStrategy(RooflineStrategy):
             bound = mu[rest] - self.kappa * self.sigma[remaining][rest]
             rest = rest[np.lexsort((tie[rest], bound))]
         return remaining[np.concatenate([first, rest[:n_explore]])]
-
 
     def observe(self, candidate_hash: str, status: str, median_us: float | None) -> None:
         super().observe(candidate_hash, status, median_us)
