@@ -181,6 +181,12 @@ def _cases() -> list[tuple]:
     add("Gather-computed", node("Gather", ["x", "i"]), {"x": f32(5, 3), "i": i64(2, 3, lo=0, hi=5)})
     add("GatherElements", node("GatherElements", ["x", "i"], axis=1),
         {"x": f32(3, 4), "i": i64(3, 6, lo=-4, hi=4)})
+    add("GatherND", node("GatherND", ["x", "i"]), {"x": f32(3, 4, 5), "i": i64(2, 3, 2, lo=-3, hi=3)})
+    add("GatherND-const", node("GatherND", ["x", "i"]), x345, {"i": ints(0, -1, 2, 1).reshape(2, 2)})
+    special = {"x": np.array([[0.5, np.nan, np.inf], [-np.inf, -2.0, np.nan]], np.float32)}
+    add("IsNaN", node("IsNaN", ["x"]), special)
+    add("IsInf", node("IsInf", ["x"]), special)
+    add("IsInf-positive", node("IsInf", ["x"], detect_negative=0), special)
     add("MatMul", node("MatMul", ["a", "b"]), {"a": f32(3, 8), "b": f32(8, 5)})
     add("MatMul-batched", node("MatMul", ["a", "b"]), {"a": f32(2, 1, 3, 8), "b": f32(4, 8, 5)})
     add("MatMul-vector", node("MatMul", ["a", "b"]), {"a": f32(2, 3, 8), "b": f32(8)})
