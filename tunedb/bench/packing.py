@@ -305,6 +305,19 @@ def render(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def interleave(cases: Sequence[PackingWorkload]) -> list[PackingWorkload]:
+    """Round-robin over families (suite order within each), so a time limit cuts every family."""
+    fams: dict[str, list[PackingWorkload]] = {}
+    for c in cases:
+        fams.setdefault(c.family, []).append(c)
+    out: list[PackingWorkload] = []
+    while any(fams.values()):
+        for lst in fams.values():
+            if lst:
+                out.append(lst.pop(0))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tunedb bench packing", description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="bench", help="bench (the issue's cases), quick or standard")
@@ -322,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.case:
         cases = [c for c in cases if any(s in c.name for s in args.case)]
+    cases = interleave(cases)
     import cupy as cp  # noqa: I001 - CuPy (and through it cuBLAS) before torch loads its own
 
     from tunedb.runtime.blas import library

@@ -179,21 +179,24 @@ class Candidate:
 
     partition: str  # how the clusters were formed (whole / shape / nk / bins)
     clusters: tuple[Cluster, ...]
+    concurrent: int = 1  # > 1: the clusters spread over this many forked streams
 
     @property
     def name(self) -> str:
         labels = sorted({c.label for c in self.clusters})
-        return f"{self.partition}:{'+'.join(labels)}"
+        tail = f"@{self.concurrent}" if self.concurrent > 1 else ""
+        return f"{self.partition}:{'+'.join(labels)}{tail}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"partition": self.partition,
+        return {"partition": self.partition, "concurrent": self.concurrent,
                 "clusters": [{"members": list(c.members), "backend": c.backend, "streams": c.streams}
                              for c in self.clusters]}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Candidate:
         return Candidate(d["partition"], tuple(Cluster(tuple(c["members"]), c["backend"],
-                                                       c.get("streams", 1)) for c in d["clusters"]))
+                                                       c.get("streams", 1)) for c in d["clusters"]),
+                         d.get("concurrent", 1))
 
 
 def padded_shape(members: Sequence[Member]) -> tuple[int, int, int]:
@@ -290,6 +293,9 @@ def candidates(w: PackingWorkload, stream_counts: Iterable[int] = (2, 4, 8, 16),
                                         else "serial"))
             if any(c.backend == backend for c in clusters):
                 out.append(Candidate(pname, tuple(clusters)))
+                if len(clusters) >= 2:  # the batched calls of the clusters side by side
+                    for k in sorted({min(len(clusters), 4), min(len(clusters), 8)}):
+                        out.append(Candidate(pname, tuple(clusters), k))
     uniq: dict[str, Candidate] = {}
     for c in out:
         uniq.setdefault(canonical_json(c.to_json()), c)

@@ -116,14 +116,35 @@ class PackedRun:
         self.steps: list[Callable[[], None]] = []
         self.graph: Any = None
         self.launches = 0
+        self._bb = self.blas
         with current_stream(cp, self.main):
-            for cl in cand.clusters:
-                build = getattr(self, f"_build_{cl.backend}")
-                self.steps.append(build(list(cl.members), inputs, cl.streams))
+            if cand.concurrent > 1:
+                self._build_concurrent(inputs)
+            else:
+                for cl in cand.clusters:
+                    self.steps.append(self._build(cl, inputs, self.blas))
             self.main.synchronize()
         self.dtype = w.members[0].dtype
 
-    # Each builder returns one step enqueuing its cluster on the current (main) stream.
+    def _build(self, cl: Any, inputs: Any, blas: Blas) -> Callable[[], None]:
+        self._bb = blas  # the handle (and so the stream) this cluster's calls go to
+        return getattr(self, f"_build_{cl.backend}")(list(cl.members), inputs, cl.streams)
+
+    def _build_concurrent(self, inputs: Any) -> None:
+        """Clusters spread over ``concurrent`` forked streams (largest first), joined at the end."""
+        clusters = self.cand.clusters
+        if any(c.backend == "streams" for c in clusters):
+            raise ValueError("a streams cluster inside concurrent clusters")
+        flops = [sum(self.w.members[i].flops for i in c.members) for c in clusters]
+        parts = _lpt(range(len(clusters)), lambda j: float(flops[j]), self.cand.concurrent)
+        branches = [[self._build(clusters[j], inputs, self.pool.blas(b)) for j in part]
+                    for b, part in enumerate(parts)]
+
+        def step() -> None:
+            record_forked(self.main, [lambda b, st=st: [s() for s in st] for st in branches], self.pool)
+        self.steps.append(step)
+
+    # Each builder returns one step enqueuing its cluster on ``self._bb``'s stream.
     def _own(self, i: int, inputs: Sequence[tuple[np.ndarray, np.ndarray]],
              shared: dict[str, Any]) -> tuple[Any, Any, Any]:
         cp, mb = self.cp, self.w.members[i]
@@ -142,7 +163,7 @@ class PackedRun:
 
     def _build_serial(self, members: list[int], inputs: Any, _k: int, blas: Blas | None = None,
                       shared: dict | None = None) -> Callable[[], None]:
-        blas = blas or self.blas
+        blas = blas or self._bb
         shared = {} if shared is None else shared
         runs = []
         for i in members:
@@ -190,7 +211,7 @@ class PackedRun:
         self.keep += [X, W, O]
         self.outs.append(O)
         self.launches += 1
-        return self.blas.gemm(X, W.swapaxes(-1, -2) if nt else W, O, dtype=ms[0].dtype)
+        return self._bb.gemm(X, W.swapaxes(-1, -2) if nt else W, O, dtype=ms[0].dtype)
 
     def _problem_ptrs(self, i: int, x: Any, wt: Any, out: Any, b: int) -> tuple[int, int, int]:
         isz = x.dtype.itemsize
@@ -230,9 +251,9 @@ class PackedRun:
         lib, t = library(), DATA_TYPES[ms[0].dtype]
         scalars = (ctypes.c_float(1.0), ctypes.c_float(0.0))
         self.keep.append(scalars)
-        args = (self.blas.handle, OP_T if nt else OP_N, OP_N, N, M, K, ctypes.addressof(scalars[0]),
+        args = (self._bb.handle, OP_T if nt else OP_N, OP_N, N, M, K, ctypes.addressof(scalars[0]),
                 table[0].data.ptr, t, K if nt else N, table[1].data.ptr, t, K,
-                ctypes.addressof(scalars[1]), table[2].data.ptr, t, N, len(ptrs), self.blas.compute,
+                ctypes.addressof(scalars[1]), table[2].data.ptr, t, N, len(ptrs), self._bb.compute,
                 GEMM_DEFAULT)
         if not hasattr(lib, "cublasGemmBatchedEx"):
             raise BlasError("this cuBLAS has no cublasGemmBatchedEx")
@@ -266,8 +287,8 @@ class PackedRun:
         table = self.cp.asarray(np.array(ptrs, dtype=np.uint64).T.copy())
         self.keep += [table, ta, tb, m_, n_, k_, lda, ldb, ldc, sizes, alpha, beta]
         t = DATA_TYPES[self.w.members[members[0]].dtype]
-        compute = self.blas.compute
-        args = (self.blas.handle, ta, tb, m_, n_, k_, alpha, table[0].data.ptr, t, lda,
+        compute = self._bb.compute
+        args = (self._bb.handle, ta, tb, m_, n_, k_, alpha, table[0].data.ptr, t, lda,
                 table[1].data.ptr, t, ldb, beta, table[2].data.ptr, t, ldc, G, sizes, compute)
         self.launches += 1
         return lambda: check(lib.cublasGemmGroupedBatchedEx(*args),
