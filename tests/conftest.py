@@ -1,11 +1,21 @@
-"""Shared pytest setup: tests marked ``gpu`` run only where CuPy sees a CUDA device."""
+"""Shared pytest setup.
+
+Markers: ``gpu`` tests run only where CuPy sees a CUDA device; ``nogpu`` tests (the one-line
+errors a user without a GPU gets) run only where none is; ``slow`` marks CPU tests of more than a
+few seconds (nvcc builds, emulation sweeps, training on the shipped data, wheel builds), left out
+of the fast tier ``pytest -m "not gpu and not slow"``. ``has_gpu()`` is the one check.
+"""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
 
-def _has_gpu() -> bool:
+@functools.cache
+def has_gpu() -> bool:
+    """Whether CuPy imports and sees at least one CUDA device (asked once per session)."""
     try:
         import cupy
 
@@ -14,13 +24,19 @@ def _has_gpu() -> bool:
         return False
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "nogpu: checks behaviour without a CUDA device; skipped where one is")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _has_gpu():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device (CuPy with a GPU)")
+    gpu = has_gpu()
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (CuPy with a GPU)")
+    skip_nogpu = pytest.mark.skip(reason="checks the error on machines without a GPU")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if item.get_closest_marker("gpu") and not gpu:
+            item.add_marker(skip_gpu)
+        if item.get_closest_marker("nogpu") and gpu:
+            item.add_marker(skip_nogpu)
 
 
 @pytest.fixture(autouse=True)

@@ -197,16 +197,7 @@ def test_load_cases_errors():
 
 
 # -- the command -----------------------------------------------------------------------------------
-def _has_gpu() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001
-        return False
-
-
-@pytest.mark.skipif(_has_gpu(), reason="checks the error on machines without a GPU")
+@pytest.mark.nogpu
 def test_cli_without_gpu_is_one_line_error(tmp_path):
     from tunedb.cli import app
 

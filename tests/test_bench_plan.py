@@ -38,15 +38,6 @@ GRAPHS = ROOT / "data" / "graphs"
 SHIPPED = sorted(GRAPHS.glob("*.onnx"))
 
 
-def _has_gpu() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001
-        return False
-
-
 def invoke(*args: str):
     from tunedb.cli import app
 
@@ -284,7 +275,7 @@ def test_cli_argument_errors_are_one_line(args, msg, tmp_path):
     assert not (tmp_path / "o.json").exists()
 
 
-@pytest.mark.skipif(_has_gpu(), reason="checks the error on machines without a GPU")
+@pytest.mark.nogpu
 def test_cli_without_gpu_is_one_line_error(tmp_path):
     out = tmp_path / "p.json"
     r = invoke("bench", "plan", "--graphs", str(GRAPHS), "--out", str(out))

@@ -1,8 +1,8 @@
 """The cost model on the shipped H200 fusion measurements (the Parquet export under data/) and
 the shipped model (models/nvidia-h200/fusion).
 
-Held-out evaluation (5-fold GroupKFold by workload) must stay above floors just below what the
-shipped training reaches (pairwise 0.897, top-1 0.964, top-5 0.987, MAPE 0.096, Spearman 0.896)
+Held-out evaluation (5-fold GroupKFold by workload) must stay within a small margin of what the
+shipped training reached (the held-out metrics on the shipped model's card, read here, not copied)
 and beat both baselines on every metric. The project's targets (pairwise >= 0.95, top-1 >= 0.97)
 are recorded as an expected failure until a model reaches them. They are not at the noise
 floor: the same 10,417 candidates measured on a second H200 board order 0.974 of their pairs
@@ -110,18 +110,25 @@ def test_shipped_model_matches_the_shipped_data(shipped_frame):
         "pairwise_accuracy"] + 0.3
 
 
+# How far a retraining may fall below the card's held-out metrics (seeds and library versions
+# move them by about 0.002; a lost feature or a broken split costs more than these margins).
+CARD_MARGIN = {"pairwise_accuracy": 0.012, "top1_score": 0.01, "top5_score": 0.005, "spearman": 0.03}
+
+
 @pytest.mark.slow
 @needs_data
 def test_h200_held_out_metrics_beat_baselines(held_out):
     m = held_out
-    assert m["pairwise_accuracy"] >= 0.885, m
-    assert m["top1_score"] >= 0.955, m
-    assert m["top5_score"] >= 0.983, m
-    assert m["spearman"] >= 0.87, m
-    assert m["mape"] <= 0.12, m
+    if not SHIPPED_MODEL.is_dir():
+        pytest.skip("no shipped H200 model")
+    card = json.loads((SHIPPED_MODEL / "card.json").read_text())["metrics"]
+    for key, margin in CARD_MARGIN.items():
+        assert m[key] >= card[key] - margin, (key, m[key], card[key])
+    assert m["mape"] <= card["mape"] * 1.25, (m["mape"], card["mape"])
     # most pairs lie further apart than their run-to-run spread, and those the model orders better
     r = m["pairwise_resolved"]
-    assert 0.85 <= r["share"] < 1.0 and r["accuracy"] >= m["pairwise_accuracy"] + 0.01, r
+    assert abs(r["share"] - card["pairwise_resolved"]["share"]) <= 0.02 and r["share"] < 1.0, r
+    assert r["accuracy"] >= m["pairwise_accuracy"] + 0.01, r
     for base in ("roofline", "random"):
         b = m["baselines"][base]
         assert m["pairwise_accuracy"] > b["pairwise_accuracy"] + 0.3

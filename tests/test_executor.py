@@ -25,15 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = ROOT / "data" / "graphs"
 
 
-def _has_gpu() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001
-        return False
-
-
 def test_imports_without_cupy():
     code = ("import sys, tunedb.runtime.executor, tunedb.runtime.executor_ops, tunedb.bench.plan, "
             "tunedb.cli_bench_plan, tunedb.cli; assert 'cupy' not in sys.modules, 'cupy imported'")
@@ -232,7 +223,7 @@ def test_pool_kernel_matches_the_reference(host_kernels, op, k, s, p, d, ceil, c
 
 
 # -- no GPU ---------------------------------------------------------------------------------------
-@pytest.mark.skipif(_has_gpu(), reason="checks the error on machines without a GPU")
+@pytest.mark.nogpu
 def test_plan_run_without_gpu_is_a_one_line_error(shipped_plans):
     from tunedb.runtime import NoGPUError
     from tunedb.runtime.executor import PlanExecutor, execute_plan
