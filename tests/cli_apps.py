@@ -7,7 +7,7 @@ import typer
 
 def collect_app() -> typer.Typer:
     """A typer app with only ``tunedb collect`` registered, as ``tunedb.cli`` would."""
-    from tunedb.cli_collect import register
+    from tunedb.cli.collect import register
 
     app = typer.Typer()
 

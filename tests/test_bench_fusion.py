@@ -22,7 +22,10 @@ from tunedb.bench.fusion import (
     summarize,
     write_json,
 )
-from tunedb.cli_bench import load_cases, progress_line, render_table, summary_line
+from tunedb.bench.tables import fusion_progress_line as progress_line
+from tunedb.bench.tables import fusion_summary_line as summary_line
+from tunedb.bench.tables import fusion_table as render_table
+from tunedb.bench.tables import load_cases
 from tunedb.graph.builder import GraphBuilder
 from tunedb.kernels.schedule import Schedule, schedule_space
 from tunedb.records import Candidate, DeviceInfo, Measurement, Run, Workload

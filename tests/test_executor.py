@@ -27,7 +27,7 @@ GRAPHS = ROOT / "data" / "graphs"
 
 def test_imports_without_cupy():
     code = ("import sys, tunedb.runtime.executor, tunedb.runtime.executor_ops, tunedb.bench.plan, "
-            "tunedb.cli_bench_plan, tunedb.cli; assert 'cupy' not in sys.modules, 'cupy imported'")
+            "tunedb.cli.bench, tunedb.cli; assert 'cupy' not in sys.modules, 'cupy imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr

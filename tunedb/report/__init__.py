@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -164,12 +165,14 @@ def _data_section(s: dict[str, Any]) -> str:
 def build_report(store: Any, kind: str = "fusion", device: str | None = None,
                  model: str | os.PathLike[str] | None = None, params: TrainParams | None = None,
                  folds: int = 5, seed: int | None = None, lofo: bool = False,
-                 hide_measured_facts: bool = True) -> Report:
+                 hide_measured_facts: bool = True, progress: Callable[[str], None] | None = None) -> Report:
     """The report for the ``kind`` measurements of an open TuningStore. ``device``: id or name
     for the model sections (default: the device with the most ok measurements). ``model``: a
     model directory or registry root whose card gives the training parameters and device
     facts; ``params`` overrides them. ``seed`` (default: the training seed) seeds the metrics'
-    tie-breaks and the random baseline. Raises ReportError with a one-line message."""
+    tie-breaks and the random baseline. ``progress(message)`` hears each phase (the evaluation
+    takes most of a minute). Raises ReportError with a one-line message."""
+    say = progress or (lambda _msg: None)
     if kind not in KINDS:
         raise ReportError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
     if folds < 2:
@@ -188,12 +191,14 @@ def build_report(store: Any, kind: str = "fusion", device: str | None = None,
     anchors = anchor_rows(frame, dev.id, facts)
     ev: Evaluation | None = None
     why = ""
+    say(f"held-out evaluation ({folds} folds by workload{', leave-one-family-out' if lofo else ''})")
     try:
         ev = evaluate(ds, train_params, folds=folds, seed=seed, hide_measured_facts=hide_measured_facts,
                       lofo=lofo)
         anchor_picks(anchors, ds, ev.pred_us)
     except ReportError as e:
         why = str(e)
+    say("plots")
     colors = plots.family_colors(sorted(set(ds.families.tolist()) | {a["family"] for a in anchors}))
 
     title = f"tunedb report: {kind} on {dev.name}"

@@ -8,14 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tunedb.cli_common import DbOption, JsonOption, handle_errors, open_store, print_json, register_error
-
-
-def register(app: typer.Typer) -> None:
-    from tunedb.report.data import ReportError
-
-    register_error(ReportError)
-    app.command("report")(handle_errors(report))
+from tunedb.cli.common import DbOption, JsonOption, handle_errors, open_store, print_json, writable_file
 
 
 def report(
@@ -28,9 +21,10 @@ def report(
     device: Annotated[str | None, typer.Option(
         "--device", help="Device id or name for the model sections (default: the one with the most "
         "ok measurements).")] = None,
-    folds: Annotated[int, typer.Option("--folds", help="GroupKFold folds over workloads.")] = 5,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the metrics' tie-breaks and the "
-                                             "random baseline (default: the training seed).")] = None,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="GroupKFold folds over workloads.")] = 5,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, help="Seed of the metrics' tie-breaks "
+                                             "and the random baseline (default: the training "
+                                             "seed).")] = None,
     lofo: Annotated[bool, typer.Option("--lofo", help="Also evaluate leave-one-family-out "
                                        "(trains once per family).")] = False,
     json_out: JsonOption = False,
@@ -41,19 +35,22 @@ def report(
     against the roofline floor, XGBoost vs the roofline and random baselines, a data summary.
 
     Every prediction comes from a model that never saw the workload (GroupKFold by workload).
-    Opens the database read-only. With --json, prints the numbers behind the page.
+    Opens the database read-only. Progress goes to stderr. With --json, prints the numbers
+    behind the page.
 
     Example: tunedb report --db h200.duckdb --model models/nvidia-h200/fusion --out report.html
     """
-    # Imported here, not at registration: xgboost need not load for every other command.
-    from tunedb.costmodel.model import CostModelError
-    from tunedb.report import ReportError, build_report
+    out = writable_file(out, "--out")  # before the evaluation, not after it
+    from tunedb.cli.train import progress_printer
+    from tunedb.costmodel.errors import CostModelError
+    from tunedb.report import build_report
+    from tunedb.report.data import ReportError
     from tunedb.report.render import clean
 
     with open_store(db, read_only=True) as store:
         try:
             rep = build_report(store, kind=kind, device=device, model=model, folds=folds, seed=seed,
-                               lofo=lofo)
+                               lofo=lofo, progress=progress_printer())
         except CostModelError as e:
             raise ReportError(str(e)) from None
     path = rep.write(out)
@@ -73,3 +70,7 @@ def report(
     else:
         line += f"; no held-out evaluation: {d['evaluation_note']}"
     typer.echo(line)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(handle_errors(report))

@@ -1,0 +1,117 @@
+"""``tunedb collect``: run a collector over a suite on a GPU (or a replay of stored data)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from tunedb.cli.common import DbOption, JsonOption, handle_errors, open_store, print_json, usage_error
+
+# Kept in step with tunedb.kernels.suites.SUITES (a test checks): importing the suites for --help
+# would load NumPy and the graph layer.
+SUITE_NAMES = ("quick", "standard", "full", "anchors")
+
+
+def _summary_line(s: Any) -> str:
+    by = ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items()) if k != "ok")
+    parts = [f"measured {s.measured} candidates of {s.workloads} workloads in {s.elapsed_s:.1f}s "
+             f"({s.rate:.1f}/s): ok {s.ok}, failed {s.failed}" + (f" ({by})" if by else ""),
+             f"already measured {s.already}", f"pruned {s.pruned}"]
+    if s.missing:
+        parts.append(f"not in replay data {s.missing}")
+    if s.stopped:
+        parts.append(f"stopped by {s.stopped} limit")
+    return "; ".join(parts)
+
+
+def collect(
+    suite: Annotated[str, typer.Option("--suite", help=f"Workload suite: {', '.join(SUITE_NAMES)} "
+                                       "(`tunedb suites` lists them).")],
+    collector: Annotated[str, typer.Option("--collector", help="Registered collector "
+                                           "(`tunedb collectors` lists them).")] = "fusion",
+    db: DbOption = None,
+    budget: Annotated[int | None, typer.Option("--budget", min=1,
+                                               help="Measure at most N candidates.")] = None,
+    time_s: Annotated[float | None, typer.Option("--time", min=0.0, help="Stop after S seconds.")] = None,
+    device: Annotated[str, typer.Option("--device", help="cuda, or replay:PATH (Parquet export dir "
+                                        "or database) to replay stored data.")] = "cuda",
+    workers: Annotated[int | None, typer.Option("--workers", min=0, show_default=False,
+                                                help="Parallel compile processes; default: CPU "
+                                                     "cores - 2.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0,
+                                           help="Seconds before a hung candidate is killed.")] = 60.0,
+    strategy: Annotated[str, typer.Option("--strategy", help="Order of measurement: exhaustive (suite "
+                                          "order), random, roofline or model (cost-model guided, "
+                                          "retrained as data arrives).")] = "exhaustive",
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="Stop after N rounds (random, "
+                                               "roofline, model: a round measures --per-round "
+                                               "candidates of every workload).")] = None,
+    per_round: Annotated[int, typer.Option("--per-round", min=1,
+                                           help="Candidates per workload per round.")] = 8,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the random and model "
+                                      "strategies.")] = 0,
+    json_out: JsonOption = False,
+) -> None:
+    """Generate, verify and time candidates; store every measurement (resumable).
+
+    The database is held only while a batch of results is committed, so `tunedb db info` and
+    other readers work during a collection. Ctrl-C stops after the last commit; run the same
+    command again to resume.
+
+    Example: tunedb collect --suite quick --db h200.duckdb
+    """
+    from tunedb.collect import load_collector, make_strategy
+    from tunedb.runtime import open_device
+
+    try:
+        coll = load_collector(collector)
+        strat = make_strategy(strategy, per_round=per_round, seed=seed)
+    except ValueError as e:
+        usage_error(str(e))
+    try:
+        dev = open_device(device, workers=workers, timeout_s=timeout)
+    except ValueError as e:
+        usage_error(str(e))
+    try:
+        with open_store(db) as store:
+            if json_out:
+                summary = coll.run(store, dev, suite, budget=budget, time_s=time_s, strategy=strat,
+                                   rounds=rounds)
+            else:
+                summary = _run_with_progress(coll, store, dev, suite, budget, time_s, strat, rounds)
+        stats = getattr(dev, "stats", dict)()  # where the device's time went (phases)
+    finally:
+        dev.close()
+    if json_out:
+        print_json({**summary.to_json(), "device_stats": stats})
+    else:
+        typer.echo(_summary_line(summary))
+        if stats:
+            typer.echo("device: " + ", ".join(
+                f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items()))
+
+
+def _run_with_progress(coll: Any, store: Any, dev: Any, suite: str, budget: int | None,
+                       time_s: float | None, strategy: Any = None, rounds: int | None = None) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[rate]:.1f}/s ok {task.fields[ok]} failed {task.fields[failed]}"),
+                  TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("collect", total=None, rate=0.0, ok=0, failed=0)
+
+        def progress(s: Any) -> None:
+            todo = max(0, s.total - s.already)
+            total = min(todo, budget) if budget is not None else todo
+            bar.update(task, completed=s.measured + s.missing, total=total or None, rate=s.rate,
+                       ok=s.ok, failed=s.failed)
+
+        return coll.run(store, dev, suite, budget=budget, time_s=time_s, progress=progress,
+                        strategy=strategy, rounds=rounds)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("collect")(handle_errors(collect))
+
+

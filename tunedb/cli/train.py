@@ -1,0 +1,139 @@
+"""``tunedb train``: fit the cost model on a tuning database, evaluate it on held-out workloads,
+save it to a model registry and record it in the database's ``models`` table."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tunedb.cli.common import (
+    DbOption,
+    JsonOption,
+    existing_db,
+    handle_errors,
+    print_json,
+    usage_error,
+    writable_dir,
+)
+
+_LABELS = {"pairwise_accuracy": "pairwise acc", "top1_score": "top-1", "top5_score": "top-5",
+           "mape": "MAPE", "spearman": "Spearman"}
+
+
+def default_out() -> Path:
+    """Where ``train`` saves without ``--out``: $TUNEDB_MODELS, else the user data folder (never
+    the shipped models, which every plan uses)."""
+    env = os.environ.get("TUNEDB_MODELS")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "tunedb" / "models"
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _table(title: str, rows: list[tuple[str, dict[str, Any]]]) -> Any:
+    from rich.table import Table
+
+    from tunedb.costmodel.metrics import METRIC_KEYS
+
+    table = Table(title=title)
+    table.add_column("predictor")
+    for k in METRIC_KEYS:
+        table.add_column(_LABELS.get(k, k), justify="right")
+    for name, m in rows:
+        table.add_row(name, *(_fmt(m.get(k)) for k in METRIC_KEYS))
+    return table
+
+
+def _print(metrics: dict[str, Any], where: Path) -> None:
+    from rich.console import Console
+
+    console = Console()
+    held = (f"{metrics['folds']}-fold GroupKFold by workload, {metrics['workloads']} workloads, "
+            f"{metrics['rows']:,} rows")
+    rows = [("model", metrics)] + list(metrics["baselines"].items())
+    console.print(_table(f"held-out ({held}); model objective {metrics['objective']}", rows))
+    lo = metrics.get("leave_one_family_out") or {}
+    if lo:
+        fam_rows = [(name, m) for name, m in sorted(lo["families"].items())]
+        fam_rows += [("all families (pooled)", lo)] + [(f"  {k}", m) for k, m in lo["baselines"].items()]
+        console.print(_table("leave-one-family-out", fam_rows))
+    console.print(f"model saved to {where}", highlight=False, soft_wrap=True)
+
+
+def progress_printer() -> Any:
+    """Phase lines on stderr with the seconds since the start (training takes minutes)."""
+    import time
+
+    t0 = time.monotonic()
+    return lambda msg: typer.echo(f"[{time.monotonic() - t0:6.1f}s] {msg}", err=True)
+
+
+def train(
+    db: DbOption = None,
+    kind: Annotated[str, typer.Option("--kind", help="Candidate kind to learn (fusion, packing, schedule).")]
+    = "fusion",
+    out: Annotated[Path | None, typer.Option(
+        "--out", show_default=False, help="Model registry root; the model goes to "
+        "OUT/<device>/<kind>/ (model.ubj + card.json). Default: $TUNEDB_MODELS, else "
+        "$XDG_DATA_HOME/tunedb/models (~/.local/share/tunedb/models).")] = None,
+    device: Annotated[str, typer.Option("--device", help="Where XGBoost trains: cpu or cuda.")] = "cpu",
+    device_id: Annotated[str | None, typer.Option(
+        "--device-id", help="GPU model whose measurements to learn, as a device name or any of its "
+        "boards' ids; needed when the database holds several models. All boards of the model "
+        "(name, compute capability, SM count) are learnt together.")] = None,
+    boards: Annotated[str, typer.Option(
+        "--boards", help="With several boards: each (a row per candidate and board) or median "
+        "(a row per candidate, the median over boards).")] = "each",
+    folds: Annotated[int, typer.Option("--folds", min=2, help="GroupKFold folds by workload.")] = 5,
+    objective: Annotated[str, typer.Option(
+        "--objective", help="auto (regression vs ranking, better held-out pairwise accuracy wins), "
+        "reg:squarederror, rank:pairwise or rank:ndcg.")] = "auto",
+    lofo: Annotated[bool, typer.Option("--lofo/--no-lofo",
+                                       help="Also evaluate leave-one-family-out.")] = True,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the splits and of XGBoost.")] = 0,
+    json_out: JsonOption = False,
+) -> None:
+    """Train the XGBoost cost model on the database's measurements and evaluate it held-out.
+
+    Every metric comes from workloads the model did not see: GroupKFold by workload (and, with
+    --lofo, leave-one-family-out), next to the analytic roofline and a random baseline. The
+    model is saved as OUT/<device>/<kind>/model.ubj with card.json, and recorded in the
+    database's models table. Several boards of one GPU model (name, compute capability, SM
+    count) train one model; held-out pairs never compare measurements of two boards. Progress
+    goes to stderr. With --json, prints one JSON object: pairwise_accuracy, top1_score,
+    top5_score, mape, spearman, baselines {roofline, random}, leave_one_family_out, objective,
+    folds, rows, workloads, boards, grid_pairs, model_dir and model_id.
+
+    Example: tunedb train --db h200.duckdb --out my-models --json
+    """
+    from tunedb.costmodel.from_store import train_on_store
+
+    if device not in ("cpu", "cuda"):
+        usage_error(f"--device must be cpu or cuda, got {device!r}")
+    path = existing_db(db)
+    # Both writes happen after minutes of training: check them first.
+    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+        usage_error(f"database {path} is not writable (train records the model in it)")
+    root = writable_dir(out if out is not None else default_out())
+    result = train_on_store(path, out_root=root, kind=kind, device_id=device_id, boards=boards,
+                            folds=folds, lofo=lofo, objective=objective, device=device, seed=seed,
+                            progress=progress_printer())
+    if json_out:
+        print_json({**result.metrics, "model_dir": str(result.model_dir), "model_id": result.model_id,
+                    "device_name": result.device_name})
+        return
+    _print(result.metrics, result.model_dir)
+    if os.environ.get("TUNEDB_MODELS") is None:
+        typer.echo(f"plans use it with --model {result.model_dir}, or with "
+                   f"TUNEDB_MODELS={root} for every plan", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(handle_errors(train))
