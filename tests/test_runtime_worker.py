@@ -67,7 +67,7 @@ def test_task_must_be_module_level() -> None:
 
 def test_import_runtime_and_collectors_without_cupy() -> None:
     code = ("import sys; import tunedb.runtime, tunedb.runtime.measure, tunedb.runtime.cuda, "
-            "collectors.fusion, tunedb.cli_collect; assert 'cupy' not in sys.modules; print('ok')")
+            "collectors.fusion, tunedb.cli.collect; assert 'cupy' not in sys.modules; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
