@@ -11,15 +11,8 @@ import pytest
 from tunedb.graph.builder import GraphBuilder
 from tunedb.runtime.cuda import plan_to_wire
 from tunedb.runtime.device import parse_clocks
-from tunedb.runtime.inputs import (
-    BF16_NAN_BITS,
-    bf16_bits,
-    bf16_to_f32,
-    check_host,
-    make_inputs,
-    reduction_length,
-    tolerance,
-)
+from tunedb.runtime.inputs import BF16_NAN_BITS, bf16_bits, bf16_to_f32, make_inputs
+from tunedb.runtime.tolerance import Tolerance, check_host, reduction_length, tolerance
 from tunedb.runtime.worker import Worker, WorkerError
 
 TASK = "tunedb.runtime.worker:selftest_task"
@@ -106,14 +99,14 @@ def test_tolerances_by_dtype_and_reduction_length() -> None:
 
     small, big = softmax_graph("float32", 16), softmax_graph("float32", 4096)
     assert reduction_length(small) == 16 and reduction_length(big) == 4096
-    assert tolerance(big, "float32")[0] > tolerance(small, "float32")[0]
-    assert tolerance(softmax_graph("bfloat16", 16), "bfloat16")[1] > tolerance(small, "float32")[1]
-    assert tolerance(small, "int64") == (0.0, 0.0)
+    assert tolerance(big, "float32").atol > tolerance(small, "float32").atol
+    assert tolerance(softmax_graph("bfloat16", 16), "bfloat16").rtol > tolerance(small, "float32").rtol
+    assert tolerance(small, "int64").exact
 
 
 def test_column_sums_widen_atol_by_their_length_and_catch_a_wrong_sum() -> None:
     from tunedb.graph.reference import run_reference
-    from tunedb.runtime.inputs import sum_length
+    from tunedb.runtime.tolerance import sum_length
 
     b = GraphBuilder("colsum")
     x = b.input("x", (65536, 8), "float32")
@@ -121,29 +114,29 @@ def test_column_sums_widen_atol_by_their_length_and_catch_a_wrong_sum() -> None:
     m = GraphBuilder("m")
     means = m.build([m.reduce_mean(m.input("y", (4, 4)), axes=[0])])
     assert sum_length(g) == 65536 and sum_length(means) == 0
-    atol, rtol = tolerance(g, "float32")
+    tol = tolerance(g, "float32")
     xs = np.random.default_rng(0).standard_normal((65536, 8)).astype(np.float32)
     ref = run_reference(g, {"x": xs})[g.outputs[0]]
     naive = np.zeros(8, np.float32)
     for row in xs:  # sequential float32 accumulation, the worst order a kernel might use
         naive += row
     assert np.abs(naive - ref).max() > 1e-4  # the old bound (sqrt(n) * eps) would fail it
-    assert check_host(naive, ref, atol, rtol)[0]
-    wrong = naive.copy()
-    wrong[3] += 0.05  # one row of 65,536 counted twice is off by ~1: far outside
-    assert not check_host(wrong, ref, atol, rtol)[0]
+    assert check_host(naive, ref, tol)[0]
+    wrong = naive + xs[17]  # one row of 65,536 counted twice is off by ~1: far outside
+    assert not check_host(wrong, ref, tol)[0]
 
 
 def test_host_check_rule_fails_nan_and_wrong_values() -> None:
     ref = np.array([1.0, 2.0, np.inf, np.nan], dtype=np.float32)
-    assert check_host(ref.copy(), ref, 1e-5, 1e-4)[0]
+    tol = Tolerance(1e-5, 1e-4)
+    assert check_host(ref.copy(), ref, tol)[0]
     bad = ref.copy()
     bad[0] = np.nan  # an unwritten (poisoned) element
-    ok, err = check_host(bad, ref, 1e-5, 1e-4)
+    ok, err = check_host(bad, ref, tol)
     assert not ok and err == np.inf
     off = ref.copy()
     off[1] = 2.01
-    ok, err = check_host(off, ref, 1e-5, 1e-4)
+    ok, err = check_host(off, ref, tol)
     assert not ok and err == pytest.approx(0.01, rel=1e-3)
 
 

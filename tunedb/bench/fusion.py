@@ -31,7 +31,7 @@ import numpy as np
 from tunedb.bench.host import HostPrep, spawn_pool, submit_or_none
 from tunedb.bench.provenance import provenance
 from tunedb.graph.ir import Graph
-from tunedb.runtime.inputs import bf16_to_f32, storage_dtype, tolerance
+from tunedb.runtime.inputs import bf16_to_f32, storage_dtype
 from tunedb.runtime.measure import WorkloadBuffers
 
 PEERS = ("torch_eager", "torch_compile", "jax")
@@ -422,11 +422,11 @@ class _Buffers(WorkloadBuffers):
         self.inputs = {k: cp.asarray(v) for k, v in dev.items()}
         self.pristine = {k: v.copy() for k, v in self.inputs.items()}
         self.refs = {k: cp.asarray(np.asarray(v, dtype=np.float32)) for k, v in refs.items()}
-        self.outputs, self.checks = {}, {}
+        self.outputs = {}
         for name in graph.outputs:
             t = graph.type_of(name)
             self.outputs[name] = cp.empty(t.shape, dtype=storage_dtype(t.dtype))
-            self.checks[name] = (t.dtype, *tolerance(graph, t.dtype))
+        self.set_checks(refs)
 
     def download(self, name: str) -> np.ndarray:
         a = self.cp.asnumpy(self.outputs[name])

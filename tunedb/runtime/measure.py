@@ -34,9 +34,9 @@ from tunedb.runtime.inputs import (
     poison_value,
     reference_outputs,
     storage_dtype,
-    tolerance,
     workload_seed,
 )
+from tunedb.runtime.tolerance import element_bounds, element_errors, tolerance
 
 NVRTC_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 SHORT_US = 10.0     # without a workload-level decision: plans faster than this are batched
@@ -128,16 +128,23 @@ class WorkloadBuffers:
             refs = reference_outputs(graph, ref_in)  # once per workload, float64 oracle
             del ref_in
         self.inputs = {k: cp.asarray(v) for k, v in dev.items()}
+        self.set_checks(refs)
         # A wrong kernel may scribble over its inputs; restore them before every verify launch so
         # one bad candidate cannot fail (or pass) the next ones.
         self.pristine = {k: v.copy() for k, v in self.inputs.items()}
         self.refs = {k: cp.asarray(v) for k, v in refs.items()}
         self.outputs = {}
-        self.checks = {}
         for name in graph.outputs:
             t = graph.type_of(name)
             self.outputs[name] = cp.empty(t.shape, dtype=storage_dtype(t.dtype))
-            self.checks[name] = (t.dtype, *tolerance(graph, t.dtype))
+
+    def set_checks(self, refs: dict) -> None:
+        """Per output: (dtype, absolute tolerance, rtol), the absolute one in units of the host
+        reference's scale (``tunedb.runtime.tolerance``), computed once per workload."""
+        self.checks = {}
+        for name in self.graph.outputs:
+            dtype = self.graph.type_of(name).dtype
+            self.checks[name] = (dtype, *tolerance(self.graph, dtype).bounds(refs[name]))
 
     def free(self) -> None:
         # Keeps device memory flat across thousands of workloads.
@@ -167,10 +174,8 @@ class WorkloadBuffers:
                 o = buf.view(cp.uint8).astype(cp.float32)
             else:
                 o = buf.astype(cp.float32)
-            diff = cp.abs(o - ref)
-            same = (o == ref) | (cp.isnan(o) & cp.isnan(ref))
-            err = cp.where(same, 0.0, cp.where(cp.isnan(diff), cp.inf, diff))
-            tol = atol + rtol * cp.abs(cp.where(cp.isfinite(ref), ref, 0.0))
+            err = element_errors(cp, o, ref)
+            tol = element_bounds(cp, ref, atol, rtol)
             nbad = int((err > tol).sum())
             if nbad:  # the error size only matters for the message: no second sync when ok
                 e = float(err.max()) if err.size else 0.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -180,8 +180,10 @@ def stripped_values(name: str, shape: Sequence[int], dtype: str, seed: int = 0) 
     return v.astype(dtype)
 
 
-def fill_model(model: onnx.ModelProto | str | os.PathLike, seed: int = 0) -> onnx.ModelProto:
-    """Copy of ``model`` with every stripped initializer embedded again (``stripped_values``)."""
+def fill_model(model: onnx.ModelProto | str | os.PathLike, seed: int = 0,
+               values: Mapping[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """Copy of ``model`` with every stripped initializer embedded again: ``values[name]`` where
+    given (rounded to the initializer's dtype), else ``stripped_values``."""
     src = load_model(model) if not isinstance(model, onnx.ModelProto) else model
     out = onnx.ModelProto()
     out.CopyFrom(src)
@@ -196,7 +198,12 @@ def fill_model(model: onnx.ModelProto | str | os.PathLike, seed: int = 0) -> onn
         dims = [d.dim_value for d in t.shape.dim]
         if any(not d.HasField("dim_value") for d in t.shape.dim):
             raise OnnxImportError(f"stripped initializer {vi.name!r} has no static shape")
-        vals = stripped_values(vi.name, dims, dtype_of_onnx(t.elem_type, f"input {vi.name!r}"), seed)
+        dtype = dtype_of_onnx(t.elem_type, f"input {vi.name!r}")
+        if values is not None and vi.name in values:
+            v = np.asarray(values[vi.name], dtype=np.float32).reshape(dims)
+            vals = v.astype(BF16) if dtype == "bfloat16" else v.astype(dtype)
+        else:
+            vals = stripped_values(vi.name, dims, dtype, seed)
         g.initializer.append(numpy_helper.from_array(vals, vi.name))
     del g.input[:]
     g.input.extend(kept)

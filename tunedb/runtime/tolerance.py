@@ -1,0 +1,171 @@
+"""The one tolerance table of the verification protocol (GPU measurement, CPU emulation, plan
+benchmarks, the cuBLAS self-check and the tests all compare through it).
+
+An element passes when ``|out - ref| <= atol * S + rtol * |ref|``, where ``S`` is the output's
+scale: the RMS of the reference's finite values. An absolute tolerance in units of the output's
+own scale lets a correct kernel with a large dynamic range pass (an optimizer step dividing by a
+near-zero root: a float32 rounding of a large intermediate shows up as an absolute error on the
+small elements) while a wrong kernel (an index off by one, an element left unwritten, the wrong
+reduction axis) errs by about the typical element and still fails. NaN fails unless the
+reference is NaN there; equal values (infinities included) pass; integer and bool outputs must
+match exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node
+
+# dtype -> (atol in units of the output's scale, rtol, machine epsilon). Kernels compute in
+# float32 and round once on store, so rtol sits a few ulps above the storage dtype's epsilon.
+TOLERANCES: dict[str, tuple[float, float, float]] = {
+    "float32": (1e-5, 1e-4, 1.19e-7),
+    "float16": (1e-3, 1e-2, 9.77e-4),
+    "bfloat16": (8e-3, 2e-2, 7.81e-3),
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``atol`` (times the output's scale) and ``rtol`` of one output; both 0: exact."""
+
+    atol: float
+    rtol: float
+
+    @property
+    def exact(self) -> bool:
+        return self.atol == 0.0 and self.rtol == 0.0
+
+    def scaled(self, factor: float) -> Tolerance:
+        return replace(self, atol=self.atol * factor, rtol=self.rtol * factor)
+
+    def bounds(self, ref: Any) -> tuple[float, float]:
+        """``(absolute tolerance, rtol)`` for this reference array (NumPy): atol times its scale."""
+        return (0.0 if self.exact else self.atol * output_scale(ref)), self.rtol
+
+
+def output_scale(ref: Any) -> float:
+    """RMS of the finite values of ``ref`` (1.0 when it has none, or all are zero)."""
+    r = np.asarray(ref, dtype=np.float64)
+    finite = r[np.isfinite(r)]
+    if not finite.size:
+        return 1.0
+    rms = float(np.sqrt(np.mean(np.square(finite))))
+    return rms if rms > 0.0 and math.isfinite(rms) else 1.0
+
+
+def _prod(xs: Any) -> int:
+    return int(math.prod(int(x) for x in xs)) if xs else 1
+
+
+def accumulated_terms(graph: Graph, node: Node) -> int:
+    """Terms one output element of ``node`` accumulates (1 for ops that accumulate nothing)."""
+    try:
+        shape = graph.type_of(node.inputs[0]).shape if node.inputs else ()
+    except ValueError:
+        return 1
+    if node.op.startswith("reduce_"):
+        axes = node.attr("axes")
+        if axes is None or axes == ():
+            return _prod(shape)
+        return _prod([shape[a] for a in axes if -len(shape) <= a < len(shape)])
+    if node.op == "argmax":
+        ax = int(node.attr("axis", 0) or 0)
+        return shape[ax] if shape and -len(shape) <= ax < len(shape) else 1
+    if node.op in ("matmul", "gemm") and shape:
+        return shape[0] if node.op == "gemm" and node.attr("trans_a") else shape[-1]
+    if node.op == "conv2d" and len(node.inputs) > 1:
+        return _prod(graph.type_of(node.inputs[1]).shape[1:])
+    if node.op in ("avg_pool2d", "max_pool2d"):
+        return _prod(node.attr("kernel", (1, 1)))
+    if node.op in ("global_avg_pool", "global_max_pool") and len(shape) > 2:
+        return _prod(shape[2:])
+    return 1
+
+
+def reduction_length(graph: Graph) -> int:
+    """The longest chain of accumulated terms any node performs (widens the absolute tolerance)."""
+    return max((accumulated_terms(graph, n) for n in graph.nodes), default=1)
+
+
+def sum_length(graph: Graph) -> int:
+    """Terms of the longest ``reduce_sum`` (0 without one); means divide their error by n."""
+    return max((accumulated_terms(graph, n) for n in graph.nodes if n.op == "reduce_sum"), default=0)
+
+
+def dtype_tolerance(dtype: str, terms: int = 1, sum_terms: int = 0) -> Tolerance:
+    """The table's entry for ``dtype``, atol widened by ``sqrt(n) * eps`` for the longest chain
+    of ``n`` accumulated terms (``terms``, or ``sum_terms`` of a plain sum): partial sums grow
+    like the output's scale, each addition rounds, and the roundings add up like a random walk,
+    so float32 accumulation errs by about eps * n in absolute terms where the output's scale is
+    sqrt(n) (onnxruntime's column sums over 65,536 rows err by 0.8 * n * eps)."""
+    atol, rtol, eps = TOLERANCES[dtype]
+    return Tolerance(atol + math.sqrt(max(1, terms, sum_terms)) * eps, rtol)
+
+
+def tolerance(graph: Graph, out_dtype: str) -> Tolerance:
+    """The tolerance of one output of ``graph``: by the lowest-precision float dtype in the graph
+    (or the output's), widened by the graph's longest accumulation. Integer/bool outputs: exact."""
+    if out_dtype not in FLOAT_DTYPES:
+        return Tolerance(0.0, 0.0)
+    dtypes = {t.dtype for _, t in graph.types if t.dtype in FLOAT_DTYPES} | {out_dtype}
+    worst = max(dtypes, key=lambda d: TOLERANCES[d][2])
+    return dtype_tolerance(worst, reduction_length(graph), sum_length(graph))
+
+
+def element_errors(xp: Any, out: Any, ref: Any) -> Any:
+    """Per-element ``|out - ref|`` for the check (``xp``: numpy or cupy, float arrays): 0 where
+    the two are equal (infinities included) or both NaN, inf where only one is NaN."""
+    diff = xp.abs(out - ref)
+    same = (out == ref) | (xp.isnan(out) & xp.isnan(ref))
+    return xp.where(same, 0.0, xp.where(xp.isnan(diff), xp.inf, diff))
+
+
+def element_bounds(xp: Any, ref: Any, abs_tol: float, rtol: float) -> Any:
+    return abs_tol + rtol * xp.abs(xp.where(xp.isfinite(ref), ref, 0.0))
+
+
+def check_host(out: Any, ref: Any, tol: Tolerance) -> tuple[bool, float]:
+    """The comparison rule on the host: ``(ok, max abs error)``."""
+    ratio, err = error_ratio(out, ref, tol)
+    return ratio <= 1.0, err
+
+
+def error_ratio(out: Any, ref: Any, tol: Tolerance) -> tuple[float, float]:
+    """``(worst error / its bound, max abs error)``; the output passes when the ratio is <= 1."""
+    o = np.asarray(out, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64).reshape(o.shape)
+    abs_tol, rtol = tol.bounds(r)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        err = element_errors(np, o, r)
+        bound = element_bounds(np, r, abs_tol, rtol)
+        ratio = np.where(err == 0.0, 0.0, err / bound)
+    if not err.size:
+        return 0.0, 0.0
+    return float(ratio.max()), float(err.max())
+
+
+def host_values(a: np.ndarray, dtype: str) -> np.ndarray:
+    """An output as stored (bfloat16 as uint16 bits, bool as bytes) widened to float64."""
+    a = np.asarray(a)
+    if dtype == "bfloat16" and a.dtype == np.uint16:
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def compare_outputs(graph: Graph, outs: dict[str, np.ndarray], refs: dict[str, Any]
+                    ) -> tuple[str, float]:
+    """The worst output of ``graph`` and its error over its bound (> 1 fails): ``outs`` as
+    stored by a kernel, ``refs`` the float64 reference's."""
+    worst = ("", 0.0)
+    for v in graph.outputs:
+        dtype = graph.type_of(v).dtype
+        ratio, _ = error_ratio(host_values(outs[v], dtype), refs[v], tolerance(graph, dtype))
+        if ratio > worst[1] or not worst[0]:
+            worst = (v, ratio)
+    return worst
