@@ -80,6 +80,8 @@ def test_padding_waste():
     assert padding_waste(ms, "padded") == pytest.approx(0.25)
     assert padding_waste(ms, "pointer") == pytest.approx(0.25)
     assert padding_waste(ms, "grouped") == 0.0
+    # concat: rows 100+50 against columns 64+64, half of the blocks off the diagonal
+    assert padding_waste([Member(100, 64, 32), Member(50, 64, 32)], "concat") == pytest.approx(0.5)
     ms = [Member(8, 8, 8, batch=3), Member(4, 4, 4)]
     assert padding_waste(ms, "padded") == pytest.approx(1 - (3 * 512 + 64) / (4 * 512))
 
@@ -99,11 +101,18 @@ def test_partitions_and_candidates_cover_every_member_once():
     assert candidate_waste(w, next(c for c in cands if c.name == "shape:padded")) == 0.0
 
 
+def test_concat_only_for_thin_outputs_of_one_k():
+    lora = next(w for w in bench_cases() if w.family == "lora")
+    assert "k:concat" in {c.name for c in candidates(lora)}
+    moe = next(w for w in bench_cases() if w.family == "moe")  # 8 x 2816 columns: too wide
+    assert not any(cl.backend == "concat" for c in candidates(moe) for cl in c.clusters)
+
+
 def test_mixed_dtypes_are_not_grouped_or_padded_together():
     w = _mix()
     for c in candidates(w):
         for cl in c.clusters:
-            if cl.backend in ("padded", "pointer", "grouped"):
+            if cl.backend in ("padded", "pointer", "grouped", "concat"):
                 assert len({w.members[i].dtype for i in cl.members}) == 1, c.name
 
 

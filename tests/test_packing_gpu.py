@@ -40,5 +40,5 @@ def test_every_candidate_matches_the_reference(w):
         assert worst_error(w, run.outputs(), refs) <= 1.0, f"{cand.name} replayed"
         assert min(time_stream(cp, run.replay, run.main, reps=2, samples=2)) > 0
         seen |= {c.backend for c in cand.clusters}
-    assert seen == {"serial", "streams", "padded", "pointer", "grouped"}
+    assert seen == {"serial", "streams", "padded", "pointer", "grouped", "concat"}
     pool.close()

@@ -49,8 +49,6 @@ def _torch_from(torch: Any, a: np.ndarray, dtype: str) -> Any:
     return torch.from_numpy(a).cuda()
 
 
-def _torch_values(t: Any) -> np.ndarray:
-    return t.float().cpu().numpy().astype(np.float64)
 
 
 def time_torch(torch: Any, fn: Callable[[], None], *, reps: int, samples: int) -> list[float]:
@@ -72,8 +70,9 @@ def time_torch(torch: Any, fn: Callable[[], None], *, reps: int, samples: int) -
 class TorchCase:
     """torch tensors of one case and the peers' launch functions (each writes ``outs``)."""
 
-    def __init__(self, torch: Any, w: PackingWorkload, inputs: Sequence[tuple[np.ndarray, np.ndarray]]):
-        self.torch, self.w = torch, w
+    def __init__(self, torch: Any, cp: Any, w: PackingWorkload,
+                 inputs: Sequence[tuple[np.ndarray, np.ndarray]]):
+        self.torch, self.cp, self.w = torch, cp, w
         self.ops = []
         for mb, (x, wt) in zip(w.members, inputs):
             tx, tw = _torch_from(torch, x, mb.dtype), _torch_from(torch, wt, mb.dtype)
@@ -84,9 +83,11 @@ class TorchCase:
             else:
                 self.ops.append((tx, tw, out, out))
 
-    def outputs(self) -> list[np.ndarray]:
+    def outputs(self) -> list[Any]:
+        """float64 CuPy views of the outputs (after torch's queue has drained)."""
+        wide = [o[3].double() for o in self.ops]
         self.torch.cuda.synchronize()
-        return [_torch_values(o[3]) for o in self.ops]
+        return [self.cp.asarray(t) for t in wide]
 
     def clear(self) -> None:
         for o in self.ops:
@@ -187,7 +188,8 @@ class TorchCase:
 
 def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps: int, samples: int,
              peers: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
-    inputs = make_inputs(w, seed=0)
+    host = make_inputs(w, seed=0)
+    inputs = [(cp.asarray(x), cp.asarray(wt)) for x, wt in host]  # once per case, for all candidates
     refs = reference(w, inputs)
     rows: list[dict[str, Any]] = []
 
@@ -212,11 +214,11 @@ def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps:
         def verify(cand: Any = cand, held: dict = held) -> float:
             run = held["run"] = PackedRun(cp, w, cand, inputs, pool)
             run.run()
-            e1 = worst_error(w, run.outputs(), refs)
+            e1 = worst_error(w, run.outputs(on_device=True), refs)
             run.clear_outputs()
             run.capture()
             run.replay()
-            return max(e1, worst_error(w, run.outputs(), refs))
+            return max(e1, worst_error(w, run.outputs(on_device=True), refs))
 
         add("tunedb", cand.name, verify, lambda held=held: held["run"].replay(),
             lambda f, held=held: time_stream(cp, f, held["run"].main, reps=reps, samples=samples),
@@ -224,20 +226,19 @@ def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps:
         if "run" in held:
             rows[-1]["launches"] = held["run"].launches
         held.clear()
-    cp.get_default_memory_pool().free_all_blocks()
     if peers:
-        _torch_rows(w, torch, inputs, refs, add, reps, samples)
+        _torch_rows(w, torch, cp, host, refs, add, reps, samples)
     return {"case": w.name, "family": w.family, "hash": w.hash, "members": len(w.members),
             "problems": w.problems, "flops": w.flops, "bytes": w.bytes(), "workload": w.to_json(),
             "rows": rows, "summary": summarize(rows)}
 
 
-def _torch_rows(w: PackingWorkload, torch: Any, inputs: Any, refs: Any, add: Callable[..., None],
-                reps: int, samples: int) -> None:
+def _torch_rows(w: PackingWorkload, torch: Any, cp: Any, inputs: Any, refs: Any,
+                add: Callable[..., None], reps: int, samples: int) -> None:
     def ttime(fn: Callable[[], None]) -> list[float]:
         return time_torch(torch, fn, reps=reps, samples=samples)
 
-    tc = TorchCase(torch, w, inputs)
+    tc = TorchCase(torch, cp, w, inputs)
 
     def peer(variant: str, build: Callable[[], Any], after: Callable[[], None] | None = None) -> None:
         """Build (inside the row's error handling), check against the reference, then time."""
@@ -342,12 +343,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     lib = library()
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
+    from dataclasses import asdict
+
+    from tunedb.runtime.device import device_info
     pool = StreamPool(16)
     ver = pool.blas(0).version
     doc: dict[str, Any] = {"bench": "packing", **provenance(argv), "device": torch.cuda.get_device_name(),
                            "cublas_version": ver, "torch": torch.__version__, "cupy": cp.__version__,
                            "grouped_gemm": hasattr(lib, "cublasGemmGroupedBatchedEx"),
-                           "reps": args.reps, "samples": args.samples, "results": []}
+                           "reps": args.reps, "samples": args.samples,
+                           "device_info": asdict(device_info()),
+                           "started_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                           "results": []}
     t0 = time.monotonic()
     for w in cases:
         if args.time_limit and time.monotonic() - t0 > args.time_limit:
@@ -356,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{w.name}: {len(w.members)} members", flush=True)
         doc["results"].append(run_case(w, cp=cp, torch=torch, pool=pool, reps=args.reps,
                                        samples=args.samples, peers=not args.no_peers))
+        cp.get_default_memory_pool().free_all_blocks()
         args.out.write_text(json.dumps(doc, indent=1))
     print(render(doc["results"]))
     return 0

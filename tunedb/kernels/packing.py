@@ -16,7 +16,10 @@ A ``Candidate`` partitions the members into clusters and gives each cluster a ba
 * ``pointer``: one pointer-array batched GEMM, each problem in its own buffer padded to the
   cluster's largest shape;
 * ``grouped``: one ``cublasGemmGroupedBatchedEx`` call, problems of equal shape in one group,
-  no padding.
+  no padding;
+* ``concat``: members of one ``k`` as ONE GEMM: their rows stacked (as a segmented batch of
+  tokens lies in memory), their weights side by side; each member's output is its diagonal block
+  (the off-diagonal blocks are the waste; pays for thin outputs, e.g. LoRA shrink GEMMs).
 
 Padding waste (the share of a cluster's multiply-adds spent on zeros) is part of every candidate.
 """
@@ -34,7 +37,8 @@ SCHEME = "tunedb.packing/1"
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LAYOUTS = ("nn", "nt")
 KINDS = ("gemm", "bgemm", "conv")
-BACKENDS = ("serial", "streams", "padded", "pointer", "grouped")
+BACKENDS = ("serial", "streams", "padded", "pointer", "grouped", "concat")
+CONCAT_MAX_N = 2048  # concat only thin outputs: its waste grows with every member's columns
 SMS_H200 = 132
 
 
@@ -203,28 +207,31 @@ def padded_shape(members: Sequence[Member]) -> tuple[int, int, int]:
     return max(m.m for m in members), max(m.n for m in members), max(m.k for m in members)
 
 
+def done_macs(members: Sequence[Member], backend: str) -> int:
+    """Multiply-adds a backend performs for ``members``, padding and cross terms included."""
+    if backend in ("padded", "pointer"):
+        M, N, K = padded_shape(members)
+        return sum(m.batch for m in members) * M * N * K
+    if backend == "concat":
+        return sum(m.batch * m.m for m in members) * sum(m.n for m in members) * members[0].k
+    return sum(m.flops // 2 for m in members)
+
+
 def padding_waste(members: Sequence[Member], backend: str) -> float:
-    """Share of the multiply-adds a backend spends on zero padding (0 for per-problem backends)."""
-    if backend not in ("padded", "pointer"):
-        return 0.0
-    M, N, K = padded_shape(members)
-    useful = sum(m.batch * m.m * m.n * m.k for m in members)
-    total = sum(m.batch for m in members) * M * N * K
-    return 1.0 - useful / total
+    """Share of the multiply-adds a backend spends on zero padding or on the off-diagonal blocks
+    of ``concat`` (0 for per-problem backends)."""
+    return 1.0 - sum(m.flops // 2 for m in members) / done_macs(members, backend)
+
+
+def concat_ok(members: Sequence[Member]) -> bool:
+    return (len(members) > 1 and uniform(members) and len({m.k for m in members}) == 1
+            and all(m.batch == 1 for m in members) and sum(m.n for m in members) <= CONCAT_MAX_N)
 
 
 def candidate_waste(w: PackingWorkload, cand: Candidate) -> float:
     """Padding waste of a whole candidate: padded multiply-adds over all multiply-adds done."""
-    useful = w.flops // 2
-    done = 0
-    for c in cand.clusters:
-        ms = [w.members[i] for i in c.members]
-        if c.backend in ("padded", "pointer"):
-            M, N, K = padded_shape(ms)
-            done += sum(m.batch for m in ms) * M * N * K
-        else:
-            done += sum(m.flops // 2 for m in ms)
-    return 1.0 - useful / done
+    done = sum(done_macs([w.members[i] for i in c.members], c.backend) for c in cand.clusters)
+    return 1.0 - (w.flops // 2) / done
 
 
 def uniform(members: Sequence[Member]) -> bool:
@@ -272,7 +279,7 @@ def partitions(w: PackingWorkload) -> dict[str, list[tuple[int, ...]]]:
 
 
 def candidates(w: PackingWorkload, stream_counts: Iterable[int] = (2, 4, 8, 16),
-               max_waste: float = 0.75) -> list[Candidate]:
+               max_waste: float = 0.92) -> list[Candidate]:
     """Every candidate tried for ``w`` (a cluster whose padding would waste more than
     ``max_waste`` of its work is not padded)."""
     n = len(w.members)
@@ -296,6 +303,12 @@ def candidates(w: PackingWorkload, stream_counts: Iterable[int] = (2, 4, 8, 16),
                 if len(clusters) >= 2:  # the batched calls of the clusters side by side
                     for k in sorted({min(len(clusters), 4), min(len(clusters), 8)}):
                         out.append(Candidate(pname, tuple(clusters), k))
+    by_k = _groups(w, lambda m: (m.dtype, m.layout, m.k))
+    clusters = [Cluster(p, "concat" if concat_ok([w.members[i] for i in p]) else "serial") for p in by_k]
+    if any(c.backend == "concat" for c in clusters):
+        out.append(Candidate("k", tuple(clusters)))
+        if len(clusters) >= 2:
+            out.append(Candidate("k", tuple(clusters), min(len(clusters), 8)))
     uniq: dict[str, Candidate] = {}
     for c in out:
         uniq.setdefault(canonical_json(c.to_json()), c)

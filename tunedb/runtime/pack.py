@@ -48,8 +48,11 @@ def storage(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.astype(np.float16 if dtype == "float16" else np.float32)
 
 
-def values(s: np.ndarray, dtype: str) -> np.ndarray:
-    return (bf16_values(s) if dtype == "bfloat16" else s).astype(np.float64)
+def values(s: Any, dtype: str) -> Any:
+    """Stored bits as float64 (NumPy or CuPy arrays alike)."""
+    if dtype == "bfloat16":
+        return (s.astype("uint32") << 16).view("float32").astype("float64")
+    return s.astype("float64")
 
 
 def make_inputs(w: PackingWorkload, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -70,8 +73,9 @@ def make_inputs(w: PackingWorkload, seed: int = 0) -> list[tuple[np.ndarray, np.
     return out
 
 
-def reference(w: PackingWorkload, inputs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
-    """float64 ``x @ w`` per member, ``[batch, m, n]``."""
+def reference(w: PackingWorkload, inputs: Sequence[tuple[Any, Any]]) -> list[Any]:
+    """float64 ``x @ w`` per member, ``[batch, m, n]``, on the inputs' side (NumPy or CuPy: a
+    float64 GEMM on the GPU is exact enough and much faster for big suites)."""
     refs = []
     for mb, (x, wt) in zip(w.members, inputs):
         wv = values(wt, mb.dtype)
@@ -79,12 +83,13 @@ def reference(w: PackingWorkload, inputs: Sequence[tuple[np.ndarray, np.ndarray]
     return refs
 
 
-def worst_error(w: PackingWorkload, got: Sequence[np.ndarray], refs: Sequence[np.ndarray]) -> float:
-    """Worst member error relative to its tolerance (<= 1 passes)."""
+def worst_error(w: PackingWorkload, got: Sequence[Any], refs: Sequence[Any]) -> float:
+    """Worst member error relative to its tolerance (<= 1 passes); ``got`` and ``refs`` both
+    NumPy or both CuPy float64 arrays."""
     worst = 0.0
     for mb, g, r in zip(w.members, got, refs):
-        scale = max(float(np.abs(r).max()), 1e-30)
-        err = float(np.abs(np.asarray(g, dtype=np.float64) - r).max()) / scale
+        scale = max(float(abs(r).max()), 1e-30)
+        err = float(abs(g - r).max()) / scale
         worst = max(worst, err / TOLERANCE[mb.dtype] if np.isfinite(err) else np.inf)
     return worst
 
@@ -156,7 +161,7 @@ class PackedRun:
             if mb.weight:
                 shared[mb.weight] = wt
         out = cp.zeros((mb.batch, mb.m, mb.n), dtype=x.dtype)
-        self.readers[i] = lambda o=out, d=mb.dtype: values(cp.asnumpy(o), d)
+        self.readers[i] = lambda o=out: o
         self.keep += [x, wt, out]
         self.outs.append(out)
         return x, (wt if mb.layout == "nn" else wt.swapaxes(-1, -2)), out
@@ -205,13 +210,36 @@ class PackedRun:
                 W[p:p + b, :mb.n, :mb.k] = cp.asarray(wt)
             else:
                 W[p:p + b, :mb.k, :mb.n] = cp.asarray(wt)
-            self.readers[i] = lambda p=p, mb=mb: values(cp.asnumpy(O[p:p + mb.batch, :mb.m, :mb.n]),
-                                                        mb.dtype)
+            self.readers[i] = lambda p=p, mb=mb: O[p:p + mb.batch, :mb.m, :mb.n]
             p += b
         self.keep += [X, W, O]
         self.outs.append(O)
         self.launches += 1
         return self._bb.gemm(X, W.swapaxes(-1, -2) if nt else W, O, dtype=ms[0].dtype)
+
+    def _build_concat(self, members: list[int], inputs: Any, _k: int) -> Callable[[], None]:
+        cp = self.cp
+        ms = [self.w.members[i] for i in members]
+        nt = ms[0].layout == "nt"
+        K, SM, SN = ms[0].k, sum(m.m for m in ms), sum(m.n for m in ms)
+        st = inputs[members[0]][0].dtype
+        X = cp.empty((SM, K), dtype=st)
+        W = cp.empty((SN, K) if nt else (K, SN), dtype=st)
+        O = cp.zeros((SM, SN), dtype=st)
+        r = c = 0
+        for i, mb in zip(members, ms):
+            x, wt = inputs[i]
+            X[r:r + mb.m] = cp.asarray(x)[0]
+            if nt:
+                W[c:c + mb.n] = cp.asarray(wt)[0]
+            else:
+                W[:, c:c + mb.n] = cp.asarray(wt)[0]
+            self.readers[i] = lambda r=r, c=c, mb=mb: O[r:r + mb.m, c:c + mb.n][None]
+            r, c = r + mb.m, c + mb.n
+        self.keep += [X, W, O]
+        self.outs.append(O)
+        self.launches += 1
+        return self._bb.gemm(X, W.T if nt else W, O, dtype=ms[0].dtype)
 
     def _problem_ptrs(self, i: int, x: Any, wt: Any, out: Any, b: int) -> tuple[int, int, int]:
         isz = x.dtype.itemsize
@@ -244,7 +272,7 @@ class PackedRun:
             O = cp.zeros((mb.batch, M, N), dtype=st)
             self.keep += [X, W, O]
             self.outs.append(O)
-            self.readers[i] = lambda O=O, mb=mb: values(cp.asnumpy(O[:, :mb.m, :mb.n]), mb.dtype)
+            self.readers[i] = lambda O=O, mb=mb: O[:, :mb.m, :mb.n]
             ptrs += [self._problem_ptrs(i, X, W, O, b) for b in range(mb.batch)]
         table = cp.asarray(np.array(ptrs, dtype=np.uint64).T.copy())
         self.keep.append(table)
@@ -332,9 +360,14 @@ class PackedRun:
                 o.fill(0)
         self.main.synchronize()
 
-    def outputs(self) -> list[np.ndarray]:
+    def outputs(self, on_device: bool = False) -> list[Any]:
+        """Every member's output as float64: NumPy arrays, or CuPy arrays with ``on_device``."""
         self.main.synchronize()
-        return [self.readers[i]() for i in range(len(self.w.members))]
+        out = []
+        for i, mb in enumerate(self.w.members):
+            o = self.readers[i]()
+            out.append(values(o if on_device else self.cp.asnumpy(o), mb.dtype))
+        return out
 
 
 def time_stream(cp: Any, launch: Callable[[], None], stream: Any, *, reps: int = 20,
