@@ -223,3 +223,12 @@ def test_ctypes_signature_matches_cublas_header(tmp_path, name):
                           str(tmp_path / "sig.o"), f"-I{header.parent}"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_cli_bench_packing_refuses_bad_suite_in_one_line():
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "tunedb", "bench", "packing", "--suite", "huge"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "unknown packing suite 'huge'" in res.stderr

@@ -22,6 +22,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 from tunedb.bench.provenance import provenance
 from tunedb.kernels.packing import PackingWorkload, candidate_waste, candidates, padded_shape, uniform
 from tunedb.kernels.packing_suites import bench_cases, suite
+from tunedb.runtime.blas import library
 from tunedb.runtime.pack import PackedRun, make_inputs, reference, time_stream, worst_error
 from tunedb.runtime.streams import StreamPool
 
@@ -337,15 +339,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.case:
         cases = [c for c in cases if any(s in c.name for s in args.case)]
     cases = interleave(cases)
-    import cupy as cp  # noqa: I001 - CuPy (and through it cuBLAS) before torch loads its own
+    from tunedb.runtime.device import NoGPUError, device_info, import_cupy
 
-    from tunedb.runtime.blas import library
+    try:  # CuPy (and through it cuBLAS) before torch loads its own copy
+        cp = import_cupy()
+    except NoGPUError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     lib = library()
     import torch
-    torch.backends.cuda.matmul.allow_tf32 = False
-    from dataclasses import asdict
 
-    from tunedb.runtime.device import device_info
+    torch.backends.cuda.matmul.allow_tf32 = False
     pool = StreamPool(16)
     ver = pool.blas(0).version
     doc: dict[str, Any] = {"bench": "packing", **provenance(argv), "device": torch.cuda.get_device_name(),

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from tunedb.cli.bench_packing import packing
 from tunedb.cli.collect import SUITE_NAMES
 from tunedb.cli.common import (
     DB_ENV,
@@ -199,3 +200,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")
     bench_app.command("fusion")(handle_errors(fusion))
     bench_app.command("plan")(handle_errors(plan))
+    bench_app.command("packing")(handle_errors(packing))
