@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from dataclasses import replace
 
-import pytest
 from test_store_helpers import fill, make_data
 
 from tunedb.bench.fidelity import fidelity, main
@@ -49,16 +46,3 @@ def test_no_overlap_is_a_one_line_error(tmp_path, capsys):
     assert main([str(a), str(tmp_path / "b.duckdb")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no candidate is verified in both" in err[0]
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-def test_col_center_stream_exploration_kernel_compiles_for_sm90(tmp_path):
-    from tunedb.bench.col_center_stream import SRC
-
-    cu = tmp_path / "colc.cu"
-    cu.write_text(SRC)
-    for w, h, lag in ((128, 64, 2), (512, 32, 1)):
-        cmd = ["nvcc", "-arch=sm_90", "-std=c++17", f"-DWW={w}", f"-DHH={h}", f"-DLL={lag}",
-               "-cubin", "-o", str(tmp_path / "colc.cubin"), str(cu)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr

@@ -1,4 +1,4 @@
-"""The shipped ONNX graphs (data/graphs, exported from PyTorch by data/graphs/export_graphs.py,
+"""The shipped ONNX graphs (data/graphs, exported from PyTorch by benchmarks/export_graphs.py,
 each model by both of PyTorch's exporters) import whole and agree with onnxruntime on the same
 seeded weights.
 

@@ -3,7 +3,7 @@
 A hand-written ONNX model with a ``batch`` dim and the shape arithmetic a PyTorch export emits
 for it (Shape -> Gather -> Unsqueeze -> Concat -> Reshape) imports at any batch through
 ``bindings``, agrees with onnxruntime, plans, and runs in ``bench plan`` at several batches. The
-files ``data/graphs/export_graphs.py`` writes under ``data/graphs/dynamic`` and
+files ``benchmarks/export_graphs.py`` writes under ``data/graphs/dynamic`` and
 ``data/graphs/fusion`` are checked when they are present: batch dims, size, no weights, the
 anchors' workload hashes, and LayerNorm backward against finite differences of LayerNorm.
 """
@@ -119,7 +119,7 @@ NORM_BACKWARD = ("layernorm_backward_8192x4096", "layernorm_backward_65536x768")
 
 def _needs(files: list[Path], what: str) -> None:
     if not files:
-        pytest.skip(f"no {what} exported yet (data/graphs/export_graphs.py writes them)")
+        pytest.skip(f"no {what} exported yet (benchmarks/export_graphs.py writes them)")
 
 
 def test_dynamic_exports_have_a_batch_dim_and_the_static_graphs_ops():

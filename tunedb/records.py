@@ -6,24 +6,20 @@ are the same on every machine and Python version (never Python's ``hash()``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tunedb.graph.hashing import canonical_json, graph_hash, sha256_hex
+from tunedb.graph.ir import Graph
+
+__all__ = ["KINDS", "STATUSES", "Candidate", "DeviceInfo", "Measurement", "Protocol", "Run", "Workload",
+           "canonical_json", "sha256_hex"]
+
 STATUSES: tuple[str, ...] = ("ok", "compile_error", "runtime_error", "incorrect", "timeout")
 KINDS: tuple[str, ...] = ("fusion", "packing", "schedule")
-
-
-def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and no whitespace: the byte string every hash is taken over."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def sha256_hex(text: str | bytes) -> str:
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
 def _frozen_config(config: Mapping[str, Any] | tuple) -> tuple[tuple[str, Any], ...]:
@@ -42,15 +38,11 @@ class Workload:
     graph_json: str = field(repr=False)
 
     @staticmethod
-    def from_graph(graph: Any, family: str, name: str) -> Workload:
-        from tunedb.graph.hashing import graph_hash
-
+    def from_graph(graph: Graph, family: str, name: str) -> Workload:
         return Workload(graph_hash(graph), family, name, canonical_json(graph.to_json()))
 
     @property
-    def graph(self) -> Any:
-        from tunedb.graph.ir import Graph
-
+    def graph(self) -> Graph:
         return Graph.from_json(json.loads(self.graph_json))
 
 

@@ -7,7 +7,8 @@
 Modules: ``features`` (FEATURE_SCHEMA_VERSION, FEATURE_NAMES, featurize*), ``workload``
 (per-workload facts), ``train`` (train_booster), ``metrics`` / ``evaluate`` (TenSet metrics,
 GroupKFold and leave-one-family-out), ``model`` (CostModel), ``registry`` (save/load, model
-cards), ``fit`` (the whole pipeline), ``synthetic`` and ``bench_train`` (test data, benchmark).
+cards), ``fit`` (the whole pipeline), ``synthetic`` (test data; benchmarks/bench_train.py times
+training on it).
 Names are imported lazily so that ``import tunedb.costmodel.features`` stays light.
 """
 

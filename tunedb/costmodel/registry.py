@@ -8,6 +8,7 @@ model can be read by any XGBoost. Loading refuses a card written under another f
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import json
 import os
 import re
@@ -20,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import xgboost as xgb
 
-import tunedb
+from tunedb._version import __version__
 from tunedb.costmodel.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, DeviceFacts
 from tunedb.costmodel.model import CostModel, CostModelError
 from tunedb.costmodel.train import TrainParams, TrainResult
@@ -83,7 +84,7 @@ def make_card(result: TrainResult, params: TrainParams, device: DeviceFacts, kin
         "data": snapshot,
         "rows": {"train": result.n_train, "valid": result.n_valid},
         "metrics": metrics or {},
-        "tunedb_version": tunedb.__version__,
+        "tunedb_version": __version__,
         "xgboost_version": xgb.__version__,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -161,11 +162,20 @@ MODELS_ENV = "TUNEDB_MODELS"
 
 def default_models_root() -> Path | None:
     """The registry a plan reads when it is given no cost model: ``$TUNEDB_MODELS`` (set but
-    empty: none), else the ``models/`` directory of the source tree this package belongs to."""
+    empty: none), else the shipped models (package ``tunedb.models``: the top-level ``models/``
+    folder of a checkout, package data in an installed wheel)."""
     env = os.environ.get(MODELS_ENV)
     if env is not None:
         return Path(env) if env else None
-    root = Path(tunedb.__file__).resolve().parent.parent / "models"
+    return shipped_models_root()
+
+
+def shipped_models_root() -> Path | None:
+    """Where the models shipped with tunedb are, or None when there are none."""
+    try:
+        root = Path(str(importlib.resources.files("tunedb.models")))
+    except ModuleNotFoundError:  # an editable install made before the models were package data
+        root = Path(__file__).resolve().parents[2] / "models"
     return root if root.is_dir() else None
 
 

@@ -15,14 +15,24 @@ machine and Python version. Bump ``SCHEME`` whenever the scheme changes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from typing import Any
 
 from tunedb.graph.ir import Graph
 from tunedb.graph.ops import canonical_attrs, infer_graph
-from tunedb.records import canonical_json, sha256_hex
 
 SCHEME = "tunedb.graph_hash/1"
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: the byte string every hash is taken over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def sha256_hex(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
 def _jsonable(v: Any) -> Any:

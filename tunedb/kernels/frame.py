@@ -120,7 +120,7 @@ class Frame:
 
     def vec_load(self, v: str, index: str, V: int) -> str:
         # every vector load of a streaming schedule, the per-column vectors (a bias) included: the
-        # form tunedb.bench.twins measured
+        # form benchmarks/twins.py measured
         fn = "tdb_ldcs" if self.s.stream else "tdb_ldel" if self.s.evict_last else "tdb_ld"
         return f"{fn}<{self.st(v)}, {V}>({self.param[v]} + ({index}))"
 

@@ -78,7 +78,7 @@ TDB_WRED(tdb_wmin, fminf(a, b))
 
 # Streaming (evict-first) vector access, emitted only into the plans of ``stream`` schedules so
 # that every other generated source stays byte-identical. Inline PTX: the very form the A/B of
-# ``tunedb.bench.twins`` measured. Host compilers (the CPU emulation of the tests) get the plain
+# ``benchmarks/twins.py`` measured. Host compilers (the CPU emulation of the tests) get the plain
 # access.
 STREAM = r"""#ifndef TDB_STREAM
 #define TDB_STREAM

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-import tunedb
+from tunedb._version import __version__
 from tunedb.costmodel.features import DeviceFacts
 from tunedb.costmodel.model import CostModel
 from tunedb.costmodel.registry import CARD_FILE, find_model, load_model
@@ -203,7 +203,7 @@ def build_report(store: Any, kind: str = "fusion", device: str | None = None,
 
     title = f"tunedb report: {kind} on {dev.name}"
     intro = [html.escape(f"Database {store.path if store.path is not None else '(in memory)'}; "
-                         f"tunedb {tunedb.__version__}. Model sections cover device {dev.name} ({dev.id}); "
+                         f"tunedb {__version__}. Model sections cover device {dev.name} ({dev.id}); "
                          f"the data summary covers every device."),
              html.escape(f"Training parameters {params_from}: objective {train_params.objective}, "
                          f"max_depth {train_params.max_depth}, eta {train_params.eta}, "
@@ -217,7 +217,7 @@ def build_report(store: Any, kind: str = "fusion", device: str | None = None,
         section("data", _data_section(summary)),
     ]
     data = {
-        "tunedb_version": tunedb.__version__, "kind": kind,
+        "tunedb_version": __version__, "kind": kind,
         "device": {"id": dev.id, "name": dev.name, "facts": facts.to_json()},
         "model": str(model) if model is not None else None,
         "params": train_params.to_json(), "params_from": params_from,

@@ -41,8 +41,10 @@ import numpy as np
 
 from tunedb.graph.ir import FLOAT_DTYPES, Graph
 from tunedb.graph.ops import check_node
+from tunedb.kernels.codegen import generate
+from tunedb.kernels.schedule import Schedule
 from tunedb.runtime.blas import Blas
-from tunedb.runtime.device import current_stream
+from tunedb.runtime.device import current_stream, import_cupy
 from tunedb.runtime.executor_ops import (
     ComputeOps,
     Evaluator,
@@ -54,6 +56,7 @@ from tunedb.runtime.executor_ops import (
     storage_dtype,
     to_bf16_bits,
 )
+from tunedb.runtime.inputs import bf16_bits, index_bounds, make_inputs
 
 NVRTC_OPTIONS = ("-std=c++17",)
 ALIGN = 256
@@ -130,8 +133,6 @@ def prepare_inputs(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
     uint16 bits). Device arrays (``__cuda_array_interface__``) are checked, not moved. bfloat16
     inputs may be uint16 bits or float32 values (rounded to nearest even); every other dtype must
     match exactly. Host gather indices are checked to be in range."""
-    from tunedb.runtime.inputs import bf16_bits, index_bounds
-
     missing = [v for v in graph.inputs if v not in inputs]
     extra = sorted(set(inputs) - set(graph.inputs))
     name = graph.name or "<unnamed>"
@@ -185,12 +186,11 @@ class PlanExecutor:
 
     def __init__(self, plan: Any, *, capture: bool = True, verify_capture: bool = True,
                  sm_count: int | None = None) -> None:
-        from tunedb.plan.record import Plan
-        from tunedb.runtime.device import import_cupy
-
+        """``plan``: a ``tunedb.plan.Plan`` (the planner's layer reads stored JSON with
+        ``Plan.from_json``; the runtime below it takes the record, not its text)."""
         cp = import_cupy()  # NoGPUError first
-        if not isinstance(plan, Plan):
-            plan = Plan.from_json(plan)
+        if isinstance(plan, (str, bytes, dict)):
+            raise TypeError("PlanExecutor takes a Plan; read a stored one with tunedb.plan.Plan.from_json")
         plan.check()
         t0 = time.perf_counter()
         self.plan, self.graph, self.cp = plan, plan.graph, cp
@@ -358,9 +358,6 @@ class PlanExecutor:
 
     def _fused(self, sub: Graph, local: dict[str, Any], outs: dict[str, Any],
                config: dict) -> tuple[list[Any], int]:
-        from tunedb.kernels.codegen import generate
-        from tunedb.kernels.schedule import Schedule
-
         kp = generate(sub, Schedule.from_config(config), sm_count=self.sm_count)
         named = {**local, **outs}
         written = {a for k in kp.kernels for a in k.args if isinstance(a, str)}
@@ -411,8 +408,6 @@ class PlanExecutor:
         """Valid random inputs for the first run and the capture check (``make_inputs``: gather
         indices in range, other integers 0/1 masks, so the eager-vs-replay check is not vacuous
         on all-NaN outputs)."""
-        from tunedb.runtime.inputs import make_inputs
-
         dev, _ = make_inputs(self.graph, 0)
         for v, a in dev.items():
             self.inputs[v].set(np.ascontiguousarray(a, dtype=self.inputs[v].dtype))
@@ -566,7 +561,7 @@ def executor_for(plan: Any) -> PlanExecutor:
         _CACHE.pop(next(iter(_CACHE)))
     try:
         ref = weakref.ref(plan)
-    except TypeError:  # not weak-referenceable (a dict / JSON text): not cached
+    except TypeError:  # not weak-referenceable: not cached
         return ex
     _CACHE[id(plan)] = (ref, ex)
     return ex
@@ -574,9 +569,6 @@ def executor_for(plan: Any) -> PlanExecutor:
 
 def execute_plan(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Run ``plan`` on ``inputs`` on the GPU; NumPy outputs (bfloat16 widened to float32)."""
-    from tunedb.runtime.device import import_cupy
-
     cp = import_cupy()
     outs = executor_for(plan).run(inputs)
     return {k: cp.asnumpy(v) for k, v in outs.items()}
-

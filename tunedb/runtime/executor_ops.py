@@ -33,6 +33,7 @@ import numpy as np
 from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node, TensorType
 from tunedb.graph.ops import check_node, slice_bounds
 from tunedb.runtime.copykernel import strided_copy
+from tunedb.runtime.inputs import bf16_bits
 
 Launch = Callable[[], None]
 BLOCK = 256
@@ -152,8 +153,6 @@ def store(cp: Any, v: Any, out: Any, dtype: str) -> None:
 def storage_scalar(value: float, dtype: str) -> Any:
     """``value`` as one element of the stored dtype (bfloat16 as its bits)."""
     if dtype == "bfloat16":
-        from tunedb.runtime.inputs import bf16_bits
-
         return np.uint16(bf16_bits(np.asarray([value], dtype=np.float32))[0])
     if dtype == "bool":
         return np.bool_(value)

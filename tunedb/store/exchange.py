@@ -22,7 +22,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tunedb import __version__
+from tunedb._version import __version__
 from tunedb.store.core import Progress, TuningStore, arrow_reader
 from tunedb.store.errors import StoreError, first_line
 from tunedb.store.schema import TABLES, latest_version

@@ -1,6 +1,6 @@
 """Training benchmark: synthetic fusion candidates -> features -> XGBoost, timed.
 
-    python -m tunedb.costmodel.bench_train --rows 1000000 [--device cpu|cuda] [--objective auto]
+    python benchmarks/bench_train.py --rows 1000000 [--device cpu|cuda] [--objective auto]
 
 Prints one JSON object: rows, workloads, seconds to generate, featurise and train, the
 objective chosen, validation pairwise accuracy and the peak resident memory of the process.

@@ -1,6 +1,6 @@
 """Exploration: col_center (y = x - mean(x, 0), fp32 8192x4096) reading x from DRAM once.
 
-    python -m tunedb.bench.col_center_stream OUT_DIR      (on a GPU; writes col_center_stream.json)
+    python benchmarks/col_center_stream.py OUT_DIR     (on a GPU; writes col_center_stream.json)
 
 The generated col_center kernels read x twice (the column means precede every output), so their
 floor is 1.5x the single-read one. This kernel tries to serve the second read from L2: a

@@ -1,6 +1,6 @@
 """A/B of a boolean schedule knob: each anchor's best schedules with the knob off and on.
 
-    python -m tunedb.bench.twins OUT_DIR BENCH_JSON [KNOB]     (on a GPU; writes twins_KNOB.json)
+    python benchmarks/twins.py OUT_DIR BENCH_JSON [KNOB]     (on a GPU; writes twins_KNOB.json)
 
 BENCH_JSON is a ``tunedb bench fusion`` result: its finalists (up to two distinct schedules per
 case, with the knob off) are the schedules compared. Each twin is verified against the float64
@@ -116,5 +116,5 @@ def run(out_dir: str, bench_path: str, knob: str = "stream") -> list[dict[str, A
 
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4):
-        sys.exit("usage: python -m tunedb.bench.twins OUT_DIR BENCH_JSON [KNOB]")
+        sys.exit("usage: python benchmarks/twins.py OUT_DIR BENCH_JSON [KNOB]")
     run(*sys.argv[1:])

@@ -1,6 +1,6 @@
 """Buffer placement: how much the time of one compiled kernel moves with where its buffers lie.
 
-    python -m tunedb.bench.placement BENCH_JSON OUT_DIR [--cases a,b] [--placements 6]
+    python benchmarks/placement.py BENCH_JSON OUT_DIR [--cases a,b] [--placements 6]
     (on a GPU; BENCH_JSON is a ``tunedb bench fusion`` result: each case's best schedule is
     taken from it; writes OUT_DIR/placement.json and prints a table)
 
@@ -112,7 +112,7 @@ def run_case(state: dict, torch: Any, case: Any, config: dict, placements: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tunedb.bench.placement",
+    ap = argparse.ArgumentParser(prog="python benchmarks/placement.py",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("bench_json", help="a `tunedb bench fusion` result (each case's best schedule)")
     ap.add_argument("out_dir", help="folder for placement.json")

@@ -1,7 +1,7 @@
-"""Export the benchmark ONNX graphs shipped in this folder (not run in CI; needs PyTorch).
+"""Export the benchmark ONNX graphs shipped in data/graphs (not run in CI; needs PyTorch).
 
     pip install torch onnxscript            # any recent CPU build of torch
-    PYTHONPATH=. python data/graphs/export_graphs.py [OUT_DIR]   # default: this folder
+    python benchmarks/export_graphs.py [OUT_DIR]   # default: data/graphs
 
 Runs offline on the CPU (random weights, no downloads) and writes only under OUT_DIR. The models
 are written in plain PyTorch (no transformers / torchvision) with the shapes of the real
@@ -56,7 +56,7 @@ from torch import nn
 
 from tunedb.graph.onnx_import import strip_model
 
-HERE = Path(__file__).resolve().parent
+GRAPHS = Path(__file__).resolve().parent.parent / "data" / "graphs"
 
 
 class BertLayer(nn.Module):
@@ -330,7 +330,7 @@ def _finish(m: onnx.ModelProto, name: str, path: Path) -> onnx.ModelProto:
         raise SystemExit(f"{path}: the exporter left local functions; inline them first")
     _scrub(m)
     m.graph.name = name
-    m.doc_string = f"tunedb benchmark graph {name}: exported by data/graphs/export_graphs.py"
+    m.doc_string = f"tunedb benchmark graph {name}: exported by benchmarks/export_graphs.py"
     m = strip_model(m)
     onnx.checker.check_model(m)
     onnx.save(m, str(path))
@@ -486,4 +486,4 @@ def export(out_dir: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    export(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
+    export(Path(sys.argv[1]) if len(sys.argv) > 1 else GRAPHS)

@@ -1,0 +1,191 @@
+"""The layer order of the design note, held by reading every module's imports with ``ast``.
+
+Each layer imports only itself and the layers below it, at the top of a module and inside functions
+alike (an import moved into a function still runs, it only runs later); no two modules import each
+other, directly or around a loop; no source file reaches 600 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lowest first. Plugins (collectors/) sit with the engine they plug into.
+LAYERS: tuple[str, ...] = ("graph", "kernels", "store", "runtime", "costmodel", "collect", "plan", "serve",
+                           "bench", "report", "cli")
+SAME_RANK = {"report": "bench"}  # bench and report are one level: neither is below the other
+# Modules outside a layer's package: the records every layer passes around sit at the bottom;
+# the package itself (``tunedb.compile``) and ``python -m tunedb`` are the front door, at the top.
+TOP_LEVEL = {"tunedb.records": "graph", "tunedb._version": "graph", "tunedb": "cli", "tunedb.__main__": "cli"}
+MAX_LINES = 600
+
+
+def module_files() -> dict[str, Path]:
+    """Every importable module of the project (``tunedb`` and the ``collectors`` plugins)."""
+    out = {}
+    for base in ("tunedb", "collectors"):
+        for p in sorted((ROOT / base).rglob("*.py")):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = p
+    return out
+
+
+MODULES = module_files()
+
+
+def layer_of(module: str) -> str:
+    if module in TOP_LEVEL:
+        return TOP_LEVEL[module]
+    top, _, rest = module.partition(".")
+    if top == "collectors":
+        return "collect"
+    sub = rest.split(".")[0]
+    return sub
+
+
+def rank(layer: str) -> int:
+    return LAYERS.index(SAME_RANK.get(layer, layer))
+
+
+def _target(name: str) -> str | None:
+    """The project module an imported name lives in (the longest known prefix), if any."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(module: str, path: Path) -> Iterator[tuple[str, int, bool]]:
+    """``(imported project module, line, inside a function)`` for every import in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[str, int, bool]]:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    t = _target(alias.name)
+                    if t:
+                        yield t, child.lineno, nested
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    parts = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join(parts + ([child.module] if child.module else []))
+                else:
+                    base = child.module or ""
+                for alias in child.names:
+                    full = f"{base}.{alias.name}"  # ``from package import module``
+                    t = full if full in MODULES else _target(base)
+                    if t:
+                        yield t, child.lineno, nested
+            yield from walk(child, nested)
+
+    yield from walk(tree, False)
+
+
+def edges() -> list[tuple[str, str, int, bool]]:
+    return [(m, t, line, fn) for m, p in MODULES.items() for t, line, fn in imports(m, p) if t != m]
+
+
+def test_every_module_has_a_layer() -> None:
+    unknown = sorted(m for m in MODULES if layer_of(m) not in LAYERS)
+    assert not unknown, f"modules outside the layer order (add them to LAYERS or TOP_LEVEL): {unknown}"
+
+
+def test_layers_import_only_downwards() -> None:
+    bad = []
+    for m, t, line, fn in edges():
+        lm, lt = layer_of(m), layer_of(t)
+        if lm in LAYERS and lt in LAYERS and rank(lt) > rank(lm):
+            where = "in a function" if fn else "at top level"
+            bad.append(f"{MODULES[m].relative_to(ROOT)}:{line} ({lm}) imports {t} ({lt}) {where}")
+    assert not bad, "imports against the layer order:\n" + "\n".join(bad)
+
+
+def test_the_library_does_not_import_its_plugins() -> None:
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}" for m, t, line, _ in edges()
+           if m.startswith("tunedb") and t.startswith("collectors")]
+    assert not bad, "plugins are loaded through the tunedb.collectors entry points:\n" + "\n".join(bad)
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on_stack.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_find_cycles_finds_a_loop_and_only_loops() -> None:
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for m, t, _, _ in edges():
+        graph[m].add(t)
+    cycles = find_cycles(graph)
+    assert not cycles, "modules that import each other (also through functions):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_no_source_file_reaches_600_lines() -> None:
+    long = []
+    for base in ("tunedb", "collectors", "tests", "benchmarks"):
+        for p in sorted((ROOT / base).rglob("*.py")):
+            n = len(p.read_text().splitlines())
+            if n >= MAX_LINES:
+                long.append(f"{p.relative_to(ROOT)}: {n} lines")
+    assert not long, f"files of {MAX_LINES} lines or more:\n" + "\n".join(long)
+
+
+def test_import_resolution_sees_relative_and_function_level_imports(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("import tunedb.records\n\n\ndef f():\n    from tunedb.graph import ir\n"
+                   "    from . import hashing\n    from .ops import canonical_attrs\n")
+    got = sorted(imports("tunedb.graph.m", src))
+    assert got == [("tunedb.graph.hashing", 6, True), ("tunedb.graph.ir", 5, True),
+                   ("tunedb.graph.ops", 7, True), ("tunedb.records", 1, False)]
