@@ -33,14 +33,17 @@ def _view_sources(step: Any) -> dict[str, str]:
     return {v: src[o] for o, v in zip(sub.outputs, step.outputs) if src.get(o)}
 
 
-def plan_buffers(graph: Graph, steps: Sequence[Any]) -> BufferPlan:
+def plan_buffers(graph: Graph, steps: Sequence[Any], times: Sequence[int] | None = None) -> BufferPlan:
+    """``times[k]``: when step ``k`` runs (default ``k``). Steps of one IOS stage share a time, so
+    values of concurrent steps never share bytes."""
+    at = list(times) if times is not None else list(range(len(steps)))
     types = graph.type_map
     external = set(graph.inputs) | set(graph.constant_map)
     alias: dict[str, str] = {}      # view output -> the value whose bytes it shares
     defined: dict[str, int] = {}
     for k, s in enumerate(steps):
         for v in s.outputs:
-            defined.setdefault(v, k)
+            defined.setdefault(v, at[k])
         if s.kind == "layout_view":
             alias.update(_view_sources(s))
 
@@ -59,7 +62,7 @@ def plan_buffers(graph: Graph, steps: Sequence[Any]) -> BufferPlan:
         for v in s.inputs:
             r = root(v)
             if r in defined:
-                last[r] = max(last.get(r, k), k)
+                last[r] = max(last.get(r, at[k]), at[k])
     outputs = set(graph.outputs)
     sizes: list[int] = [0]
     assign: list[tuple[str, int, int, int]] = []

@@ -129,7 +129,7 @@ def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: 
 def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any = "cuda",
             measure_top: int = 0, beam: int = 4, horizontal: bool = True,
             bindings: dict[str, int] | None = None, fill_initializers: bool = True,
-            measure_device: str = "cuda") -> Plan:
+            measure_device: str = "cuda", schedule: str = "sequential") -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
@@ -146,7 +146,17 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     database gets exact hits (cost source ``db``) for those kernels; candidates it already holds
     are not measured again. A writable TuningStore object is written to the same way; a
     read-only one (or ``db=None``) is only read, and nothing is written.
-    ``plan.search`` counts ``measured`` (device results) and ``stored`` (rows written)."""
+    ``plan.search`` counts ``measured`` (device results) and ``stored`` (rows written).
+
+    ``schedule``: ``"sequential"`` (one stream), ``"ios"`` (IOS stages over the steps: groups of
+    a stage run concurrently on their own streams; ``tunedb.plan.stages``) or ``"auto"`` (the
+    stages only where they are predicted to pay)."""
+    if schedule != "sequential":
+        from tunedb.plan.stages import compile_staged
+
+        return compile_staged(compile, load_graph(model, bindings, fill_initializers), schedule,
+                              db=db, cost_model=cost_model, device=device, measure_top=measure_top,
+                              beam=beam, horizontal=horizontal, measure_device=measure_device)
     t0 = time.perf_counter()
     if measure_top < 0:
         raise PlanError(f"measure_top must be >= 0, got {measure_top}")

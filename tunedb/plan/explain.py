@@ -50,11 +50,14 @@ def explain(plan: Any, width: int = 160) -> str:
     table.add_column("stitch")
     table.add_column("pred µs", justify="right")
     table.add_column("source")
+    if plan.stages:
+        table.add_column("stage/stream", justify="right")
     for k, s in enumerate(plan.steps):
         measured = f" (meas {s.measured_us:.2f})" if s.measured_us is not None else ""
         table.add_row(str(k), s.kind, str(len(s.ops)), ops_text(s.ops), s.schedule_label,
                       stitch_text(s.stitch), us_text(s.predicted_us) + measured,
-                      s.cost_source if s.kind != "layout_view" else "-")
+                      s.cost_source if s.kind != "layout_view" else "-",
+                      *([f"{s.stage}/{s.stream}"] if plan.stages else []))
     out = io.StringIO()
     console = Console(file=out, width=width, no_color=True, highlight=False, soft_wrap=False)
     console.print(table)
@@ -67,4 +70,11 @@ def explain(plan: Any, width: int = 160) -> str:
                   f"{plan.kernels} launches × {plan.launch_us:g} µs; cost sources: {sources}")
     console.print(f"intermediates: arena {_kib(t['arena_bytes'])} (without reuse {_kib(t['naive_bytes'])})"
                   f"; device: {plan.device or 'generic H200 facts'}")
+    if plan.stages:
+        search = dict(plan.search)
+        wide = sum(1 for st in plan.stages if len(st) > 1)
+        console.print(f"stages (IOS): {len(plan.stages)}, {wide} with concurrent groups (at most "
+                      f"{max(len(st) for st in plan.stages)} streams); predicted "
+                      f"{search.get('ios_predicted_us', '?')} µs staged vs "
+                      f"{search.get('sequential_predicted_us', '?')} µs in one stream")
     return out.getvalue()

@@ -182,6 +182,30 @@ class BufferPlan:
                           int(d.get("naive_bytes", 0)))
 
 
+def _check_stages(plan: Plan) -> None:
+    """Stages list the steps in plan order, each once; a step's ``stage``/``stream`` name its
+    stage and group; no group reads a value another group of its stage writes."""
+    order = [i for st in plan.stages for g in st for i in g]
+    if order != list(range(len(plan.steps))):
+        raise PlanError("plan stages must list every step once, in plan order")
+    for si, st in enumerate(plan.stages):
+        writer: dict[str, int] = {}
+        for gi, g in enumerate(st):
+            if not g:
+                raise PlanError(f"stage {si} has an empty group")
+            for i in g:
+                if (plan.steps[i].stage, plan.steps[i].stream) != (si, gi):
+                    raise PlanError(f"step {i} says stage {plan.steps[i].stage} stream "
+                                    f"{plan.steps[i].stream}; the stages put it in {si}/{gi}")
+                writer.update({v: gi for v in plan.steps[i].outputs})
+        for gi, g in enumerate(st):
+            for i in g:
+                other = [v for v in plan.steps[i].inputs if writer.get(v, gi) != gi]
+                if other:
+                    raise PlanError(f"stage {si}: step {i} reads {other[0]!r}, which another group "
+                                    "of the same stage writes")
+
+
 @dataclass(frozen=True)
 class Plan:
     """A compiled graph: ``steps`` in execution order over ``graph_json`` (canonical JSON text)."""
@@ -193,10 +217,18 @@ class Plan:
     launch_us: float = 2.5      # launch overhead added per kernel launch
     search: tuple[tuple[str, Any], ...] = ()  # how the plan was found (beam, states, seconds, ...)
     format: int = PLAN_FORMAT
+    # IOS stages (tunedb.plan.stages): stage -> groups -> step indices; the groups of a stage run
+    # concurrently, each on its own stream. Empty: every step in order on one stream.
+    stages: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))
         object.__setattr__(self, "search", _pairs(self.search))
+        try:
+            object.__setattr__(self, "stages", tuple(tuple(tuple(int(i) for i in g) for g in st)
+                                                     for st in self.stages))
+        except (TypeError, ValueError):
+            raise PlanError("plan stages must be lists of groups of step indices") from None
         if self.format != PLAN_FORMAT:
             raise PlanError(f"plan format {self.format} is not supported (this tunedb reads {PLAN_FORMAT})")
 
@@ -257,13 +289,16 @@ class Plan:
         absent = [v for v in g.outputs if v not in ready]
         if absent:
             raise PlanError(f"graph output {absent[0]!r} is not an output of any step")
+        if self.stages:
+            _check_stages(self)
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {"format": self.format, "device": self.device, "launch_us": self.launch_us,
                 "search": {k: _thaw(v) for k, v in self.search},
                 "graph": json.loads(self.graph_json), "steps": [s.to_json() for s in self.steps],
-                "buffers": self.buffers.to_json(), "totals": self.totals()}
+                "buffers": self.buffers.to_json(), "totals": self.totals(),
+                **({"stages": [[list(g) for g in st] for st in self.stages]} if self.stages else {})}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json())
@@ -282,7 +317,7 @@ class Plan:
                     steps=tuple(KernelStep.from_json(s) for s in d["steps"]),
                     buffers=BufferPlan.from_json(d.get("buffers", {})), device=d.get("device", ""),
                     launch_us=float(d.get("launch_us", 2.5)), search=d.get("search", {}),
-                    format=int(d.get("format", PLAN_FORMAT)))
+                    format=int(d.get("format", PLAN_FORMAT)), stages=d.get("stages", ()) or ())
 
     # -- report -------------------------------------------------------------------------------
     def explain(self, width: int = 160) -> str:
