@@ -23,6 +23,8 @@ import sys
 
 import numpy as np
 
+from tunedb.bench.provenance import provenance
+
 SRC = r"""
 template <int W, int H, int LAG>
 __device__ __forceinline__ void run(const float* __restrict__ x, float* __restrict__ y, float* sums,
@@ -177,7 +179,8 @@ def main(out: str) -> None:
         times = _flushed_times(cp, flush, lambda fn=fn: fn(xt))
         results.append({"peer": name, "us": float(np.median(times[3:]))})
         print(results[-1], flush=True)
-    json.dump(results, open(os.path.join(out, "colstream.json"), "w"), indent=1)
+    with open(os.path.join(out, "colstream.json"), "w") as fh:  # the variants, peers and provenance
+        json.dump({**provenance(), "results": results}, fh, indent=1)
 
 
 if __name__ == "__main__":

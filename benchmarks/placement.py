@@ -22,6 +22,8 @@ import statistics
 import sys
 from typing import Any
 
+from tunedb.bench.provenance import provenance
+
 MIB = 1 << 20
 
 
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu_init(state)
     except Exception as e:  # noqa: BLE001 - no GPU, no torch, no CuPy: one line, nothing written
         return fail(f"this study needs a CUDA GPU with CuPy and torch: {type(e).__name__}: {e}")
-    result = {"benchmark": "placement", "bench_json": os.path.basename(a.bench_json),
+    result = {"benchmark": "placement", **provenance(), "bench_json": os.path.basename(a.bench_json),
               "placements": a.placements, "seed": a.seed, "cases": []}
     print(f"{'case':26s} {'system':14s} {'min':>7s} {'median':>7s} {'max':>7s} {'spread':>7s}")
     for name in wanted:

@@ -23,6 +23,7 @@ import sys
 from dataclasses import fields, replace
 from typing import Any
 
+from tunedb.bench.provenance import provenance
 from tunedb.kernels.schedule import Schedule
 
 ROUNDS = 3
@@ -109,7 +110,7 @@ def run(out_dir: str, bench_path: str, knob: str = "stream") -> list[dict[str, A
                   f"throughput {min(r['throughput_us']):7.2f}", flush=True)
         wl.free()
         with open(os.path.join(out_dir, f"twins_{knob}.json"), "w") as fh:
-            json.dump({"knob": knob, "bench": os.path.basename(bench_path), "rounds": ROUNDS,
+            json.dump({**provenance(), "knob": knob, "bench": os.path.basename(bench_path), "rounds": ROUNDS,
                        "quick_protocol": QUICK_PROTOCOL, "results": results}, fh, indent=1)
     return results
 
