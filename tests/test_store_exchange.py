@@ -159,7 +159,8 @@ def test_kill_9_during_a_large_import_leaves_the_database_as_before(tmp_path):
         fill(db, big)
         db.add_model("m1", "fusion", H200.id, "models/m1.ubj", "{}")  # models come last
         db.export_parquet(tmp_path / "exp")
-    base = make_data(n_workloads=2, configs=5, runs=range(1), seed=3)  # overlaps big's keys
+    # overlaps big's keys row for row (a differing row would be refused as a conflict)
+    base = make_data(n_workloads=1, configs=50, runs=range(1), samples=8)
     target = tmp_path / "t.duckdb"
     with TuningStore.open(target) as db:
         fill(db, base)

@@ -50,8 +50,26 @@ def _root(
     """Autotuning database and XGBoost cost-model trainer for GPU kernel fusion and scheduling."""
 
 
-def main() -> None:
-    app(prog_name="tunedb")
+def main(args: list[str] | None = None) -> None:
+    """The ``tunedb`` script. Usage errors (a bad option value, a missing argument, an unknown
+    command) are one line on stderr with exit status 2, like every other tunedb error."""
+    import sys
+
+    try:
+        rv = app(args=args, prog_name="tunedb", standalone_mode=False)
+    except typer.Abort:
+        typer.echo("error: interrupted", err=True)
+        sys.exit(130)
+    except typer.TyperException as e:
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            typer.echo(ctx.get_help())  # `tunedb db` alone: the group's help, as click shows it
+            sys.exit(2)
+        message = " ".join(e.format_message().split())  # type: ignore[attr-defined]
+        where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        typer.echo(f"error: {message}{where}", err=True)
+        sys.exit(getattr(e, "exit_code", 2))
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def reflow_help(text: str) -> str:

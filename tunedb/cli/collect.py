@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tunedb.cli.common import DbOption, JsonOption, handle_errors, open_store, print_json, usage_error
+from tunedb.cli.common import DbOption, JsonOption, handle_errors, open_shared_writer, print_json, usage_error
 
 # Kept in step with tunedb.kernels.suites.SUITES (a test checks): importing the suites for --help
 # would load NumPy and the graph layer.
@@ -34,8 +34,9 @@ def collect(
     budget: Annotated[int | None, typer.Option("--budget", min=1,
                                                help="Measure at most N candidates.")] = None,
     time_s: Annotated[float | None, typer.Option("--time", min=0.0, help="Stop after S seconds.")] = None,
-    device: Annotated[str, typer.Option("--device", help="cuda, or replay:PATH (Parquet export dir "
-                                        "or database) to replay stored data.")] = "cuda",
+    device: Annotated[str, typer.Option("--device", help="cuda, emu (verify in the CPU emulator: "
+                                        "failures stored, nothing timed), or replay:PATH (Parquet "
+                                        "export dir or database) to replay stored data.")] = "cuda",
     workers: Annotated[int | None, typer.Option("--workers", min=0, show_default=False,
                                                 help="Parallel compile processes; default: CPU "
                                                      "cores - 2.")] = None,
@@ -73,13 +74,20 @@ def collect(
         dev = open_device(device, workers=workers, timeout_s=timeout)
     except ValueError as e:
         usage_error(str(e))
+    from tunedb.store.runs import close_abandoned_runs, drop_run_if_empty
+
     try:
-        with open_store(db) as store:
+        with open_shared_writer(db) as store:
+            closed = store.apply(close_abandoned_runs)  # we hold the writer lock: those runs are dead
+            if closed and not json_out:
+                typer.echo(f"closed {closed} run(s) that a killed collection left open", err=True)
             if json_out:
                 summary = coll.run(store, dev, suite, budget=budget, time_s=time_s, strategy=strat,
                                    rounds=rounds)
             else:
                 summary = _run_with_progress(coll, store, dev, suite, budget, time_s, strat, rounds)
+            if summary.measured == 0:
+                store.apply(drop_run_if_empty, summary.run_id)  # a run row means something was measured
         stats = getattr(dev, "stats", dict)()  # where the device's time went (phases)
     finally:
         dev.close()

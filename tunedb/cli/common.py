@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tunedb.store import TuningStore
 
 DB_ENV = "TUNEDB_DB"
+BUSY_ENV = "TUNEDB_BUSY_TIMEOUT"
 
 DbOption = Annotated[
     Path | None,
@@ -113,17 +114,33 @@ def existing_db(db: Path | None) -> Path:
     return path
 
 
-def open_store(db: Path | None, read_only: bool = False, wait_s: float | None = None) -> TuningStore:
-    """Open the command's database. Readers wait for a collector's commit (busy timeout, with a
-    message on stderr) instead of failing at once; writers need the file to exist or be creatable."""
+def busy_timeout_s() -> float:
+    """Seconds a command waits for a database another process holds: $TUNEDB_BUSY_TIMEOUT, else 30."""
+    try:
+        return max(0.0, float(os.environ.get(BUSY_ENV) or 30.0))
+    except ValueError:
+        usage_error(f"${BUSY_ENV} must be a number of seconds, got {os.environ[BUSY_ENV]!r}")
+
+
+def open_store(db: Path | None, read_only: bool = False) -> TuningStore:
+    """Open the command's database. While another process holds it (a collector committing),
+    wait up to the busy timeout with a message on stderr instead of failing at once."""
     from tunedb.store import TuningStore
 
     path = existing_db(db) if read_only else resolve_db(db)
-    return TuningStore.open(path, read_only=read_only)
+    return TuningStore.open(path, read_only=read_only, wait_s=busy_timeout_s(), on_wait=_say_waiting)
+
+
+def open_shared_writer(db: Path | None) -> Any:
+    """The store of a long writer (collect): the file is held only while it commits."""
+    from tunedb.store import SharedWriter
+
+    # Silent waits: a reader holds the file for a moment; a message would break the progress bar.
+    return SharedWriter(resolve_db(db), wait_s=busy_timeout_s())
 
 
 def _say_waiting(message: str) -> None:
-    typer.echo(message, err=True)
+    typer.echo(f"waiting: {message}", err=True)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -22,12 +22,12 @@ from tunedb.cli.common import (
 
 
 def check_measure_device(value: str) -> str:
-    """``--measure-device``: cuda or replay:PATH (an existing export folder or database)."""
-    if value == "cuda":
+    """``--measure-device``: cuda, emu or replay:PATH (an existing export folder or database)."""
+    if value in ("cuda", "emu"):
         return value
     kind, sep, path = value.partition(":")
     if kind != "replay" or not sep or not path:
-        usage_error(f"--measure-device must be cuda or replay:PATH, got {value!r}")
+        usage_error(f"--measure-device must be cuda, emu or replay:PATH, got {value!r}")
     if not Path(path).expanduser().exists():
         usage_error(f"--measure-device {value}: {path} does not exist")
     return value
@@ -47,8 +47,9 @@ def plan(
                                      "on --measure-device and store the results in the "
                                      "database (created if missing).")] = 0,
     measure_device: Annotated[str, typer.Option(
-        "--measure-device", help="cuda (this GPU), or replay:PATH to look the schedules up in "
-                                 "stored measurements.")] = "cuda",
+        "--measure-device", help="cuda (this GPU), emu (verify in the CPU emulator, no timing), "
+                                 "or replay:PATH to look the schedules up in stored "
+                                 "measurements.")] = "cuda",
     bind: Annotated[list[str] | None, typer.Option(
         "--bind", help="Size of a symbolic input dim, NAME=INT (repeatable).")] = None,
     schedule: Annotated[str, typer.Option(

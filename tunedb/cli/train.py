@@ -19,7 +19,8 @@ from tunedb.cli.common import (
     writable_dir,
 )
 
-_LABELS = {"pairwise_accuracy": "pairwise acc", "top1_score": "top-1", "top5_score": "top-5",
+_LABELS = {"top1_score": "top-1", "top1_within_2pct": "top-1 ≤2%", "decisive_pair_accuracy": "decisive",
+           "pairwise_accuracy": "pairwise", "pairwise_accuracy_pooled": "pw pooled", "top5_score": "top-5",
            "mape": "MAPE", "spearman": "Spearman"}
 
 
@@ -59,11 +60,15 @@ def _print(metrics: dict[str, Any], where: Path) -> None:
             f"{metrics['rows']:,} rows")
     rows = [("model", metrics)] + list(metrics["baselines"].items())
     console.print(_table(f"held-out ({held}); model objective {metrics['objective']}", rows))
-    lo = metrics.get("leave_one_family_out") or {}
+    from tunedb.costmodel.evaluate import SPLITS
+
+    splits = [(s, metrics[s]) for s in SPLITS if metrics.get(s)]
+    if len(splits) > 1:
+        console.print(_table("held out by workload, op, shape, family (pairwise: mean over workloads)",
+                             splits))
+    lo = (metrics.get("leave_family_out") or {}).get("families") or {}
     if lo:
-        fam_rows = [(name, m) for name, m in sorted(lo["families"].items())]
-        fam_rows += [("all families (pooled)", lo)] + [(f"  {k}", m) for k, m in lo["baselines"].items()]
-        console.print(_table("leave-one-family-out", fam_rows))
+        console.print(_table("leave_family_out, per family", sorted(lo.items())))
     console.print(f"model saved to {where}", highlight=False, soft_wrap=True)
 
 
@@ -96,20 +101,22 @@ def train(
         "--objective", help="auto (regression vs ranking, better held-out pairwise accuracy wins), "
         "reg:squarederror, rank:pairwise or rank:ndcg.")] = "auto",
     lofo: Annotated[bool, typer.Option("--lofo/--no-lofo",
-                                       help="Also evaluate leave-one-family-out.")] = True,
+                                       help="Also hold out whole ops, shapes and families.")] = True,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the splits and of XGBoost.")] = 0,
     json_out: JsonOption = False,
 ) -> None:
     """Train the XGBoost cost model on the database's measurements and evaluate it held-out.
 
     Every metric comes from workloads the model did not see: GroupKFold by workload (and, with
-    --lofo, leave-one-family-out), next to the analytic roofline and a random baseline. The
+    --lofo, by op, shape and family), next to the analytic roofline and a random baseline. The
     model is saved as OUT/<device>/<kind>/model.ubj with card.json, and recorded in the
     database's models table. Several boards of one GPU model (name, compute capability, SM
     count) train one model; held-out pairs never compare measurements of two boards. Progress
-    goes to stderr. With --json, prints one JSON object: pairwise_accuracy, top1_score,
-    top5_score, mape, spearman, baselines {roofline, random}, leave_one_family_out, objective,
-    folds, rows, workloads, boards, grid_pairs, model_dir and model_id.
+    goes to stderr. With --json, prints one JSON object: by_workload, leave_op_out,
+    leave_shape_out and leave_family_out, each with top1_score, top1_within_2pct,
+    decisive_pair_accuracy, pairwise_accuracy (mean over workloads), pairwise_accuracy_pooled,
+    top5_score, spearman and mape; the by_workload ones also at the top level; baselines
+    {roofline, random}, objective, folds, rows, workloads, boards, grid_pairs, model_dir, model_id.
 
     Example: tunedb train --db h200.duckdb --out my-models --json
     """

@@ -11,5 +11,6 @@
 from tunedb.store.core import Progress, TuningStore
 from tunedb.store.errors import StoreError
 from tunedb.store.schema import SCHEMA_VERSION, TABLES
+from tunedb.store.shared import SharedWriter
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "Progress", "StoreError", "TuningStore"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "Progress", "SharedWriter", "StoreError", "TuningStore"]

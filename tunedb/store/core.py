@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -31,6 +32,7 @@ Progress = Callable[[str, int, int], None]
 """progress(table, rows_done, rows_total), called while importing or merging."""
 
 _LOCK_PID = re.compile(r"\(PID (\d+)\)")
+_LOCK_POLL_S = 0.05
 _CORRUPT_HINTS = ("not a valid duckdb database", "corrupt", "checksum", "serialization error")
 
 
@@ -49,12 +51,17 @@ class _OpenInThisProcess(StoreError):
     """DuckDB keeps one instance per file per process, with one read_only setting."""
 
 
+class LockedError(StoreError):
+    """Another process holds the database file (DuckDB's lock): a writer, or readers while we
+    want to write."""
+
+
 def _open_error(path: Path, exc: duckdb.Error, read_only: bool) -> StoreError:
     text = str(exc)
     if "Could not set lock" in text or "Conflicting lock" in text:
         m = _LOCK_PID.search(text)
         who = f"pid {m.group(1)}" if m else "pid unknown"
-        return StoreError(
+        return LockedError(
             f"database {path} is locked by another process ({who}); tunedb allows one writer per file"
         )
     if "different configuration" in text:
@@ -88,6 +95,22 @@ def _checked_inspect(con: duckdb.DuckDBPyConnection, path: Path | str) -> tuple[
     return kind, version
 
 
+# Columns that may differ between two copies of one row without a conflict: the software a
+# board ran, a run that one copy saw finish, where a model file lies on each machine, when a
+# measurement's record was made.
+_MAY_DIFFER: dict[str, dict[str, str]] = {
+    "devices": {"driver": "true", "cuda_runtime": "true", "cupy_version": "true"},
+    "runs": {"finished_at": "s.finished_at = '' OR m.finished_at = ''",
+             "clocks_after": "s.finished_at = '' OR m.finished_at = ''"},
+    "models": {"path": "true", "created_at": "true"},
+    "measurements": {"measured_at": "true"},
+}
+
+
+def _key_text(names: Sequence[str], values: Sequence[Any]) -> str:
+    return ", ".join(f"{n}={v}" for n, v in zip(names, values))
+
+
 def _opt(v: int) -> int | None:
     return None if v is None or v < 0 else int(v)
 
@@ -118,12 +141,34 @@ class TuningStore:
 
     # ------------------------------------------------------------------ open / close
     @classmethod
-    def open(cls, path: str | Path, read_only: bool = False) -> TuningStore:
+    def open(cls, path: str | Path, read_only: bool = False, wait_s: float = 0.0,
+             on_wait: Callable[[str], None] | None = None, known: bool = False) -> TuningStore:
         """Open (creating and initialising it if missing, unless ``read_only``) a tunedb file.
 
         ``":memory:"`` gives a throw-away in-memory database. Existing files are first inspected
-        read-only, so a foreign, corrupt or newer-schema file is never written to.
+        read-only, so a foreign, corrupt or newer-schema file is never written to. While another
+        process holds the file, retry for up to ``wait_s`` seconds (a busy timeout: a collector
+        holds it only while it commits), telling ``on_wait`` once; then raise the lock error.
+        ``known``: this process opened the file read-write before (it is a checked tunedb file),
+        so skip the first read-only look (a DuckDB open costs ~80 ms).
         """
+        deadline = time.monotonic() + max(0.0, wait_s)
+        told = False
+        while True:
+            try:
+                return cls._open(path, read_only, known)
+            except LockedError as e:
+                if time.monotonic() >= deadline:
+                    if told:
+                        raise LockedError(f"{e} (waited {wait_s:g} s)") from None
+                    raise
+                if on_wait is not None and not told:
+                    on_wait(f"{e}; waiting up to {wait_s:g} s")
+                told = True
+                time.sleep(_LOCK_POLL_S)
+
+    @classmethod
+    def _open(cls, path: str | Path, read_only: bool, known: bool = False) -> TuningStore:
         if str(path) == ":memory:":
             con = duckdb.connect(":memory:")
             return cls(con, None, False, migrate(con, 0))
@@ -131,7 +176,7 @@ class TuningStore:
         if p.is_dir():
             raise StoreError(f"{p} is a directory, not a database file")
         con: duckdb.DuckDBPyConnection | None = None
-        if p.exists():
+        if p.exists() and not (known and not read_only):
             try:
                 con = _connect(p, read_only=True)
             except _OpenInThisProcess:
@@ -220,13 +265,16 @@ class TuningStore:
                 raise StoreError(f"cannot {what}: {first_line(e)}") from None
             raise
 
-    def ingest(self, table: str, source: pa.Table | pa.RecordBatchReader, origin: str) -> None:
+    def ingest(self, table: str, source: pa.Table | pa.RecordBatchReader, origin: str,
+               refuse_conflicts: bool = False) -> None:
         """Insert Arrow rows into ``table`` inside the current transaction.
 
         Rows are staged in a temp table (de-duplicated on the natural key), checked (statuses,
         references to parents), then inserted with ON CONFLICT DO NOTHING. Runs are the exception:
         a stored run that has not finished takes ``finished_at``/``clocks_after`` from an incoming
         finished copy, so a shard exported after its run ended completes the row.
+        With ``refuse_conflicts`` (imports and merges), two rows of one key that differ, in the
+        source or against the stored row, are an error instead of a silent pick.
         """
         spec = TABLES[table]
         con = self.con
@@ -234,12 +282,17 @@ class TuningStore:
         cols, keys = ", ".join(spec.names), ", ".join(spec.key)
         con.register(src, source)
         try:
-            con.execute(
-                f"CREATE OR REPLACE TEMP TABLE {stage} AS SELECT DISTINCT ON ({keys}) {cols} FROM {src}"
-            )
+            if refuse_conflicts:
+                con.execute(f"CREATE OR REPLACE TEMP TABLE {stage} AS SELECT DISTINCT {cols} FROM {src}")
+            else:
+                con.execute(
+                    f"CREATE OR REPLACE TEMP TABLE {stage} AS SELECT DISTINCT ON ({keys}) {cols} FROM {src}"
+                )
         finally:
             con.unregister(src)
         try:
+            if refuse_conflicts:
+                self._check_conflicts(table, stage, origin)
             self._check_stage(table, stage, origin)
             if table == "runs":
                 conflict = (
@@ -249,9 +302,34 @@ class TuningStore:
                 )
             else:
                 conflict = "ON CONFLICT DO NOTHING"
-            con.execute(f"INSERT INTO main.{table} BY NAME SELECT {cols} FROM {stage} {conflict}")
+            try:
+                con.execute(f"INSERT INTO main.{table} BY NAME SELECT {cols} FROM {stage} {conflict}")
+            except duckdb.Error as e:  # e.g. a NULL in a NOT NULL column: name it, with the file
+                raise StoreError(f"{origin}: cannot add rows to {table}: {first_line(e)}") from None
         finally:
-            con.execute(f"DROP TABLE IF EXISTS {stage}")
+            try:
+                con.execute(f"DROP TABLE IF EXISTS {stage}")
+            except duckdb.Error:
+                pass  # the transaction failed; its rollback drops the temp table
+
+    def _check_conflicts(self, table: str, stage: str, origin: str) -> None:
+        spec, con = TABLES[table], self.con
+        keys = ", ".join(spec.key)
+        dup = con.execute(f"SELECT {keys} FROM {stage} GROUP BY ALL HAVING count(*) > 1 LIMIT 1").fetchall()
+        if dup:
+            raise StoreError(f"{origin}: two different {table} rows share the key "
+                             f"{_key_text(spec.key, dup[0])}")
+        loose = _MAY_DIFFER.get(table, {})
+        same = [f"s.{c} IS NOT DISTINCT FROM m.{c}" if c not in loose else
+                f"(s.{c} IS NOT DISTINCT FROM m.{c} OR {loose[c]})"
+                for c in spec.names if c not in spec.key]
+        on = " AND ".join(f"s.{k} = m.{k}" for k in spec.key)
+        sel = ", ".join(f"s.{k}" for k in spec.key)
+        bad = con.execute(f"SELECT {sel} FROM {stage} s JOIN main.{table} m ON {on} "
+                          f"WHERE NOT ({' AND '.join(same) or 'true'}) LIMIT 1").fetchall()
+        if bad:
+            raise StoreError(f"{origin}: a {table[:-1]} row with key {_key_text(spec.key, bad[0])} "
+                             "differs from the stored row of that key; nothing was imported")
 
     def _check_stage(self, table: str, stage: str, origin: str) -> None:
         con = self.con

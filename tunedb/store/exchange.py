@@ -104,7 +104,9 @@ def _plan(path: Path) -> dict[str, Path]:
         unknown = sorted(set(files) - set(TABLES))
         if unknown:
             raise StoreError(f"{mpath} lists unknown tables: {', '.join(unknown)}")
-        plan = {t: path / str(f) for t, f in files.items()}
+        if not isinstance(files, dict):
+            raise StoreError(f"{mpath} is not a tunedb export manifest (files is not a mapping)")
+        plan = {t: _inside(path, f, mpath) for t, f in files.items()}
         for f in plan.values():
             if not f.is_file():
                 raise StoreError(f"{mpath} lists {f.name}, which is missing")
@@ -113,6 +115,15 @@ def _plan(path: Path) -> dict[str, Path]:
     if not plan:
         raise StoreError(f"{path} holds no tunedb Parquet files (expected <table>.parquet and {MANIFEST})")
     return plan
+
+
+def _inside(folder: Path, name: Any, manifest: Path) -> Path:
+    """A file the manifest names: a plain file name inside the export folder, nothing else (an
+    export must not make the importer read ``../x.parquet`` or an absolute path)."""
+    text = str(name)
+    if not isinstance(name, str) or not text or Path(text).name != text or text in (".", ".."):
+        raise StoreError(f"{manifest} names {text!r}; an export lists plain file names in its folder")
+    return folder / text
 
 
 def _open_parquet(path: Path) -> pq.ParquetFile:
@@ -200,7 +211,7 @@ def _load(store: TuningStore, feeds: list[_Feed], what: str) -> dict[str, int]:
         with store.transaction(what):
             for feed in feeds:
                 current = feed
-                store.ingest(feed.table, feed.reader(), feed.origin)
+                store.ingest(feed.table, feed.reader(), feed.origin, refuse_conflicts=True)
     except StoreError:
         if current is not None and current.error is not None:
             raise current.error from None  # our own message, not DuckDB's rewording of it
