@@ -175,10 +175,28 @@ for j, v in enumerate(plan.graph.outputs):
 
 def test_cublas_selfcheck_passes():
     """The ctypes cuBLAS path (every dtype, batched, broadcast, 1-D) eager and inside one
-    captured CUDA graph, against float64 CuPy matmuls; and a small plan captured whole."""
+    captured CUDA graph, against float64 CuPy matmuls."""
     from tunedb.runtime import selfcheck
 
     assert selfcheck.main() == 0
+
+
+def test_a_small_attention_plan_runs_as_one_cuda_graph():
+    """Matmuls, a gemm with bias and a fused softmax through ``PlanExecutor`` (the self-check's
+    plan, which the runtime cannot build itself): verified and captured whole."""
+    from tunedb.runtime.executor import PlanExecutor
+
+    b = GraphBuilder("selfcheck_attention")
+    x = b.input("x", (2, 64, 96))
+    w = b.input("w", (96, 96))
+    h = b.matmul(x, w)
+    s = b.softmax(b.matmul(h, b.transpose(h, perm=(0, 2, 1))), axis=-1)
+    g = b.gemm(b.input("a2", (64, 96)), w, b.input("c", (96,)), trans_b=True, alpha=0.5, beta=1.0)
+    plan = _compile(b.build([s, g]))
+    ex = PlanExecutor(plan)
+    dev, ref_in = make_inputs(plan.graph, 0)
+    _check(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "uint16"])

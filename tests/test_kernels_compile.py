@@ -13,9 +13,9 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from kernel_emu import generable_schedules
 
 from tunedb.kernels import generate, suite
+from tunedb.runtime.emu import generable_schedules
 
 NVCC = shutil.which("nvcc")
 

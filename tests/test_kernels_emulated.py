@@ -1,5 +1,6 @@
 """Numerics of generated kernels without a GPU: each kernel compiled as host C++ (see
-``kernel_emu``), run on small inputs and compared with the float64 reference interpreter.
+``tunedb.runtime.emu``), run on the protocol's inputs and compared with the float64 reference
+interpreter under the protocol's tolerance.
 One schedule per (quick-suite case, mapping, streaming hint): the one with the fewest threads."""
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from kernel_emu import build, generable_schedules, mismatches
 
 from tunedb.kernels import generate, schedule_space, suite
 from tunedb.kernels.suites import case as case_of
+from tunedb.runtime.emu import build, generable_schedules, mismatches
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 

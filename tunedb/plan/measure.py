@@ -221,6 +221,14 @@ def measure_steps(steps: list[KernelStep], costs: list[GroupCost], top: int, gpu
                 med = _median(list(res.samples_us))
                 if best is None or med < best[0]:
                     best = (med, cfg)
+        verified = getattr(gpu, "verified", None)
+        if best is None and verified is not None:
+            # The CPU emulator verifies without timing: the best-ranked schedule that verified.
+            first = next((cfg for cfg, key in zip(configs, keys) if key in verified), None)
+            if first is not None:
+                note = (step.note + "; " if step.note else "") + "verified in emulation, not timed"
+                out.append(replace(step, config=first, stitch=stitch_of(first), note=note))
+                continue
         if best is None:
             note = (step.note + "; " if step.note else "") + "no measured schedule ran"
             out.append(replace(step, note=note))

@@ -18,15 +18,19 @@ __all__ = ["NoGPUError", "ReplayDevice", "ReplayError", "Worker", "WorkerError",
 def open_device(spec: str = "cuda", workers: int | None = None, timeout_s: float = 60.0,
                 protocol: Any = None) -> Any:
     """``"cuda"`` -> ``CudaDevice`` (raises ``NoGPUError`` without one); ``"replay:PATH"`` ->
-    ``ReplayDevice`` (CPU only). Both offer ``info``, ``clocks()``, ``prefetch``, ``measure``,
-    ``close``."""
+    ``ReplayDevice`` (CPU only); ``"emu"`` -> ``EmuDevice`` (the CPU emulator: verifies, never
+    times). All offer ``info``, ``clocks()``, ``prefetch``, ``measure``, ``close``."""
     if spec.startswith("replay:"):
         path = spec[len("replay:"):]
         if not path:
             raise ValueError("--device replay:PATH needs a path to a Parquet export dir or a database")
         return ReplayDevice(path, protocol=protocol)
+    if spec == "emu":
+        from tunedb.runtime.emu import EmuDevice
+
+        return EmuDevice(timeout_s=max(timeout_s, 600.0), protocol=protocol)
     if spec not in ("cuda", "gpu"):
-        raise ValueError(f"unknown device {spec!r}; expected 'cuda' or 'replay:PATH'")
+        raise ValueError(f"unknown device {spec!r}; expected 'cuda', 'emu' or 'replay:PATH'")
     from tunedb.runtime.cuda import CudaDevice
 
     return CudaDevice(workers=workers, timeout_s=timeout_s, protocol=protocol)

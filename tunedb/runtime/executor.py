@@ -57,8 +57,8 @@ from tunedb.runtime.executor_ops import (
     to_bf16_bits,
 )
 from tunedb.runtime.inputs import bf16_bits, index_bounds, make_inputs
+from tunedb.runtime.launch import kernel_function, launcher
 
-NVRTC_OPTIONS = ("-std=c++17",)
 ALIGN = 256
 # Single ops with a direct implementation, and the stored dtypes it takes.
 COMPUTE_DIRECT: dict[str, frozenset[str]] = {
@@ -207,7 +207,7 @@ class PlanExecutor:
         self._owned: set[str] = set()  # values whose memory a step writes (not inputs/constants)
         self._graph: Any = None
         self._graph_pool: Any = None
-        self._modules: dict[str, Any] = {}
+        self._modules: dict[tuple[str, tuple[str, ...]], Any] = {}  # (source, options) -> module
         self._scratch_need = 0
         self._scratch: Any = None
         with current_stream(self.cp, self.stream):
@@ -347,15 +347,6 @@ class PlanExecutor:
             raise ExecutorError(f"no direct implementation of {node.op}")
         return lay
 
-    def _function(self, source: str, name: str, shared: int) -> Any:
-        mod = self._modules.get(source)
-        if mod is None:
-            mod = self._modules[source] = self.cp.RawModule(code=source, options=NVRTC_OPTIONS)
-        fn = mod.get_function(name)
-        if shared > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = shared  # opt-in above the 48 KiB default
-        return fn
-
     def _fused(self, sub: Graph, local: dict[str, Any], outs: dict[str, Any],
                config: dict) -> tuple[list[Any], int]:
         kp = generate(sub, Schedule.from_config(config), sm_count=self.sm_count)
@@ -370,36 +361,23 @@ class PlanExecutor:
             total += -(-max(1, int(nbytes)) // ALIGN) * ALIGN
         get = self._scratch_getter(total)
         zeroed = set(getattr(kp, "zeroed", ()) or ())
-        funcs = [self._function(k.source, k.name, int(k.shared_bytes)) for k in kp.kernels]
+        funcs = [kernel_function(self.cp, self._modules, k) for k in kp.kernels]
         ready: dict[str, Any] = {}
 
         def resolve() -> None:
+            # The arena exists once every step is built: bind the scratch slices at first run.
             buf = get()
             scratch = {n: buf[o:o + nb] for n, (o, nb) in offsets.items()}
-            calls = []
-            for fn, k in zip(funcs, kp.kernels):
-                args = []
-                for x in k.args:
-                    if isinstance(x, str):
-                        if x in named:
-                            args.append(named[x])
-                        elif x in scratch:
-                            args.append(scratch[x])
-                        else:
-                            raise ExecutorError(f"kernel {k.name} argument {x!r} names no buffer")
-                    else:
-                        args.append(x)  # numpy.int64 scalars, as the generator made them
-                calls.append((fn, tuple(k.grid), tuple(k.block), tuple(args), int(k.shared_bytes)))
-            ready["calls"] = calls
-            ready["zero"] = [scratch[n] for n in offsets if n in zeroed]
+            try:
+                ready["launch"] = launcher(funcs, kp.kernels, {**named, **scratch},
+                                           [scratch[n] for n in offsets if n in zeroed])
+            except KeyError as e:
+                raise ExecutorError(str(e.args[0])) from None
 
-        def run() -> None:
+        def run() -> None:  # on the current stream: the executor's, made so by its caller
             if not ready:
                 resolve()
-            for z in ready["zero"]:
-                z.data.memset_async(0, z.nbytes)
-            for fn, grid, block, args, shared in ready["calls"]:
-                fn(grid, block, args, shared_mem=shared)
+            ready["launch"]()
 
         return [run], len(kp.kernels)
 

@@ -23,10 +23,9 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
-
+from tunedb.graph.ir import Graph
 from tunedb.records import Protocol
-from tunedb.runtime.device import current_stream
+from tunedb.runtime.device import clocks, current_stream, device_info, device_uuid, import_cupy
 from tunedb.runtime.inputs import (
     BOOL_POISON,
     load_prepared,
@@ -36,9 +35,9 @@ from tunedb.runtime.inputs import (
     storage_dtype,
     workload_seed,
 )
+from tunedb.runtime.launch import NVRTC_OPTIONS, kernel_function, launcher
 from tunedb.runtime.tolerance import element_bounds, element_errors, tolerance
 
-NVRTC_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 SHORT_US = 10.0     # without a workload-level decision: plans faster than this are batched
 SHORT_BYTES = 32 << 20  # workloads moving fewer bytes (~8 µs at full bandwidth) are batched
 TARGET_US = 50.0    # ... so that one sample lasts at least this long
@@ -54,8 +53,6 @@ def _one_line(exc: BaseException, limit: int = 1500) -> str:
 # -- worker entry points ------------------------------------------------------------------------
 def gpu_init(state: dict) -> dict:
     """Worker start-up: import CuPy, pick a non-default stream, allocate the L2 flush buffer."""
-    from tunedb.runtime.device import clocks, device_info, device_uuid, import_cupy
-
     cp = import_cupy()
     info = device_info()
     stream = cp.cuda.Stream(non_blocking=True)
@@ -70,8 +67,6 @@ def gpu_task(state: dict, context: dict, items: list) -> Iterator[dict]:
     """Worker task: ``context`` = {workload_hash, graph (JSON), protocol, optional prep (the
     manifest of ``inputs.prepare_workload``: inputs and references computed ahead, off the GPU's
     critical path)}; items = wire plans. Every result carries ``phases`` (seconds spent here)."""
-    from tunedb.graph.ir import Graph
-
     cp = state["cp"]
     wl = state.get("workload")
     setup_s = 0.0
@@ -211,58 +206,22 @@ def _clear_cupy_memo() -> None:
 
 def get_function(state: dict, kernel: dict) -> Any:
     """Compile (or fetch from the LRU / CuPy disk cache) and return the kernel's function."""
-    cp = state["cp"]
-    options = tuple(kernel.get("options") or NVRTC_OPTIONS)
-    key = (kernel["source"], options)
     mods: OrderedDict = state["modules"]
-    mod = mods.get(key)
-    if mod is None:
-        if len(mods) >= MODULE_CACHE:
-            # CuPy memoizes every module it loads; drop them all now and then so that device and
-            # host memory stay flat over tens of thousands of candidates.
-            mods.clear()
-            _clear_cupy_memo()
-        mod = cp.RawModule(code=kernel["source"], options=options)
-        mods[key] = mod
-    else:
+    key = (kernel["source"], tuple(kernel.get("options") or NVRTC_OPTIONS))
+    if key in mods:
         mods.move_to_end(key)
-    fn = mod.get_function(kernel["name"])
-    dyn = int(kernel.get("shared_bytes", 0) or 0)
-    if dyn > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = dyn  # opt-in above the 48 KiB default
-    return fn
-
-
-_SCALAR_TYPES = {"int32": np.int32, "int64": np.int64, "uint32": np.uint32, "uint64": np.uint64,
-                 "float32": np.float32, "float64": np.float64, "float": np.float32, "int": np.int32}
-
-
-def _scalar(arg: dict) -> Any:
-    return _SCALAR_TYPES.get(arg.get("type", "int32"), np.int32)(arg["value"])
+    elif len(mods) >= MODULE_CACHE:
+        # CuPy memoizes every module it loads; drop them all now and then so that device and
+        # host memory stay flat over tens of thousands of candidates.
+        mods.clear()
+        _clear_cupy_memo()
+    return kernel_function(state["cp"], mods, kernel)
 
 
 def build_launch(cp: Any, stream: Any, funcs: list, item: dict, buffers: dict) -> Any:
-    """A closure that enqueues the whole plan once: scratch zeroing then every kernel."""
-    calls = []
-    for fn, k in zip(funcs, item["kernels"]):
-        args = []
-        for a in k["args"]:
-            if isinstance(a, str):
-                if a not in buffers:
-                    raise KeyError(f"kernel {k['name']} argument {a!r} names no buffer")
-                args.append(buffers[a])
-            else:
-                args.append(_scalar(a))
-        calls.append((fn, tuple(k["grid"]), tuple(k["block"]), tuple(args), int(k.get("shared_bytes", 0))))
+    """A closure that enqueues the whole plan once on ``stream`` (``launch.launcher``)."""
     zero = [buffers[s["name"]] for s in item.get("scratch", []) if s.get("zero")]
-
-    def launch() -> None:
-        for z in zero:
-            z.data.memset_async(0, z.nbytes, stream)
-        for fn, grid, block, args, shared in calls:
-            fn(grid, block, args, shared_mem=shared, stream=stream)  # never the ambient stream
-
-    return launch
+    return launcher(funcs, item["kernels"], buffers, zero, stream)  # never the ambient stream
 
 
 def _graph_runner(cp: Any, stream: Any, launch: Any, batch: int) -> Any:
@@ -417,8 +376,6 @@ def precompile(kernels: list[dict]) -> dict:
     """Pool task: compile each kernel source with the same options the worker will use, which
     fills CuPy's on-disk kernel cache; returns ``{"ok": True}`` or ``{"ok": False, "error": log}``."""
     try:
-        from tunedb.runtime.device import import_cupy
-
         cp = import_cupy()
         for k in kernels:
             cp.RawModule(code=k["source"], options=tuple(k.get("options") or NVRTC_OPTIONS)).compile()

@@ -1,20 +1,22 @@
 """GPU self-check of the executor's cuBLAS path: ``python -m tunedb.runtime.selfcheck``.
 
 Runs the GEMMs of ``tunedb.runtime.blas`` (float32 / float16 / bfloat16, plain, transposed,
-strided-batched, broadcast, folded, 1-D, gemm alpha/beta) against a float64 ``cupy.matmul``,
-then captures all of them into one CUDA graph, replays it on zeroed outputs and checks again,
-and finally runs a small matmul plan through ``PlanExecutor``. One line per check, PASS or FAIL;
-the exit status is the number of failures (0: all passed).
+strided-batched, broadcast, folded, 1-D, gemm alpha/beta) against a float64 ``cupy.matmul``
+under the protocol's tolerance (``tunedb.runtime.tolerance``, K accumulated terms), then
+captures all of them into one CUDA graph, replays it on zeroed outputs and checks again. One
+line per check, PASS or FAIL; the exit status is the number of failures (0: all passed). Plans
+through ``PlanExecutor`` are the GPU tests' (the runtime does not build plans).
 """
 
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from tunedb.runtime.tolerance import dtype_tolerance, element_bounds, element_errors
 
 # (name, x shape, y shape, dtype, transpose x, transpose y, alpha, beta). The shapes are those of
 # the stored arrays; "transpose x" makes the left operand the transposed view x.T (gemm's trans_a),
@@ -38,7 +40,6 @@ CASES: list[tuple[str, tuple[int, ...], tuple[int, ...], str, bool, bool, float,
      1.0, 0.0),
     ("1-D f32 (96,) @ (96,32)", (96,), (96, 32), "float32", False, False, 1.0, 0.0),
 ]
-TOL = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
 
 
 def _bf16_bits(cp: Any, v: Any) -> Any:
@@ -73,6 +74,7 @@ class _Case:
             return _bf16_bits(cp, v) if self.dtype == "bfloat16" else v.astype(store)
 
         self.x, self.y = operand(cp, rng, xs, tx, convert), operand(cp, rng, ys, ty, convert)
+        self.terms = self.x.shape[-1] + (self.beta != 0.0)  # K products (and C) per element
         ref = cp.matmul(_widen(cp, self.x, self.dtype), _widen(cp, self.y, self.dtype))
         self.out = cp.empty(ref.shape, dtype=self.x.dtype)
         self.c0 = None
@@ -92,10 +94,12 @@ class _Case:
         else:
             self.out.fill(0)
 
-    def rel_err(self, cp: Any) -> float:
+    def error_ratio(self, cp: Any) -> float:
+        """The worst element's error over its tolerance (> 1 fails)."""
         got = _widen(cp, self.out, self.dtype)
-        scale = float(cp.abs(self.ref).max()) or 1.0
-        return float(cp.abs(got - self.ref).max()) / scale
+        abs_tol, rtol = dtype_tolerance(self.dtype, terms=self.terms).bounds(cp.asnumpy(self.ref))
+        err = element_errors(cp, got, self.ref)
+        return float((err / element_bounds(cp, self.ref, abs_tol, rtol)).max())
 
 
 def _line(ok: bool, name: str, detail: str) -> bool:
@@ -139,13 +143,12 @@ def main() -> int:
                 c.reset()
                 c.launch()
                 stream.synchronize()
-                err = c.rel_err(cp)
-                fails += not _line(err <= TOL[c.dtype], f"eager {c.name}", f"rel err {err:.2e}")
+                err = c.error_ratio(cp)
+                fails += not _line(err <= 1.0, f"eager {c.name}", f"err/tol {err:.2f}")
                 cases.append(c)
             except Exception as e:  # noqa: BLE001
                 fails += not _line(False, f"eager {spec[0]}", f"{type(e).__name__}: {e}")
     fails += _capture_check(cp, stream, cases)
-    fails += _executor_check()
     print(f"selfcheck: {'all passed' if not fails else f'{fails} failed'}", flush=True)
     return fails
 
@@ -172,8 +175,8 @@ def _capture_check(cp: Any, stream: Any, cases: list[_Case]) -> int:
     _line(True, f"capture of {len(cases)} GEMMs into one CUDA graph", "captured and replayed")
     fails = 0
     for c in cases:
-        err = c.rel_err(cp)
-        fails += not _line(err <= TOL[c.dtype], f"graph replay {c.name}", f"rel err {err:.2e}")
+        err = c.error_ratio(cp)
+        fails += not _line(err <= 1.0, f"graph replay {c.name}", f"err/tol {err:.2f}")
     try:  # a second replay on garbage outputs must overwrite them the same way
         with stream:
             for c in cases:
@@ -181,46 +184,11 @@ def _capture_check(cp: Any, stream: Any, cases: list[_Case]) -> int:
                     c.out.fill(7)
             graph.launch(stream)
         stream.synchronize()
-        worst = max(c.rel_err(cp) / TOL[c.dtype] for c in cases if c.c0 is None)
+        worst = max(c.error_ratio(cp) for c in cases if c.c0 is None)
         fails += not _line(worst <= 1.0, "second graph replay", f"worst err/tol {worst:.2f}")
     except Exception as e:  # noqa: BLE001
         fails += not _line(False, "second graph replay", f"{type(e).__name__}: {e}")
     return fails
-
-
-def _executor_check() -> int:
-    """A small plan (matmuls, gemm with bias, a fused softmax) through ``PlanExecutor``."""
-    try:
-        from tunedb.graph.builder import GraphBuilder
-        from tunedb.graph.reference import run_reference
-        from tunedb.plan import compile
-        from tunedb.runtime.executor import PlanExecutor
-
-        b = GraphBuilder("selfcheck_attention")
-        x = b.input("x", (2, 64, 96))
-        w = b.input("w", (96, 96))
-        h = b.matmul(x, w)
-        s = b.softmax(b.matmul(h, b.transpose(h, perm=(0, 2, 1))), axis=-1)
-        a2 = b.input("a2", (64, 96))
-        g = b.gemm(a2, w, b.input("c", (96,)), trans_b=True, alpha=0.5, beta=1.0)
-        graph = b.build([s, g])
-        plan = compile(graph, device="cuda")
-        ex = PlanExecutor(plan)
-        rng = np.random.default_rng(0)
-        ins = {v: rng.standard_normal(graph.type_of(v).shape).astype(np.float32) * 0.2
-               for v in graph.inputs}
-        outs = {k: v.get() for k, v in ex.run(ins).items()}
-        ref = run_reference(graph, ins)
-        err = max(float(np.abs(outs[v] - ref[v]).max() / (np.abs(ref[v]).max() or 1.0))
-                  for v in graph.outputs)
-        fails = not _line(err <= 1e-4, "executor plan vs reference", f"rel err {err:.2e}, paths "
-                          f"{sorted(set(ex.paths))}")
-        fails += not _line(ex.graph_capture, "executor one CUDA graph",
-                           f"{ex.launches} launches; {ex.capture_error or 'captured'}")
-        return int(fails)
-    except Exception as e:  # noqa: BLE001
-        traceback.print_exc(limit=3)
-        return not _line(False, "executor plan", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
 
 if __name__ == "__main__":
