@@ -187,6 +187,9 @@ def _cases() -> list[tuple]:
     add("IsNaN", node("IsNaN", ["x"]), special)
     add("IsInf", node("IsInf", ["x"]), special)
     add("IsInf-positive", node("IsInf", ["x"], detect_negative=0), special)
+    wide = {"x": (f32(3, 8) * 4.0).astype(np.float32)}  # past both knees
+    add("HardSigmoid", node("HardSigmoid", ["x"], alpha=0.3, beta=0.4), wide)
+    add("HardSwish", node("HardSwish", ["x"]), wide)
     add("MatMul", node("MatMul", ["a", "b"]), {"a": f32(3, 8), "b": f32(8, 5)})
     add("MatMul-batched", node("MatMul", ["a", "b"]), {"a": f32(2, 1, 3, 8), "b": f32(4, 8, 5)})
     add("MatMul-vector", node("MatMul", ["a", "b"]), {"a": f32(2, 3, 8), "b": f32(8)})

@@ -278,7 +278,8 @@ class Importer(OpHandlers):
             return self.val(name)
         if name in self.consts and name not in self.env:
             a = self.consts[name]
-            a = a.astype(np.float32).astype(BF16) if dtype == "bfloat16" else a.astype(dtype)
+            with np.errstate(invalid="ignore"):  # inf/nan to int: undefined in ONNX, as in C
+                a = a.astype(np.float32).astype(BF16) if dtype == "bfloat16" else a.astype(dtype)
             key = f"{name}\0{dtype}"  # NUL cannot occur in an ONNX name
             self.consts[key] = a
             return self.val(key)
@@ -303,9 +304,8 @@ class Importer(OpHandlers):
 
 def _as_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
     """A reference result (float64/int64/bool) rounded to a tunedb dtype as a NumPy array."""
-    if dtype == "bfloat16":
-        return a.astype(np.float32).astype(BF16)
-    return a.astype(dtype)
+    with np.errstate(invalid="ignore"):  # inf/nan to int: undefined in ONNX, as in C
+        return a.astype(np.float32).astype(BF16) if dtype == "bfloat16" else a.astype(dtype)
 
 
 def _attrs(node: onnx.NodeProto) -> dict:

@@ -78,6 +78,18 @@ class OpHandlers:
     def _op_Gelu(self, n, a):
         self.set(0, self.b.gelu(self.val(n.input[0]), approximate=a.get("approximate", "none")))
 
+    def _hard_sigmoid(self, x: str, alpha: float, beta: float) -> str:
+        return self.b.clip(self.b.add(self.b.mul(x, self.b.scalar(alpha, x)), self.b.scalar(beta, x)),
+                           min=0.0, max=1.0)
+
+    def _op_HardSigmoid(self, n, a):
+        x = self.val(n.input[0])
+        self.set(0, self._hard_sigmoid(x, float(a.get("alpha", 0.2)), float(a.get("beta", 0.5))))
+
+    def _op_HardSwish(self, n, a):  # x * HardSigmoid(x) with alpha 1/6, beta 1/2
+        x = self.val(n.input[0])
+        self.set(0, self.b.mul(x, self._hard_sigmoid(x, 1.0 / 6.0, 0.5)))
+
     def _op_Where(self, n, a):
         self.set(0, self.b.where(*(self.val(i) for i in n.input)))
 
