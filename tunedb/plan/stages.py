@@ -130,14 +130,22 @@ class StageEstimator:
         return max(longest, sm_time) + self.fork_us * max(0, len(busy) - 1)
 
 
+class StageKeys:
+    """``keys(groups)``: a key of a stage that names what runs, not where: each group's members'
+    kinds, workload hashes and schedules in order, groups sorted (the database key of a measured
+    stage). The members' texts are made once per plan."""
+
+    def __init__(self, steps: Sequence[Any]) -> None:
+        self.member = [f"{s.kind}:{s.workload_hash}:{sorted(s.config_dict.items())}" for s in steps]
+
+    def __call__(self, groups: Groups) -> str:
+        text = "|".join(sorted(";".join(self.member[i] for i in g) for g in groups))
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 def stage_key(steps: Sequence[Any], groups: Groups) -> str:
-    """A key of a stage that names what runs, not where: each group's members' workload hashes
-    and schedules in order, groups sorted (the database key of a measured stage)."""
-    def member(i: int) -> str:
-        s = steps[i]
-        return f"{s.kind}:{s.workload_hash}:{sorted(s.config_dict.items())}"
-    text = "|".join(sorted(";".join(member(i) for i in g) for g in groups))
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    """``StageKeys(steps)(groups)`` for one stage."""
+    return StageKeys(steps)(groups)
 
 
 # -- blocks -------------------------------------------------------------------------------------
@@ -205,8 +213,11 @@ class SearchStats:
 
 def _dp_block(block: Sequence[int], preds: Sequence[set[int]], succs: Sequence[set[int]],
               kernel: Sequence[bool], cost: Callable[[Groups], float], r: int, s: int,
-              max_endings: int, stats: SearchStats) -> tuple[float, list[Groups]]:
+              max_endings: int, stats: SearchStats, cache: dict) -> tuple[float, list[Groups]]:
     memo_stage: dict[int, tuple[float, Groups]] = {}
+    # endings of each state and groups of each ending depend on the DAG only: kept across searches
+    ending_cache: dict[int, list[int]] = cache.setdefault("endings", {})
+    group_cache: dict[int, Groups] = cache.setdefault("groups", {})
     n = len(block)
     local = {g: k for k, g in enumerate(block)}
     sm = [sum(1 << local[j] for j in succs[g] if j in local) for g in block]
@@ -226,13 +237,17 @@ def _dp_block(block: Sequence[int], preds: Sequence[set[int]], succs: Sequence[s
         return comp
 
     def groups_of(e: int) -> Groups:
+        hit = group_cache.get(e)
+        if hit is not None:
+            return hit
         out, left = [], e
         while left:
             k = (left & -left).bit_length() - 1
             c = comp_of(k, e)
             left &= ~c
             out.append(tuple(block[i] for i in range(n) if c >> i & 1))
-        return tuple(out)
+        group_cache[e] = tuple(out)
+        return group_cache[e]
 
     def price(e: int) -> tuple[float, Groups]:
         hit = memo_stage.get(e)
@@ -243,6 +258,9 @@ def _dp_block(block: Sequence[int], preds: Sequence[set[int]], succs: Sequence[s
         return hit
 
     def endings(S: int) -> list[int]:
+        hit = ending_cache.get(S)
+        if hit is not None:
+            return hit
         members = [k for k in range(n - 1, -1, -1) if S >> k & 1]
         found: list[int] = []
 
@@ -273,6 +291,7 @@ def _dp_block(block: Sequence[int], preds: Sequence[set[int]], succs: Sequence[s
         rec(0, 0, s)
         if len(found) >= max_endings:
             stats.truncated += 1
+        ending_cache[S] = found
         return found
 
     def solve(S: int) -> tuple[float, int, Groups]:
@@ -305,9 +324,11 @@ def _dp_block(block: Sequence[int], preds: Sequence[set[int]], succs: Sequence[s
 
 def ios_search(steps: Sequence[Any], cost: Callable[[Groups], float], *, r: int = 3, s: int = 8,
                max_block: int = 40, cut_width: int = 1, max_states: int = 3000,
-               max_endings: int = 4000) -> tuple[float, list[Groups], SearchStats]:
+               max_endings: int = 4000, cache: dict | None = None) -> tuple[float, list[Groups], SearchStats]:
     """The least-latency partition of ``steps`` (plan order, a topological order) into stages:
-    (total µs, stages as groups of step indices, statistics)."""
+    (total µs, stages as groups of step indices, statistics). ``cache``: a dict kept between
+    searches of the same steps with other costs (the refinement loop) to reuse their DAG work."""
+    cache = {} if cache is None else cache
     if r < 1 or s < 1:
         raise PlanError(f"IOS pruning needs r >= 1 and s >= 1, got r={r} s={s}")
     t0 = time.perf_counter()
@@ -321,7 +342,9 @@ def ios_search(steps: Sequence[Any], cost: Callable[[Groups], float], *, r: int 
     for block in split_blocks(len(steps), succs, preds, max_block, cut_width, max_states):
         stats.blocks += 1
         stats.largest_block = max(stats.largest_block, len(block))
-        c, st = _dp_block(list(block), preds, succs, kernel, cost, r, s, max_endings, stats)
+        key = (block.start, block.stop, r, s, max_endings)
+        c, st = _dp_block(list(block), preds, succs, kernel, cost, r, s, max_endings, stats,
+                          cache.setdefault(key, {}))
         total += c
         stages += st
     stats.seconds = time.perf_counter() - t0
@@ -397,14 +420,20 @@ def compile_staged(compile_fn: Callable[..., Plan], graph: Any, schedule: str, *
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     base = compile_fn(graph, horizontal=False, schedule="sequential", **kwargs)
-    staged, info = schedule_plan(base)
+    staged, _ = schedule_plan(base)
     if schedule == "ios":
         return staged
-    seq = compile_fn(graph, horizontal=horizontal, schedule="sequential", **kwargs)
-    est = StageEstimator(seq.steps, launch_us=seq.launch_us)
-    seq_us = sum(est(((i,),)) for i in range(len(seq.steps)))
-    if info["ios_predicted_us"] < AUTO_MARGIN * seq_us:
+    return choose_auto(compile_fn(graph, horizontal=horizontal, schedule="sequential", **kwargs), staged)
+
+
+def choose_auto(sequential: Plan, staged: Plan) -> Plan:
+    """``auto``: the staged plan when its predicted time beats the sequential plan's (priced by
+    the same estimator, one step per stage) by ``AUTO_MARGIN``, else the sequential plan."""
+    est = StageEstimator(sequential.steps, launch_us=sequential.launch_us)
+    seq_us = sum(est(((i,),)) for i in range(len(sequential.steps)))
+    ios_us = dict(staged.search)["ios_predicted_us"]
+    if ios_us < AUTO_MARGIN * seq_us:
         return staged
-    search = {**dict(seq.search), "schedule": "sequential (auto)",
-              "ios_predicted_us": info["ios_predicted_us"], "sequential_predicted_us": round(seq_us, 2)}
-    return replace(seq, search=search)
+    search = {**dict(sequential.search), "schedule": "sequential (auto)",
+              "ios_predicted_us": ios_us, "sequential_predicted_us": round(seq_us, 2)}
+    return replace(sequential, search=search)

@@ -1,0 +1,269 @@
+"""Stage scheduling on the GPU: sequential plan vs IOS plans vs torch.compile, one process.
+
+    python -m tunedb.bench.stages OUT.json [--peers] [--refine] [--budget-s 200]
+
+Per case (Inception V3 batch 1 and SqueezeNet 1.1 exported from torchvision, NASNet-A-style and
+RandWire-style graphs from ``tunedb.graph.multibranch``; batch 1 and 16 except Inception): the
+sequential plan (``tunedb.compile``, one stream, horizontal packing on), the IOS plan
+(``schedule="ios"``), and ``auto``; each run by its executor (``StagedExecutor`` for stages, one
+CUDA graph), verified first on inputs from ``make_inputs`` (weights normal(0, 1/sqrt(fan_in)))
+against the float64 reference and, for the ONNX models, onnxruntime on the CPU; then timed in
+throughput mode (``peers.throughput_us``). ``--peers``: torch.compile (default and
+reduce-overhead) on the same graph and input values, TF32 off. ``--refine``: on Inception V3,
+the measured refinement loop (measure the winner's stages, search again with the measurements,
+until the winner's stages are all measured) and the full-profiling oracle on one block.
+The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tunedb.bench.fusion import _finite, _one_line, rel_l2, write_json
+from tunedb.bench.plan import ORT_SLACK, _free, _host, _peer, _tf32_off, onnxruntime_outputs, verify
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAPHS = ROOT / "data" / "graphs" / "ios"
+INPUT_SEED = 20240531
+
+
+def cases() -> list[tuple[str, Callable[[], tuple[Any, Any]]]]:
+    """(name, loader) pairs; a loader gives (graph, onnx model or None)."""
+    from tunedb.graph.multibranch import nasnet_a_graph, randwire_graph
+    from tunedb.graph.onnx_import import import_onnx
+
+    def onnx_case(file: str) -> Callable[[], tuple[Any, Any]]:
+        def load() -> tuple[Any, Any]:
+            import onnx
+
+            path = GRAPHS / file
+            return import_onnx(path, fill_initializers=False), onnx.load(str(path))
+        return load
+
+    out: list[tuple[str, Callable[[], tuple[Any, Any]]]] = [
+        ("inception_v3_b1", onnx_case("inception_v3_b1.onnx"))]
+    for b in (1, 16):
+        out.append((f"squeezenet1_1_b{b}", onnx_case(f"squeezenet1_1_b{b}.onnx")))
+        out.append((f"nasnet_a_b{b}", lambda b=b: (nasnet_a_graph(b), None)))
+        out.append((f"randwire_b{b}", lambda b=b: (randwire_graph(b), None)))
+    return out
+
+
+def _run_plan(plan: Any, dev: dict, refs: dict, ort: dict | None, graph: Any) -> dict:
+    from tunedb.bench.peers import throughput_us
+    from tunedb.runtime.stage_exec import StagedExecutor
+
+    rec: dict[str, Any] = {"us": None, "kernels": plan.kernels, "stages": len(plan.stages),
+                           "wide_stages": sum(1 for st in plan.stages if len(st) > 1),
+                           "search": dict(plan.search)}
+    ex = None
+    try:
+        ex = StagedExecutor(plan)
+        rec["executor"] = {k: v for k, v in ex.summary().items() if k != "paths"}
+        got = _host(ex.run(dev))
+        rec["verify"] = {"reference": verify(graph, got, refs)}
+        if ort is not None:
+            rec["verify"]["onnxruntime"] = verify(graph, got, ort, ORT_SLACK)
+        ok = rec["verify"]["reference"]["ok"] and (ort is None or rec["verify"]["onnxruntime"]["ok"])
+        if ok and ex.graph_capture:  # a timing counts only once the result is verified
+            rec["us"] = _finite(throughput_us(ex.replay, ex.synchronize))
+        elif not ok:
+            rec["error"] = "outputs differ from the reference: not timed"
+    except Exception as e:  # noqa: BLE001 - a failure is a result
+        rec["error"] = _one_line(e)
+    finally:
+        del ex
+        _free(None)
+    return rec
+
+
+def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block: bool = True) -> dict:
+    """The measured-refinement loop and a one-block oracle on ``base`` (a plan without
+    horizontal packing): stages measured in a harness executor whose values never share memory."""
+    from tunedb.plan.buffers import plan_buffers
+    from tunedb.plan.stages import StageEstimator, StageKeys, ios_search, split_blocks, step_dag
+    from tunedb.runtime.stage_exec import StagedExecutor
+
+    steps = base.steps
+    stage_key = StageKeys(steps)
+    dag_cache: dict = {}
+    separate = replace(base, buffers=plan_buffers(base.graph, steps, times=[0] * len(steps)), stages=())
+    est = StageEstimator(steps, launch_us=base.launch_us)
+    t0 = time.perf_counter()
+    harness = StagedExecutor(separate, stage_streams=8, capture=False)
+    out: dict[str, Any] = {"harness_build_s": round(time.perf_counter() - t0, 2)}
+    measured: dict[str, float] = {}
+    gpu_s = 0.0
+
+    def measure(groups: Any) -> float:
+        nonlocal gpu_s
+        key = stage_key(groups)
+        if key not in measured:
+            t = time.perf_counter()
+            measured[key] = harness.time_stage(groups, copies=5, reps=4)
+            gpu_s += time.perf_counter() - t
+        return measured[key]
+
+    def cost(groups: Any) -> float:
+        hit = measured.get(stage_key(groups))
+        return est(groups) if hit is None else hit
+
+    rounds = []
+    t_search = time.perf_counter()
+    total, stages, stats = ios_search(steps, cost, cache=dag_cache)
+    for it in range(5):
+        new = [st for st in stages if stage_key(st) not in measured]
+        for st in new:
+            measure(st)
+        total, stages, stats = ios_search(steps, cost, cache=dag_cache)
+        rounds.append({"round": it, "newly_measured": len(new), "predicted_us": round(total, 2)})
+        if all(stage_key(st) in measured for st in stages) or time.perf_counter() > deadline:
+            break
+    out["search_s"] = round(time.perf_counter() - t_search - gpu_s, 2)
+    out.update(rounds=rounds, candidates=stats.candidates, measured=len(measured),
+               measured_fraction=round(len(measured) / max(1, stats.candidates), 4),
+               measuring_s=round(gpu_s, 2), refined_us_sum=round(total, 2),
+               refined_stages=[[list(g) for g in st] for st in stages])
+    say(f"refine: {len(measured)} of {stats.candidates} candidates measured ({gpu_s:.1f} s), "
+        f"{len(rounds)} rounds")
+    refined_measured = dict(measured)  # before the oracle adds every candidate of its block
+    if oracle_block:
+        preds, succs = step_dag(steps)
+        blocks = [b for b in split_blocks(len(steps), succs, preds) if len(b) >= 6]
+        blk = max(blocks, key=len) if blocks else None
+        if blk is not None and time.perf_counter() < deadline:
+            sub = list(blk)
+            sub_steps = [steps[i] for i in sub]
+
+            def lift(groups: Any) -> tuple:
+                return tuple(tuple(sub[k] for k in g) for g in groups)
+
+            seen: dict[tuple, float] = {}
+
+            def oracle_cost(groups: Any) -> float:
+                g = lift(groups)
+                if g not in seen:
+                    seen[g] = measure(g) if time.perf_counter() < deadline else est(g)
+                return seen[g]
+
+            o_total, o_stages, o_stats = ios_search(sub_steps, oracle_cost, cut_width=0, max_block=len(sub),
+                                                    max_states=10**6)
+            # the refined schedule's stages inside the block, at their measured times
+            inside = [st for st in stages if all(i in blk for g in st for i in g)]
+            r_total = sum(refined_measured.get(stage_key(st), math.nan) for st in inside)
+            out["oracle_block"] = {"steps": [sub[0], sub[-1]], "candidates": o_stats.candidates,
+                                   "oracle_us": round(o_total, 2), "refined_us": _finite(r_total),
+                                   "complete": time.perf_counter() < deadline,
+                                   "oracle_stages": [[list(g) for g in lift(st)] for st in o_stages],
+                                   "refined_stages": [[list(g) for g in st] for st in inside],
+                                   "refined_vs_oracle": _finite(r_total / o_total) if o_total else None}
+    out["measuring_s"] = round(gpu_s, 2)
+    out["stages"] = [[list(g) for g in st] for st in stages]
+    harness.close_streams()
+    return out
+
+
+def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: list[str]) -> dict:
+    import numpy as np  # noqa: F401 - the reference runs in NumPy
+
+    from tunedb.bench.peers import Frameworks
+    from tunedb.graph.reference import run_reference
+    from tunedb.plan.driver import compile as compile_plan
+    from tunedb.plan.stages import apply_stages, choose_auto
+    from tunedb.runtime.device import device_info
+    from tunedb.runtime.inputs import make_inputs
+
+    t_start = time.perf_counter()
+    deadline = t_start + budget_s
+    fw = Frameworks() if peers else None
+    result: dict[str, Any] = {"device": str(device_info().name), "budget_s": budget_s, "cases": {}}
+    if fw is not None:
+        result["tf32"] = _tf32_off(fw)
+
+    def say(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
+
+    kept: dict[str, tuple[Any, dict, dict]] = {}
+    for name, load in cases():
+        if only and name not in only:
+            continue
+        if time.perf_counter() > deadline:
+            result["cases"][name] = {"error": "budget spent: not run"}
+            continue
+        rec: dict[str, Any] = {}
+        result["cases"][name] = rec
+        try:
+            graph, model = load()
+            dev, ref_in = make_inputs(graph, INPUT_SEED)
+            refs = run_reference(graph, ref_in)
+            ort = onnxruntime_outputs(model, graph, dev) if model is not None else None
+            if ort is not None:
+                rec["onnxruntime_vs_reference"] = max(rel_l2(ort[v], refs[v]) for v in graph.outputs)
+            plans = {}
+            for sched in ("sequential", "ios"):
+                t = time.perf_counter()
+                plans[sched] = compile_plan(graph, device="cuda", schedule=sched)
+                rec.setdefault("plan_s", {})[sched] = round(time.perf_counter() - t, 2)
+            for sched, plan in plans.items():
+                rec[sched] = _run_plan(plan, dev, refs, ort, graph)
+                say(f"{name} {sched}: {rec[sched].get('us')} us ({rec[sched].get('error', 'ok')})")
+            auto = choose_auto(plans["sequential"], plans["ios"])
+            rec["auto"] = {"picks": "ios" if auto.stages else "sequential",
+                           "us": rec["ios" if auto.stages else "sequential"]["us"]}
+            if do_refine and name == "inception_v3_b1":
+                base = replace(plans["ios"], stages=())
+                rec["refine"] = refine(base, say, deadline - 60)
+                st = [tuple(tuple(g) for g in s) for s in rec["refine"]["stages"]]
+                rec["ios_refined"] = _run_plan(apply_stages(base, st, {"schedule": "ios (measured)"}),
+                                               dev, refs, ort, graph)
+                say(f"{name} ios refined: {rec['ios_refined'].get('us')} us")
+            seq = rec["sequential"].get("us")
+            rec["speedup_vs_sequential"] = {k: _finite(seq / rec[k]["us"]) if seq and rec.get(k, {}).get("us")
+                                            else None for k in ("ios", "auto", "ios_refined") if k in rec}
+            kept[name] = (graph, dev, refs)
+        except Exception as e:  # noqa: BLE001 - recorded; the next case still runs
+            rec["error"] = _one_line(e)
+            say(f"{name}: {rec['error']}")
+        _free(fw)
+        write_json(result, out_path)
+    # Peers last, batch 1 first (torch.compile takes seconds per graph to compile)
+    order = sorted(kept, key=lambda n: (not n.endswith("_b1"), n.startswith("inception"), n))
+    for name in order if fw is not None else ():
+        graph, dev, refs = kept[name]
+        rec = result["cases"][name]
+        for p in ("torch_compile_ro", "torch_compile"):
+            if time.perf_counter() > deadline:
+                rec.setdefault("peers", {})[p] = {"error": "budget spent: not run"}
+                continue
+            rec.setdefault("peers", {})[p] = _peer(fw, p, graph, dev, refs)
+            _free(fw)
+            say(f"{name} {p}: {rec['peers'][p].get('us')} us")
+        ours = {k: rec[k]["us"] for k in ("sequential", "ios", "auto", "ios_refined")
+                if rec.get(k, {}).get("us")}
+        rec["speedup_vs_peer"] = {p: {k: _finite(r["us"] / u) for k, u in ours.items()}
+                                  for p, r in rec.get("peers", {}).items() if r.get("us")}
+        write_json(result, out_path)
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    write_json(result, out_path)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]
+    budget = next((float(a.split("=", 1)[1]) for a in argv if a.startswith("--budget-s=")), 200.0)
+    names = ",".join(only).split(",") if only else []
+    run(Path(argv[0]), "--peers" in argv, "--refine" in argv, budget, names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,206 @@
+"""Plans with IOS stages on the GPU: one CUDA graph that forks and joins streams per stage.
+
+``StagedExecutor(plan)`` is a ``PlanExecutor`` whose launches follow ``plan.stages``: the first
+group of a stage runs on the executor's stream, every other group on a stream of a
+``StreamPool`` (each with its own cuBLAS handle and workspace, and its own scratch buffer, so
+that concurrent GEMMs and im2col convolutions never share memory). A stage with several groups
+is a fork (an event on the main stream that the branch streams wait on) and a join (the main
+stream waits on one event per branch); captured once, that is one graph with parallel branches.
+A plan without stages runs as ``PlanExecutor`` does.
+
+``StagedExecutor(plan, stage_streams=W)`` is the measurement harness: every step is built once
+per stream index ``0..W-1``, so that ``time_stage(groups)`` can run any candidate stage (at most
+``W`` groups) with its groups on distinct streams. Give it a plan whose buffers keep every value
+apart (no reuse), so that members of any candidate stage can run at once.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from tunedb.runtime.device import current_stream
+from tunedb.runtime.executor import ExecutorError, PlanExecutor
+from tunedb.runtime.executor_ops import ComputeOps
+from tunedb.runtime.streams import StreamPool
+
+Groups = Sequence[Sequence[int]]
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    # A finalizer that frees device memory or destroys a handle would break a capture.
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+class StagedExecutor(PlanExecutor):
+    """See the module docstring. ``streams`` (streams in use at most) and ``stages`` (stages with
+    more than one group) are added to ``summary()``."""
+
+    def __init__(self, plan: Any, *, capture: bool = True, verify_capture: bool = True,
+                 sm_count: int | None = None, stage_streams: int = 0) -> None:
+        if not hasattr(plan, "stages"):
+            raise ExecutorError("StagedExecutor takes a Plan (load JSON with Plan.from_json first)")
+        stages = tuple(plan.stages)
+        self._ios_stages = stages
+        self._ios_harness = stage_streams > 0
+        width = max([len(st) for st in stages] + [1, stage_streams])
+        self._ios_width = width
+        self._ios_stream_of = {i: gi for st in stages for gi, g in enumerate(st) for i in g}
+        self._ios_pool = StreamPool(max(1, width - 1), tf32=os.environ.get("CUPY_TF32", "0") not in ("", "0"))
+        self._ios_ops: dict[int, tuple[ComputeOps, ComputeOps]] = {}
+        self._ios_fns: dict[tuple[int, int], list[Any]] = {}
+        self._ios_cur = 0
+        self._ios_need: dict[int, int] = {}
+        self._ios_scratch: dict[int, Any] = {}
+        self._ios_events: dict[tuple[int, int], Any] = {}
+        super().__init__(plan, capture=capture, verify_capture=verify_capture, sm_count=sm_count)
+        if self._ios_harness:
+            # Every stream's copy of every step runs once eagerly: lazy kernel loads and scratch
+            # allocations happen here, not inside a stage's capture.
+            for g in range(1, self._ios_width):
+                with current_stream(self.cp, self._stream(g)):
+                    self._run_group(g, range(len(self.plan.steps)))
+                self._stream(g).synchronize()
+
+    # -- building: each step with the cuBLAS handle and scratch of its stream ----------------------
+    def _stream(self, g: int) -> Any:
+        return self.stream if g == 0 else self._ios_pool.stream(g - 1)
+
+    def _ops_for(self, g: int) -> tuple[ComputeOps, ComputeOps]:
+        ops = self._ios_ops.get(g)
+        if ops is None:
+            cp, blas = self.cp, self._ios_pool.blas(g - 1)
+            ops = self._ios_ops[g] = (
+                ComputeOps(cp, self.kernels, self._scratch_getter, blas),
+                ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)), blas))
+        return ops
+
+    def _build(self, k: int, step: Any) -> None:
+        targets = range(self._ios_width) if self._ios_harness else (self._ios_stream_of.get(k, 0),)
+        launches = self.launches
+        first = None
+        for g in targets:
+            saved = self.ops, self.eval_ops
+            self._ios_cur = g
+            if g:
+                self.ops, self.eval_ops = self._ops_for(g)
+            start = len(self._launch_fns)
+            try:
+                super()._build(k, step)
+            finally:
+                self.ops, self.eval_ops = saved
+                self._ios_cur = 0
+            self._ios_fns[(g, k)] = self._launch_fns[start:]
+            if first is None:
+                first = (self.launches - launches, len(self.paths), len(self.fallbacks))
+        # the harness builds a step once per stream: report it once
+        assert first is not None
+        self.launches = launches + first[0]
+        del self.paths[first[1]:]
+        del self.fallbacks[first[2]:]
+
+    def _scratch_getter(self, nbytes: int) -> Any:
+        g = self._ios_cur
+        if g == 0:
+            return super()._scratch_getter(nbytes)
+        self._ios_need[g] = max(self._ios_need.get(g, 0), int(nbytes))
+        return lambda: self._scratch_of(g)
+
+    def _scratch_of(self, g: int) -> Any:
+        buf = self._ios_scratch.get(g)
+        if buf is None:
+            buf = self._ios_scratch[g] = self.cp.empty(max(1, self._ios_need[g]), dtype=self.cp.uint8)
+        return buf
+
+    # -- launching -------------------------------------------------------------------------------
+    def _event(self, stage: int, g: int) -> Any:
+        ev = self._ios_events.get((stage, g))
+        if ev is None:
+            ev = self._ios_events[(stage, g)] = self.cp.cuda.Event(disable_timing=True)
+        return ev
+
+    def _run_group(self, g: int, steps: Sequence[int]) -> None:
+        for k in steps:
+            for fn in self._ios_fns[(g, k)]:
+                fn()
+
+    def _enqueue_stage(self, si: int, groups: Groups) -> None:
+        """One stage on the current (main) stream: groups 1.. forked onto the pool's streams."""
+        if len(groups) == 1:
+            self._run_group(0, groups[0])
+            return
+        if len(groups) > self._ios_width:
+            raise ExecutorError(f"stage of {len(groups)} groups; this executor has {self._ios_width} streams")
+        main = self.stream
+        fork = self._event(si, 0)
+        fork.record(main)
+        joins = []
+        for g in range(1, len(groups)):
+            s = self._stream(g)
+            s.wait_event(fork)
+            with current_stream(self.cp, s):
+                self._run_group(g, groups[g])
+            done = self._event(si, g)
+            done.record(s)
+            joins.append(done)
+        self._run_group(0, groups[0])
+        for done in joins:
+            main.wait_event(done)
+
+    def _enqueue(self) -> None:
+        if not self._ios_stages:
+            for k in range(len(self.plan.steps)):
+                self._run_group(0, (k,))
+            return
+        for si, st in enumerate(self._ios_stages):
+            self._enqueue_stage(si, st)
+
+    # -- measuring one stage (harness) -----------------------------------------------------------
+    def time_stage(self, groups: Groups, *, copies: int = 10, reps: int = 20) -> float:
+        """Median µs of ``groups`` run as one stage (fork/join when several), from a CUDA graph of
+        ``copies`` back-to-back copies of the stage replayed ``reps`` times (the graph launch is
+        spread over the copies, as a stage inside a plan's graph pays none)."""
+        cp = self.cp
+        main = self.stream
+        graph = None
+        alloc = self._ios_pool.memory_pool.malloc
+        with _gc_paused(), current_stream(cp, main), cp.cuda.using_allocator(alloc):
+            main.begin_capture()
+            try:
+                for _ in range(copies):
+                    self._enqueue_stage(-1, groups)
+            finally:
+                graph = main.end_capture()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        for _ in range(3):
+            graph.launch(main)
+        samples = []
+        for _ in range(5):
+            start.record(main)
+            for _ in range(reps):
+                graph.launch(main)
+            end.record(main)
+            end.synchronize()
+            samples.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / (reps * copies))
+        return sorted(samples)[len(samples) // 2]
+
+    def close_streams(self) -> None:
+        """Give back the pool's cuBLAS handles (the executor's graph stops being valid)."""
+        self._graph = None
+        self._ios_pool.close()
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out["streams"] = max([len(st) for st in self._ios_stages] + [1])
+        out["stages"] = sum(1 for st in self._ios_stages if len(st) > 1)
+        return out
