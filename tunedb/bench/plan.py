@@ -5,9 +5,10 @@ process on one GPU: (1) compile the plan (``tunedb.compile``: database hits, cos
 roofline) and build its executor (``PlanExecutor``: every kernel compiled once, buffers once, one
 CUDA graph); (2) run it on fresh random inputs and verify the outputs against the float64
 reference interpreter (the collector's tolerance) and, for ONNX models, against onnxruntime on
-the CPU; (3) time it in throughput mode (``peers.throughput_us`` on graph replays) next to torch
-eager, torch.compile (default mode, dynamic=False), torch.compile mode="reduce-overhead" (CUDA
-graphs) and jax.jit, all translated from the SAME tunedb Graph on the same input values, each
+the CPU (weights and inputs drawn as a freshly initialised network has them: ``make_inputs``'
+roles, ``weighted_model`` for an ONNX model's stripped weights); (3) time it in throughput mode
+(``peers.throughput_us`` on graph replays) next to torch eager, torch.compile (default mode,
+dynamic=False), torch.compile mode="reduce-overhead" (CUDA graphs) and jax.jit, all translated from the SAME tunedb Graph on the same input values, each
 checked against the reference. TF32 is off everywhere (torch ``allow_tf32 = False``, JAX
 ``highest`` matmul precision, CuPy without ``CUPY_TF32``). Each graph also reports the plan's
 kernel count next to the op-by-op count (its non-view nodes). One failing graph or peer is
