@@ -7,6 +7,8 @@ on the same (dtype-rounded) inputs, as in the measurement protocol.
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -151,3 +153,25 @@ def test_integer_outputs_must_match_and_scale_ignores_non_finite() -> None:
     assert tol.exact
     ref = np.array([1, 2, 3, 4])
     assert check_host(ref, ref, tol)[0] and not check_host(ref + np.array([0, 0, 0, 1]), ref, tol)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_generated_optimizer_step_passes_in_emulation(dtype: str) -> None:
+    """The same step as a generated kernel (the elementwise schedule with the fewest threads),
+    run by the CPU emulator into poisoned outputs: it passes, with the same error as the NumPy
+    model of its arithmetic above."""
+    from tunedb.kernels import generate
+    from tunedb.runtime.emu import EMU_INFO, build, check_plan, generable_schedules
+
+    g = adam_graph(dtype)
+    s = min((s for s in generable_schedules(g, sm_count=EMU_INFO.sm_count) if not s.fast_math),
+            key=lambda s: s.block)
+    plan = generate(g, s, sm_count=EMU_INFO.sm_count)
+    x = adam_inputs(dtype)
+    dev = {k: bf16_bits(v) if dtype == "bfloat16" else v.astype(dtype) for k, v in x.items()}
+    ref = {g.outputs[0]: _ref(g, x)}
+    _, ratio = check_plan(build([k.source for k in plan.kernels]), g, plan, dev, ref)
+    model = compare_outputs(g, {g.outputs[0]: adam_kernel(x, dtype)}, ref)[1]
+    assert ratio <= 1.0 and ratio == pytest.approx(model, rel=1e-6)
