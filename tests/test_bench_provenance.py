@@ -20,7 +20,8 @@ def _head() -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def test_commit_of_this_checkout() -> None:
+def test_commit_of_this_checkout(monkeypatch) -> None:
+    monkeypatch.delenv("TUNEDB_GIT_COMMIT", raising=False)
     head = _head()
     if head is None:
         pytest.skip("not a git checkout (an sdist or a copy of the tree)")
@@ -34,6 +35,7 @@ def test_outside_a_checkout_is_none_or_the_named_commit(tmp_path: Path, monkeypa
     assert git_commit(tmp_path) is None
     monkeypatch.setenv("TUNEDB_GIT_COMMIT", "0123abc")
     assert git_commit(tmp_path) == "0123abc"
+    assert git_commit() == "0123abc"  # named beats a checkout's own, which may be a stale copy
     monkeypatch.setenv("PATH", str(tmp_path))  # no git at all: still no exception
     assert git_commit(tmp_path) == "0123abc"
 

@@ -14,11 +14,14 @@ from typing import Any
 
 
 def git_commit(where: Path | None = None) -> str | None:
-    """The commit checked out at ``where`` (default: this source tree), with ``-dirty`` appended
-    when tracked files differ from it. A copy of the tree without ``.git`` (as shipped to a lent
-    GPU machine) names it in ``$TUNEDB_GIT_COMMIT``; otherwise None (an installed wheel, no git)."""
-    cwd = where or Path(__file__).resolve().parent
+    """``$TUNEDB_GIT_COMMIT`` when set: a copy of the tree shipped to a lent GPU machine names its
+    commit there, since the copy may carry no ``.git`` or a stale one. Otherwise the commit checked
+    out at ``where`` (default: this source tree), with ``-dirty`` appended when tracked files differ
+    from it; None outside a checkout (an installed wheel) or without git."""
     named = os.environ.get("TUNEDB_GIT_COMMIT", "").strip() or None
+    if named:
+        return named
+    cwd = where or Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=5, cwd=cwd, check=False)
