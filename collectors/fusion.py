@@ -12,7 +12,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tunedb.collect import Collector, Job
+from tunedb.kernels import generate, schedule_space
+from tunedb.kernels import suite as load_suite
 from tunedb.records import Workload
+from tunedb.runtime.cuda import plan_to_wire
 
 
 def schedule_config(schedule: Any) -> dict:
@@ -50,9 +53,6 @@ class FusionCollector(Collector):
         self.unsupported: list[str] = []  # suite cases the generator does not handle, with why
 
     def jobs(self, suite: str) -> Iterator[Job]:
-        from tunedb.kernels import schedule_space
-        from tunedb.kernels import suite as load_suite
-
         seen: set[str] = set()
         for case in load_suite(suite):
             graph = case.graph
@@ -78,9 +78,6 @@ class FusionCollector(Collector):
             yield Job(workload, specs, _count(pruned))
 
     def build(self, workload: Workload, spec: Any) -> tuple[str, dict]:
-        from tunedb.kernels import generate
-        from tunedb.runtime.cuda import plan_to_wire
-
         graph, schedule = spec
         plan = generate(graph, schedule)
         return str(getattr(plan, "source_hash", "")), plan_to_wire(plan)

@@ -183,7 +183,8 @@ def test_collect_without_gpu_is_a_one_line_error(tmp_path: Path) -> None:
     assert out.startswith("error: no CUDA device: CuPy is not installed") and "\n" not in out
     r = CliRunner().invoke(collect_app(), ["collect", "--suite", "quick", "--device",
                                            f"replay:{tmp_path / 'no'}", "--db", str(tmp_path / "x.duckdb")])
-    assert r.exit_code == 1 and r.output.strip().startswith("error: replay data")
+    # A --device value that names nothing usable is a usage error (exit 2, as click's own).
+    assert r.exit_code == 2 and r.output.strip().startswith("error: replay data")
     assert "does not exist" in r.output
 
 

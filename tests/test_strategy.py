@@ -188,7 +188,7 @@ def test_collect_cli_strategy_flag_with_replay(stored: tuple[Path, int], tmp_pat
     assert r.exit_code == 0, r.output
     assert f"already measured {2 * 3 * W}" in r.output and f"measured {n - 2 * 3 * W} " in r.output
     r = CliRunner().invoke(collect_app(), [*common, "--strategy", "best"])
-    assert r.exit_code == 1 and r.output.strip().startswith("error: unknown strategy 'best'")
+    assert r.exit_code == 2 and r.output.strip().startswith("error: unknown strategy 'best'")
     assert "\n" not in r.output.strip()
     with TuningStore.open(db, read_only=True) as s:
         rows = [m.candidate_hash for m in s.measurements()]

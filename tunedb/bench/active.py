@@ -36,7 +36,10 @@ import numpy as np
 
 from tunedb.bench.provenance import provenance
 from tunedb.collect import STRATEGIES, Collector, Job, make_strategy
+from tunedb.costmodel.synthetic import synthetic_frame
 from tunedb.records import Candidate, DeviceInfo, Measurement, Run, Workload, canonical_json
+from tunedb.runtime import ReplayDevice
+from tunedb.store import StoreError, TuningStore
 
 SYNTHETIC_DEVICE = DeviceInfo("NVIDIA H200", "synthetic", "9.0", 132, 50 << 20, 141 << 30, "", "", "")
 _SEEDED = ("random", "roofline", "model")  # strategies whose order depends on the seed
@@ -52,9 +55,6 @@ def write_synthetic(path: str | Path, n_workloads: int = 60, candidates_per_work
                     seed: int = 0, noise: float = 0.03) -> dict[str, int]:
     """A synthetic dataset (``tunedb.costmodel.synthetic``) written as tuning-store records: a
     DuckDB file, or a Parquet export when ``path`` ends with a slash or has no suffix."""
-    from tunedb.costmodel.synthetic import synthetic_frame
-    from tunedb.store import TuningStore
-
     frame = synthetic_frame(n_workloads, candidates_per_workload, seed=seed, noise=noise)
     cols = {c: frame[c].to_pylist() for c in ("workload_hash", "family", "workload_name", "graph_json",
                                              "config_json", "status", "median_us")}
@@ -101,9 +101,6 @@ class Dataset:
 
 def load_dataset(path: str | Path, kind: str = "fusion", device_id: str | None = None) -> Dataset:
     """The replayed device's stored candidates of ``kind``, as collector jobs."""
-    from tunedb.runtime import ReplayDevice
-    from tunedb.store import TuningStore
-
     dev = ReplayDevice(path, device_id=device_id)
     p = Path(path).expanduser()
     store = TuningStore.open(":memory:") if p.is_dir() else TuningStore.open(p, read_only=True)
@@ -157,8 +154,6 @@ History = list[tuple[str, str, str, float | None]]  # (workload, candidate, stat
 def simulate(data: Dataset, strategy: str, seed: int = 0, per_round: int = 4,
              budget_per_workload: int | None = None, **options: Any) -> History:
     """One collection on the replay device; the strategy's history in measurement order."""
-    from tunedb.store import TuningStore
-
     strat = make_strategy(strategy, per_round=per_round, seed=seed, **options)
     budget = None if budget_per_workload is None else budget_per_workload * len(data.jobs)
     with TuningStore.open(":memory:") as store:
@@ -308,7 +303,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", type=int, default=None, metavar="N",
                     help="write N synthetic workloads to --data first (when it does not exist)")
     args = ap.parse_args(argv)
-    from tunedb.store import StoreError
 
     try:
         names = tuple(s.strip() for s in args.strategies.split(",") if s.strip())

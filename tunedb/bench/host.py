@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tunedb.graph.ir import Graph
+from tunedb.graph.reference import run_reference
 from tunedb.runtime.inputs import make_inputs, workload_seed
 
 
@@ -42,8 +43,6 @@ def host_case(graph_json: dict, workload_hash: str, folder: str) -> dict[str, di
     """Pool task: a case's random inputs (``make_inputs``, seeded by the workload) and float64
     reference outputs, saved as ``.npy`` files in ``folder`` (arrays of up to a GiB: files, not
     pipes). The reference takes seconds per large case, so worker processes compute it ahead."""
-    from tunedb.graph.reference import run_reference
-
     g = Graph.from_json(graph_json)
     dev, ref_in = make_inputs(g, workload_seed(workload_hash))
     refs = run_reference(g, ref_in)

@@ -37,6 +37,10 @@ import numpy as np
 from tunedb.graph.ir import Graph
 from tunedb.kernels.analysis import Analysis, analyze
 from tunedb.kernels.frame import PH, Frame, KText
+from tunedb.kernels.gen_colcluster import gen_col_cluster
+from tunedb.kernels.gen_cols import gen_col_tiled
+from tunedb.kernels.gen_rows import gen_rows
+from tunedb.kernels.gen_simple import gen_elementwise, gen_transpose
 from tunedb.kernels.prelude import EVICT_LAST, PRELUDE, STREAM
 from tunedb.kernels.schedule import Schedule, check
 from tunedb.records import sha256_hex
@@ -72,11 +76,6 @@ class KernelPlan:
 
 
 def _texts(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
-    from tunedb.kernels.gen_colcluster import gen_col_cluster
-    from tunedb.kernels.gen_cols import gen_col_tiled
-    from tunedb.kernels.gen_rows import gen_rows
-    from tunedb.kernels.gen_simple import gen_elementwise, gen_transpose
-
     m = f.s.mapping
     if m == "elementwise":
         return gen_elementwise(f), []

@@ -12,6 +12,7 @@ import math
 from tunedb.kernels.analysis import BCOL, COL, FULL, ROW
 from tunedb.kernels.expr import RCP, RED_INIT, RED_WARP, emit_nodes, flit, reciprocals, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
+from tunedb.kernels.gen_cols import gen_col_finish
 from tunedb.kernels.passes import cache_values
 from tunedb.kernels.schedule import DTYPE_BYTES, MAX_UNROLLED, row_smem_layout
 
@@ -384,8 +385,6 @@ class _Row:
 
 
 def gen_rows(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
-    from tunedb.kernels.gen_cols import gen_col_finish
-
     r = _Row(f)
     k1, P = r.kernel()
     if not r.colreds:

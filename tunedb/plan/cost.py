@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from tunedb.costmodel.features import DeviceFacts, featurised_form
+from tunedb.costmodel.features import (
+    FEATURE_NAMES,
+    DeviceFacts,
+    featurised_form,
+    featurize,
+    featurize_candidates,
+)
 from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import LAYOUT_OPS
@@ -235,8 +241,6 @@ class Coster:
             return out
         self.stats["model_calls"] += 1
         if hasattr(self.model, "predict") and hasattr(self.model, "device"):
-            from tunedb.costmodel.features import featurize
-
             graphs = {h: g for _, g, _, h in work}
             hashes = [h for _, _, cfgs, h in work for _ in cfgs]
             configs = [c for _, _, cfgs, _ in work for c in cfgs]
@@ -327,8 +331,6 @@ def _feature_roofline(graph: Graph, configs: list[dict], workload_hash: str,
     """The cost-model features ``roofline_us`` and ``waves`` of each config (zeros and ones
     when the graph cannot be featurised)."""
     try:
-        from tunedb.costmodel.features import FEATURE_NAMES, featurize_candidates
-
         X = featurize_candidates(graph, configs, device, workload_hash=workload_hash)
         return (X[:, FEATURE_NAMES.index("roofline_us")].astype(np.float64),
                 X[:, FEATURE_NAMES.index("waves")].astype(np.float64))

@@ -9,6 +9,7 @@ import numpy as np
 
 from tunedb.graph.ir import GraphError
 from tunedb.graph.reference import run_reference
+from tunedb.runtime.device import import_cupy
 
 EXECUTOR_MODULE = "tunedb.runtime.executor"
 
@@ -39,8 +40,6 @@ def run_cuda(plan: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """Hand the plan to ``tunedb.runtime.executor.execute_plan(plan, inputs)``.
 
     Raises ``NoGPUError`` first where there is no GPU, so the message is about the GPU."""
-    from tunedb.runtime.device import import_cupy
-
     import_cupy()
     try:
         import importlib

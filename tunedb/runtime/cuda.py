@@ -23,6 +23,7 @@ from typing import Any
 from tunedb.records import DeviceInfo, Protocol, Workload
 from tunedb.runtime.device import CUPY_MISSING, NoGPUError, clocks
 from tunedb.runtime.inputs import prepare_workload
+from tunedb.runtime.measure import precompile
 from tunedb.runtime.results import MeasureRequest, MeasureResult
 from tunedb.runtime.worker import Worker, WorkerError
 
@@ -212,7 +213,6 @@ class CudaDevice:
             self._submit_prep(workload)
         if self._pool is None:
             return
-        from tunedb.runtime.measure import precompile
 
         # One task per candidate (not per workload): NVRTC takes ~0.1 s a kernel, the pool's IPC
         # well under 1 ms, and the first candidates of a workload are ready soonest this way.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tunedb.records import DeviceInfo, Measurement, Protocol, Workload
 from tunedb.runtime.results import MeasureRequest, MeasureResult
+from tunedb.store import TuningStore
 
 
 class ReplayError(ValueError):
@@ -28,8 +29,6 @@ class ReplayDevice:
 
     def __init__(self, path: str | Path, device_id: str | None = None,
                  protocol: Protocol | None = None) -> None:
-        from tunedb.store import TuningStore
-
         p = Path(path).expanduser()
         if not p.exists():
             raise ReplayError(f"replay data {p} does not exist")
