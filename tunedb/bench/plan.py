@@ -1,18 +1,19 @@
 """``tunedb bench plan``: whole compiled plans on the GPU next to their peers.
 
 Per graph (an ONNX model, a tunedb graph JSON, or one of the 12 fusion anchor subgraphs), in one
-process on one GPU: (1) compile the plan (``tunedb.compile``: database hits, cost model,
-roofline) and build its executor (``PlanExecutor``: every kernel compiled once, buffers once, one
-CUDA graph); (2) run it on fresh random inputs and verify the outputs against the float64
-reference interpreter (the collector's tolerance) and, for ONNX models, against onnxruntime on
-the CPU (weights and inputs drawn as a freshly initialised network has them: ``make_inputs``'
-roles, ``weighted_model`` for an ONNX model's stripped weights); (3) time it in throughput mode
+process on one GPU: (1) compile the plan (``tunedb.compile``: database hits, cost model, roofline)
+and build its executor (``PlanExecutor``: every kernel compiled once, buffers once, one CUDA
+graph); (2) run it on fresh random inputs and verify the outputs against the float64 reference
+interpreter (the collector's tolerance) and, for ONNX models, against onnxruntime on the CPU
+(weights and inputs drawn as a freshly initialised network has them: ``make_inputs``' roles,
+``weighted_model`` for an ONNX model's stripped weights); (3) time it in throughput mode
 (``peers.throughput_us`` on graph replays) next to torch eager, torch.compile (default mode,
-dynamic=False), torch.compile mode="reduce-overhead" (CUDA graphs) and jax.jit, all translated from the SAME tunedb Graph on the same input values, each
-checked against the reference. TF32 is off everywhere (torch ``allow_tf32 = False``, JAX
-``highest`` matmul precision, CuPy without ``CUPY_TF32``). Each graph also reports the plan's
-kernel count next to the op-by-op count (its non-view nodes). One failing graph or peer is
-recorded with its error; the JSON is rewritten after every graph.
+dynamic=False), torch.compile mode="reduce-overhead" (CUDA graphs) and jax.jit, all translated from
+the SAME tunedb Graph on the same input values, each checked against the reference. TF32 is off
+everywhere (torch ``allow_tf32 = False``, JAX ``highest`` matmul precision, CuPy without
+``CUPY_TF32``). Each graph also reports the plan's kernel count next to the op-by-op count (its
+non-view nodes). One failing graph or peer is recorded with its error; the JSON is rewritten after
+every graph.
 
 The summary separates the two claims a run makes: over the memory-bound subgraphs (graphs
 without a matmul, gemm, convolution or pooling: the fusion anchors, the exported fusion-suite
@@ -45,6 +46,8 @@ PEER_LABELS = {"torch_eager": "torch eager", "torch_compile": "torch.compile",
 PROTOCOL = ("throughput: back-to-back runs (tunedb: CUDA graph replays of the whole plan), "
             "synchronize, wall time / runs, median of 5 batches after 3 warm-ups; inputs on the device")
 INPUT_SEED = 20240531  # the verification inputs (the executor's own warm-up uses seed 0)
+INPUTS = ("by role (make_inputs): conv/matmul weights normal(0, 1/sqrt(fan_in)), norm scales "
+          "~1, shifts ~0, variances > 0, data standard normal; ONNX stripped weights alike")
 ORT_SLACK = 4.0        # onnxruntime computes in float32 as well: tolerance x this
 
 
@@ -434,7 +437,7 @@ def run_bench(entries: list[Entry], out: Path | None, db: Any = None, cost_model
     t0 = time.monotonic()
     info = device_info()
     result: dict[str, Any] = {
-        "benchmark": "plan", "protocol": PROTOCOL,
+        "benchmark": "plan", "protocol": PROTOCOL, "inputs": INPUTS,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": {"id": info.id, **asdict(info)}, "env": _versions(), "clocks_before": clocks(),
         "peers": list(peers), "entries": [], "complete": False, "stopped": "", "notes": [],
