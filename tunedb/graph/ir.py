@@ -11,6 +11,8 @@ shape/dtype rule and ``tunedb.graph.reference`` its float64 NumPy semantics.
 from __future__ import annotations
 
 import base64
+import binascii
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +28,20 @@ DTYPE_BYTES: dict[str, int] = {
 AttrValue = int | float | str | bool | None | tuple
 
 
+# Far beyond any GPU's memory (4 TiB of float32); a larger tensor is a typo or a broken file.
+MAX_ELEMENTS = 2**40
+
+
 class GraphError(ValueError):
     """A graph is malformed: bad shapes, dtypes, attributes, or an unknown op."""
+
+
+def _dim(d: Any, shape: Any) -> int:
+    """A dimension as int; a fraction, a bool or a string is refused, not truncated."""
+    if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(d) or d != int(d):
+        raise GraphError(f"dimension {d!r} in shape {list(shape)} is not an integer")
+    return int(d)
 
 
 def check_dtype(dtype: str) -> str:
@@ -42,10 +56,13 @@ class TensorType:
     dtype: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "shape", tuple(_dim(d, self.shape) for d in self.shape))
         check_dtype(self.dtype)
         if any(d < 0 for d in self.shape):
             raise GraphError(f"negative dimension in shape {self.shape}")
+        if self.numel > MAX_ELEMENTS:
+            raise GraphError(f"shape {self.shape} has {self.numel:.3g} elements, more than tunedb "
+                             f"handles (2^{MAX_ELEMENTS.bit_length() - 1})")
 
     @property
     def rank(self) -> int:
@@ -53,7 +70,7 @@ class TensorType:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)  # Python ints: no int64 overflow
 
     @property
     def nbytes(self) -> int:
@@ -133,6 +150,11 @@ class Constant:
     type: TensorType
     data: bytes = field(repr=False)
 
+    def __post_init__(self) -> None:
+        if len(self.data) != self.type.nbytes:
+            raise GraphError(f"constant of type {self.type} needs {self.type.nbytes} bytes, has "
+                             f"{len(self.data)}")
+
     @staticmethod
     def from_array(a: np.ndarray, dtype: str | None = None) -> Constant:
         a = np.asarray(a)
@@ -177,6 +199,9 @@ class Graph:
         for f in ("types", "constants"):
             v = getattr(self, f)
             object.__setattr__(self, f, tuple(sorted(v.items() if isinstance(v, Mapping) else v)))
+        for name, t in self.types:
+            if 0 in t.shape:  # nothing to compute or time; kernels assume at least one element
+                raise GraphError(f"value {name!r} has a zero-size dimension: {t}")
 
     @property
     def type_map(self) -> dict[str, TensorType]:
@@ -228,14 +253,20 @@ class Graph:
 
     @staticmethod
     def from_json(d: Mapping) -> Graph:
-        return Graph(
-            inputs=tuple(d["inputs"]),
-            outputs=tuple(d["outputs"]),
-            nodes=tuple(Node.from_json(n) for n in d["nodes"]),
-            types={k: TensorType.from_json(t) for k, t in d["types"].items()},
-            constants={k: Constant.from_json(c) for k, c in d.get("constants", {}).items()},
-            name=d.get("name", ""),
-        )
+        """A graph from its JSON; a missing key or a wrong type is a GraphError naming it."""
+        try:
+            return Graph(
+                inputs=tuple(d["inputs"]),
+                outputs=tuple(d["outputs"]),
+                nodes=tuple(Node.from_json(n) for n in d["nodes"]),
+                types={k: TensorType.from_json(t) for k, t in d["types"].items()},
+                constants={k: Constant.from_json(c) for k, c in d.get("constants", {}).items()},
+                name=d.get("name", ""),
+            )
+        except KeyError as e:
+            raise GraphError(f"graph JSON lacks the key {e.args[0]!r}") from None
+        except (TypeError, AttributeError, binascii.Error) as e:
+            raise GraphError(f"graph JSON is malformed: {' '.join(str(e).split())}") from None
 
 
 # Op table: name -> (min inputs, max inputs (None = variadic), outputs (None = from attrs),

@@ -26,7 +26,7 @@ from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.cost import Coster, GroupCost, stitch_of
 from tunedb.plan.fusion import explore
 from tunedb.plan.measure import Recorder, measure_steps
-from tunedb.plan.record import KernelStep, Plan, PlanError
+from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
 
@@ -196,4 +196,5 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
               "db": bool(store is not None)}
     device_text = f"{info.name} ({info.id})" if info is not None else ""
     return Plan(graph_json=canonical_json(graph.to_json()), steps=tuple(steps), buffers=buffers,
-                device=device_text, launch_us=facts.launch_us, search=search)
+                device=device_text, launch_us=facts.launch_us, search=search,
+                source=source_of(model, bindings, fill_initializers))

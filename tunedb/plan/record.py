@@ -9,14 +9,19 @@ from. A plan replays: load its JSON and run it, no search.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
-from tunedb.graph.ir import Graph
-from tunedb.records import canonical_json
+from tunedb.graph.ir import Graph, GraphError
+from tunedb.records import canonical_json, sha256_hex
 
 PLAN_FORMAT = 1
 STEP_KINDS: tuple[str, ...] = (
@@ -43,6 +48,19 @@ def _freeze(v: Any) -> Any:
 
 def _thaw(v: Any) -> Any:
     return [_thaw(x) for x in v] if isinstance(v, tuple) else v
+
+
+def _number(v: Any, what: str) -> float:
+    """A finite float from JSON; text, bools and NaN are refused (a plan is data, not a guess)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise PlanError(f"plan field {what} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _int(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise PlanError(f"plan field {what} must be an integer, got {v!r}")
+    return int(v)
 
 
 def _pairs(v: Mapping | tuple | list) -> tuple[tuple[str, Any], ...]:
@@ -84,14 +102,21 @@ class KernelStep:
         if self.cost_source not in COST_SOURCES:
             raise PlanError(f"unknown cost source {self.cost_source!r}; "
                             f"expected one of {', '.join(COST_SOURCES)}")
-        for f in ("inputs", "outputs", "ops"):
-            object.__setattr__(self, f, tuple(str(x) for x in getattr(self, f)))
-        object.__setattr__(self, "nodes", tuple(int(x) for x in self.nodes))
-        object.__setattr__(self, "config", _pairs(self.config))
-        object.__setattr__(self, "stitch", _pairs(self.stitch))
-        object.__setattr__(self, "predicted_us", float(self.predicted_us))
-        if self.measured_us is not None:
-            object.__setattr__(self, "measured_us", float(self.measured_us))
+        try:
+            for f in ("inputs", "outputs", "ops"):
+                object.__setattr__(self, f, tuple(str(x) for x in getattr(self, f)))
+            object.__setattr__(self, "nodes", tuple(_int(x, "node index") for x in self.nodes))
+            object.__setattr__(self, "config", _pairs(self.config))
+            object.__setattr__(self, "stitch", _pairs(self.stitch))
+            object.__setattr__(self, "predicted_us", _number(self.predicted_us, "predicted_us"))
+            if self.measured_us is not None:
+                object.__setattr__(self, "measured_us", _number(self.measured_us, "measured_us"))
+            for f in ("launches", "stream", "stage"):
+                object.__setattr__(self, f, _int(getattr(self, f), f))
+        except (TypeError, AttributeError) as e:
+            raise PlanError(f"malformed {self.kind} step: {' '.join(str(e).split())}") from None
+        if self.launches < 0:
+            raise PlanError(f"{self.kind} step has {self.launches} launches")
 
     @property
     def config_dict(self) -> dict[str, Any]:
@@ -140,11 +165,13 @@ class KernelStep:
                 nodes=tuple(d["nodes"]), ops=tuple(d["ops"]), subgraph=d.get("subgraph", ""),
                 workload_hash=d.get("workload_hash", ""), config=d.get("config", {}),
                 stitch=d.get("stitch", {}), predicted_us=d.get("predicted_us", 0.0),
-                cost_source=d.get("cost_source", "none"), launches=int(d.get("launches", 1)),
-                measured_us=d.get("measured_us"), stream=int(d.get("stream", 0)),
-                stage=int(d.get("stage", 0)), note=d.get("note", ""))
-        except (KeyError, TypeError) as e:
-            raise PlanError(f"malformed plan step: {type(e).__name__} {e}") from None
+                cost_source=d.get("cost_source", "none"), launches=d.get("launches", 1),
+                measured_us=d.get("measured_us"), stream=d.get("stream", 0),
+                stage=d.get("stage", 0), note=str(d.get("note", "")))
+        except KeyError as e:
+            raise PlanError(f"malformed plan step: no {e.args[0]!r}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"malformed plan step: {' '.join(str(e).split())}") from None
 
 
 @dataclass(frozen=True)
@@ -178,8 +205,11 @@ class BufferPlan:
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> BufferPlan:
-        return BufferPlan(tuple(d.get("sizes", ())), tuple(tuple(a) for a in d.get("assign", ())),
-                          int(d.get("naive_bytes", 0)))
+        try:
+            return BufferPlan(tuple(d.get("sizes", ())), tuple(tuple(a) for a in d.get("assign", ())),
+                              _int(d.get("naive_bytes", 0), "naive_bytes"))
+        except (TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"malformed plan buffers: {' '.join(str(e).split())}") from None
 
 
 def _check_stages(plan: Plan) -> None:
@@ -206,6 +236,74 @@ def _check_stages(plan: Plan) -> None:
                                     "of the same stage writes")
 
 
+# Constants up to this size stay in the plan JSON (scalars, small shape tensors); larger ones,
+# the model's weights, are referred to by hash when the plan names its model file.
+_INLINE_BYTES = 256
+# Step kinds whose sub-graph is the cut of their nodes (tunedb.plan.subgraph.GraphIndex.cut).
+_CUT_KINDS = ("fused", "matmul", "gemm", "conv2d", "pool", "layout", "layout_view", "op")
+
+
+def source_of(model: Any, bindings: Mapping[str, int] | None = None, fill_initializers: bool = True
+              ) -> dict[str, Any]:
+    """What a plan records of a model file it was compiled from (``{}`` for in-memory models)."""
+    if not isinstance(model, (str, Path)) or not Path(model).is_file():
+        return {}
+    p = Path(model).resolve()
+    return {"model": str(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+            "bindings": dict(sorted((bindings or {}).items())), "fill_initializers": fill_initializers}
+
+
+def _with_constants(graph: Mapping[str, Any], source: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The graph JSON with every constant's bytes: those the plan refers to (``sha256`` instead
+    of ``data``) are read from the model file it names, which must be unchanged."""
+    refs = {k: c for k, c in (graph.get("constants") or {}).items() if "data" not in c}
+    if not refs:
+        return graph
+    if not isinstance(source, Mapping) or not source.get("model"):
+        raise PlanError("plan leaves out constants' bytes but names no model file to read them from")
+    p = Path(str(source["model"]))
+    if not p.is_file():
+        raise PlanError(f"plan refers to model {p} for its weights, and that file is missing")
+    if hashlib.sha256(p.read_bytes()).hexdigest() != source.get("sha256"):
+        raise PlanError(f"model {p} changed since the plan was made (sha256 differs)")
+    if p.suffix == ".json":
+        from tunedb.graph.ops import infer_graph
+
+        model = infer_graph(Graph.from_json(json.loads(p.read_text())))
+    else:
+        from tunedb.graph.onnx_import import import_onnx
+
+        model = import_onnx(str(p), dict(source.get("bindings") or {}),
+                            fill_initializers=bool(source.get("fill_initializers", True)))
+    have = model.constant_map
+    out = {**graph, "constants": dict(graph["constants"])}
+    for name, ref in refs.items():
+        c = have.get(name)
+        if c is None or hashlib.sha256(c.data).hexdigest() != ref.get("sha256"):
+            raise PlanError(f"model {p} has no constant {name!r} with the bytes the plan refers to")
+        out["constants"][name] = c.to_json()
+    return out
+
+
+def _check_subgraphs(plan: Plan, graph: Graph) -> None:
+    from tunedb.plan.subgraph import GraphIndex
+
+    index = GraphIndex(graph)
+    for k, s in enumerate(plan.steps):
+        if not s.subgraph or s.kind not in _CUT_KINDS:
+            continue
+        cut = index.cut(s.nodes)
+        try:
+            claimed = canonical_json(json.loads(s.subgraph))
+        except ValueError:
+            raise PlanError(f"step {k} ({s.kind}): its sub-graph is not JSON") from None
+        if sha256_hex(claimed) != sha256_hex(canonical_json(cut.graph.to_json())):
+            raise PlanError(f"step {k} ({s.kind}, {'+'.join(s.ops)}): its sub-graph differs from "
+                            "the graph's nodes it names (an edited plan)")
+        if (cut.inputs, cut.outputs) != (s.inputs, s.outputs):
+            raise PlanError(f"step {k} ({s.kind}): its inputs/outputs differ from the graph's")
+
+
 @dataclass(frozen=True)
 class Plan:
     """A compiled graph: ``steps`` in execution order over ``graph_json`` (canonical JSON text)."""
@@ -220,10 +318,14 @@ class Plan:
     # IOS stages (tunedb.plan.stages): stage -> groups -> step indices; the groups of a stage run
     # concurrently, each on its own stream. Empty: every step in order on one stream.
     stages: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    # The model file the graph came from (model path, its sha256, bindings; ``source_of``): the
+    # JSON then refers to it for the constants' bytes instead of carrying weights.
+    source: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))
         object.__setattr__(self, "search", _pairs(self.search))
+        object.__setattr__(self, "source", _pairs(self.source))
         try:
             object.__setattr__(self, "stages", tuple(tuple(tuple(int(i) for i in g) for g in st)
                                                      for st in self.stages))
@@ -263,7 +365,9 @@ class Plan:
     def check(self) -> None:
         """Raise ``PlanError`` unless the steps compute every node of the graph exactly once,
         each step reads only graph inputs, constants and values of earlier steps (so the steps
-        have no cycle), and every graph output is computed."""
+        have no cycle), every graph output is computed, and each step's sub-graph is the cut of
+        its nodes out of the graph (same canonical hash): an edited step cannot compute
+        something else than the graph says."""
         g = self.graph
         seen: dict[int, int] = {}
         ready = set(g.inputs) | set(g.constant_map)
@@ -289,14 +393,24 @@ class Plan:
         absent = [v for v in g.outputs if v not in ready]
         if absent:
             raise PlanError(f"graph output {absent[0]!r} is not an output of any step")
+        _check_subgraphs(self, g)
         if self.stages:
             _check_stages(self)
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
+        graph = json.loads(self.graph_json)
+        source = {k: _thaw(v) for k, v in self.source}
+        if source:  # the model file holds the weights: refer to them by hash
+            for c in graph.get("constants", {}).values():
+                raw = base64.b64decode(c["data"])
+                if len(raw) > _INLINE_BYTES:
+                    c.pop("data")
+                    c["sha256"] = hashlib.sha256(raw).hexdigest()
         return {"format": self.format, "device": self.device, "launch_us": self.launch_us,
                 "search": {k: _thaw(v) for k, v in self.search},
-                "graph": json.loads(self.graph_json), "steps": [s.to_json() for s in self.steps],
+                **({"source": source} if source else {}),
+                "graph": graph, "steps": [s.to_json() for s in self.steps],
                 "buffers": self.buffers.to_json(), "totals": self.totals(),
                 **({"stages": [[list(g) for g in st] for st in self.stages]} if self.stages else {})}
 
@@ -313,11 +427,24 @@ class Plan:
                 raise PlanError(f"plan is not valid JSON: {e}") from None
         if not isinstance(d, Mapping) or "steps" not in d or "graph" not in d:
             raise PlanError("plan JSON needs 'graph' and 'steps'")
-        return Plan(graph_json=canonical_json(d["graph"]),
-                    steps=tuple(KernelStep.from_json(s) for s in d["steps"]),
-                    buffers=BufferPlan.from_json(d.get("buffers", {})), device=d.get("device", ""),
-                    launch_us=float(d.get("launch_us", 2.5)), search=d.get("search", {}),
-                    format=int(d.get("format", PLAN_FORMAT)), stages=d.get("stages", ()) or ())
+        try:
+            if not isinstance(d["steps"], list) or not isinstance(d["graph"], Mapping):
+                raise PlanError("plan JSON: 'steps' must be a list and 'graph' an object")
+            source = d.get("source") or {}
+            plan = Plan(graph_json=canonical_json(_with_constants(d["graph"], source)),
+                        steps=tuple(KernelStep.from_json(s) for s in d["steps"]),
+                        buffers=BufferPlan.from_json(d.get("buffers", {})), device=str(d.get("device", "")),
+                        launch_us=_number(d.get("launch_us", 2.5), "launch_us"), search=d.get("search", {}),
+                        format=_int(d.get("format", PLAN_FORMAT), "format"),
+                        stages=d.get("stages", ()) or (), source=source)
+            plan.check()
+        except GraphError as e:
+            raise PlanError(f"plan graph: {e}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, PlanError):
+                raise
+            raise PlanError(f"malformed plan JSON: {' '.join(str(e).split())}") from None
+        return plan
 
     # -- report -------------------------------------------------------------------------------
     def explain(self, width: int = 160) -> str:
