@@ -25,26 +25,14 @@ import duckdb
 import pyarrow as pa
 
 from tunedb.records import STATUSES, Candidate, DeviceInfo, Measurement, Run, Workload
+from tunedb.store import exchange
+from tunedb.store.arrow import Progress, arrow_table
 from tunedb.store.errors import StoreError, first_line
 from tunedb.store.schema import REFERENCES, TABLES, UTC_TIMESTAMP, inspect, latest_version, migrate
-
-Progress = Callable[[str, int, int], None]
-"""progress(table, rows_done, rows_total), called while importing or merging."""
 
 _LOCK_PID = re.compile(r"\(PID (\d+)\)")
 _LOCK_POLL_S = 0.05
 _CORRUPT_HINTS = ("not a valid duckdb database", "corrupt", "checksum", "serialization error")
-
-
-def arrow_table(rel: duckdb.DuckDBPyRelation) -> pa.Table:
-    """A relation's rows as a pyarrow Table (DuckDB 2 renamed ``arrow()`` to ``to_arrow_table()``)."""
-    fn = getattr(rel, "to_arrow_table", None)
-    return fn() if fn is not None else rel.arrow()
-
-
-def arrow_reader(rel: duckdb.DuckDBPyRelation, batch_size: int = 65536) -> pa.RecordBatchReader:
-    fn = getattr(rel, "to_arrow_reader", None)
-    return fn(batch_size) if fn is not None else rel.fetch_arrow_reader(batch_size)
 
 
 class _OpenInThisProcess(StoreError):
@@ -548,23 +536,17 @@ class TuningStore:
     # ------------------------------------------------------------------ exchange
     def export_parquet(self, out_dir: str | Path) -> dict[str, Any]:
         """Write one Parquet file per table plus ``manifest.json``; returns the manifest."""
-        from tunedb.store.exchange import export_parquet
-
-        return export_parquet(self, out_dir)
+        return exchange.export_parquet(self, out_dir)
 
     def import_parquet(self, path: str | Path, progress: Progress | None = None) -> dict[str, int]:
         """Import an export directory (or one table's Parquet file) in one transaction.
 
         Rows already stored are skipped; returns the number of new rows per table."""
-        from tunedb.store.exchange import import_parquet
-
-        return import_parquet(self, path, progress)
+        return exchange.import_parquet(self, path, progress)
 
     def merge(self, other_db_path: str | Path, progress: Progress | None = None) -> dict[str, int]:
         """Import every row of another tunedb database file, like ``import_parquet``."""
-        from tunedb.store.exchange import merge
-
-        return merge(self, other_db_path, progress)
+        return exchange.merge(self, other_db_path, progress)
 
     def _counts_of(self, tables: Sequence[str]) -> dict[str, int]:
         return {t: self._count(t) for t in tables}

@@ -16,16 +16,19 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tunedb._version import __version__
-from tunedb.store.core import Progress, TuningStore, arrow_reader
+from tunedb.store.arrow import Progress, arrow_reader
 from tunedb.store.errors import StoreError, first_line
 from tunedb.store.schema import TABLES, latest_version
+
+if TYPE_CHECKING:  # the store calls this module; it hands itself in
+    from tunedb.store.core import TuningStore
 
 FORMAT = "tunedb-parquet"
 MANIFEST = "manifest.json"
@@ -242,7 +245,7 @@ def merge(store: TuningStore, other_db_path: str | Path, progress: Progress | No
     if store.path is not None and other_path.exists() and store.path.exists() \
             and os.path.samefile(store.path, other_path):
         raise StoreError(f"cannot merge database {other_path} into itself")
-    with TuningStore.open(other_path, read_only=True) as other:
+    with type(store).open(other_path, read_only=True) as other:
         counts = other.counts()
         feeds = []
         for t, spec in TABLES.items():
