@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tunedb._version import __version__
 from tunedb.kernels.packing import Candidate as PackCandidate
 from tunedb.kernels.packing import PackingWorkload, candidate_waste
 from tunedb.records import Candidate, DeviceInfo, Measurement, Protocol, Run, Workload, canonical_json
@@ -83,8 +84,6 @@ def store_results(db: Path, doc: dict[str, Any], device: DeviceInfo, config: dic
     run_id = str(uuid.uuid4())
     ws, cs, ms = records_of(doc["results"], device.id, run_id, protocol)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    from tunedb import __version__
-
     run = Run(run_id, COLLECTOR, __version__, str(doc.get("git_commit") or ""), socket.gethostname(),
               canonical_json({**config, "argv": doc.get("argv", []),
                               "cublas_version": doc.get("cublas_version")}),
