@@ -146,11 +146,17 @@ def load_model(directory: str | os.PathLike[str]) -> CostModel:
     _check_card(card, d)
     if not model_path.is_file():
         raise CostModelError(f"model card {card_path} has no booster beside it ({MODEL_FILE})")
+    raw = model_path.read_bytes()
+    # XGBoost aborts the whole process on an empty buffer (std::terminate): check first.
+    if not raw.startswith(b"{"):
+        what = "the file is empty" if not raw else "not an XGBoost UBJSON model"
+        raise CostModelError(f"cannot read booster {model_path}: {what}; retrain it with 'tunedb train'")
     booster = xgb.Booster()
     try:
-        booster.load_model(bytearray(model_path.read_bytes()))
-    except xgb.core.XGBoostError as e:
-        raise CostModelError(f"cannot read booster {model_path}: {str(e).splitlines()[0]}") from None
+        booster.load_model(bytearray(raw))
+    except (xgb.core.XGBoostError, UnicodeDecodeError, ValueError):
+        raise CostModelError(f"cannot read booster {model_path}: truncated or corrupt; retrain it "
+                             "with 'tunedb train'") from None
     if booster.num_features() != len(FEATURE_NAMES):
         raise CostModelError(f"booster {model_path} takes {booster.num_features()} features, "
                              f"the card names {len(FEATURE_NAMES)}")
