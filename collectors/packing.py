@@ -1,6 +1,7 @@
 """Packing collector: every candidate of every packing workload, verified, timed, stored.
 
-Measuring is ``tunedb.bench.packing.run_case`` without peers: each candidate is built, run once
+Measuring is ``tunedb.runtime.pack.measure_candidates`` (what ``tunedb bench packing`` runs
+before its peers): each candidate is built, run once
 eagerly and checked against the float64 reference of every member, captured as one CUDA graph,
 replayed and checked again, then timed (``samples`` event-timed loops of ``reps`` graph replays;
 all samples kept). A candidate that fails to build, capture or check is a row too (status
@@ -13,14 +14,15 @@ waste), each timing as a ``Measurement`` of one ``Run``. Two ways in:
 
 * ``python -m collectors.packing collect --db DB --suite standard`` on a GPU;
 * ``python -m collectors.packing ingest --db DB sweep.json`` for the JSON that
-  ``python -m tunedb.bench.packing --suite standard --no-peers`` wrote on a GPU machine without
-  the store's dependencies (rows identical to a direct collection).
+  ``tunedb bench packing --suite standard --no-peers`` wrote on a GPU machine without the
+  store's dependencies (the same ``measure_candidates`` rows as a direct collection).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import uuid
@@ -103,16 +105,39 @@ def ingest(db: Path, sweep: Path) -> dict:
                                                                      "file": sweep.name})
 
 
-def collect(db: Path, suite_name: str, *, reps: int, samples: int, time_s: float) -> dict:
-    """Measure ``suite_name`` on this machine's GPU and store it (see the module docstring)."""
-    from tunedb.bench import packing as bench
+def collect(db: Path, suite_name: str, *, reps: int, samples: int, time_s: float,
+            log: Any = print) -> dict:
+    """Measure ``suite_name`` on this machine's GPU (families interleaved, no new workload after
+    ``time_s``) and store it as one Run (see the module docstring)."""
+    import time
 
-    out = db.with_suffix(".packing-sweep.json")
-    argv = ["--suite", suite_name, "--no-peers", "--reps", str(reps), "--samples", str(samples),
-            "--time-limit", str(time_s), "--out", str(out)]
-    if bench.main(argv) != 0:
-        raise RuntimeError("the packing sweep failed")
-    return ingest(db, out)
+    from tunedb.kernels.packing_suites import interleave, suite
+    from tunedb.runtime.blas import library
+    from tunedb.runtime.device import device_info, import_cupy
+    from tunedb.runtime.pack import make_inputs, measure_candidates, reference
+    from tunedb.runtime.streams import StreamPool
+
+    cases = interleave(suite(suite_name))
+    cp = import_cupy()
+    library()
+    pool = StreamPool(16)
+    doc: dict[str, Any] = {"bench": "packing", "reps": reps, "samples": samples, "results": [],
+                           "git_commit": os.environ.get("TUNEDB_GIT_COMMIT", ""),
+                           "cublas_version": pool.blas(0).version,
+                           "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    t0 = time.monotonic()
+    for w in cases:
+        if time_s and time.monotonic() - t0 > time_s:
+            break
+        log(f"{w.name}: {len(w.members)} members")
+        inputs = [(cp.asarray(x), cp.asarray(wt)) for x, wt in make_inputs(w, seed=0)]
+        rows = measure_candidates(cp, w, inputs, reference(w, inputs), pool, reps=reps,
+                                  samples=samples, log=log)
+        doc["results"].append({"workload": w.to_json(), "rows": rows})
+        del inputs
+        cp.get_default_memory_pool().free_all_blocks()
+    return store_results(db, doc, device_info(), {"source": "collect", "suite": suite_name,
+                                                  "time_s": time_s})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -42,3 +42,19 @@ def test_every_candidate_matches_the_reference(w):
         seen |= {c.backend for c in cand.clusters}
     assert seen == {"serial", "streams", "padded", "pointer", "grouped", "concat"}
     pool.close()
+
+
+def test_measure_candidates_rows_are_checked_and_timed():
+    import cupy as cp
+
+    from tunedb.runtime.pack import measure_candidates
+    from tunedb.runtime.streams import StreamPool
+
+    w = _workloads()[1]
+    inputs = [(cp.asarray(x), cp.asarray(wt)) for x, wt in make_inputs(w, seed=0)]
+    rows = measure_candidates(cp, w, inputs, reference(w, inputs), StreamPool(16), reps=2, samples=3,
+                              log=lambda s: None)
+    assert len(rows) == len(candidates(w))
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["error"] <= 1.0 and len(r["samples_us"]) == 3 and r["launches"] >= 1

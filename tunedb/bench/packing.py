@@ -29,20 +29,14 @@ from typing import Any
 import numpy as np
 
 from tunedb.bench.provenance import provenance
-from tunedb.kernels.packing import PackingWorkload, candidate_waste, candidates, padded_shape, uniform
-from tunedb.kernels.packing_suites import bench_cases, suite
+from tunedb.kernels.packing import PackingWorkload, padded_shape, uniform
+from tunedb.kernels.packing_suites import bench_cases, interleave, suite
 from tunedb.runtime.blas import library
-from tunedb.runtime.pack import PackedRun, make_inputs, reference, time_stream, worst_error
+from tunedb.runtime.pack import make_inputs, measure_candidates, measure_row, reference, worst_error
 from tunedb.runtime.streams import StreamPool
 
 TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 PAD_LIMIT_BYTES = 20 << 30
-
-
-def _stats(ts: Sequence[float]) -> dict[str, Any]:
-    q = np.quantile(np.asarray(ts), [0.2, 0.5, 0.8])
-    return {"p20_us": float(q[0]), "median_us": float(q[1]), "p80_us": float(q[2]),
-            "samples_us": [round(float(t), 3) for t in ts]}
 
 
 def _torch_from(torch: Any, a: np.ndarray, dtype: str) -> Any:
@@ -193,41 +187,11 @@ def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps:
     host = make_inputs(w, seed=0)
     inputs = [(cp.asarray(x), cp.asarray(wt)) for x, wt in host]  # once per case, for all candidates
     refs = reference(w, inputs)
-    rows: list[dict[str, Any]] = []
+    rows = measure_candidates(cp, w, inputs, refs, pool, reps=reps, samples=samples, log=log)
 
-    def add(system: str, variant: str, verify: Callable[[], float], launch: Callable[[], None],
-            timer: Callable[[Callable[[], None]], list[float]], **extra: Any) -> None:
-        row: dict[str, Any] = {"system": system, "variant": variant, **extra}
-        try:
-            err = verify()
-            row["error"] = err
-            if not err <= 1.0:
-                row["status"] = "incorrect"
-            else:
-                row.update(_stats(timer(launch)), status="ok")
-        except Exception as e:  # noqa: BLE001 - one failed variant is a row, not a failed bench
-            row.update(status="error", message=f"{type(e).__name__}: {e}".splitlines()[0][:300])
-        rows.append(row)
-        log(f"  {system:7s} {variant:28s} {row.get('median_us', float('nan')):10.1f} us  {row['status']}")
+    def add(*args: Any, **kw: Any) -> None:
+        rows.append(measure_row(*args, log=log, **kw))
 
-    for cand in candidates(w):
-        held: dict[str, PackedRun] = {}
-
-        def verify(cand: Any = cand, held: dict = held) -> float:
-            run = held["run"] = PackedRun(cp, w, cand, inputs, pool)
-            run.run()
-            e1 = worst_error(w, run.outputs(on_device=True), refs)
-            run.clear_outputs()
-            run.capture()
-            run.replay()
-            return max(e1, worst_error(w, run.outputs(on_device=True), refs))
-
-        add("tunedb", cand.name, verify, lambda held=held: held["run"].replay(),
-            lambda f, held=held: time_stream(cp, f, held["run"].main, reps=reps, samples=samples),
-            waste=candidate_waste(w, cand), candidate=cand.to_json())
-        if "run" in held:
-            rows[-1]["launches"] = held["run"].launches
-        held.clear()
     if peers:
         _torch_rows(w, torch, cp, host, refs, add, reps, samples)
     return {"case": w.name, "family": w.family, "hash": w.hash, "members": len(w.members),
@@ -306,19 +270,6 @@ def render(results: Sequence[dict[str, Any]]) -> str:
             best_of("eager"), best_of("graph loop"), best_of("streams"), best_of("padded"),
             best_of("vmap"), f"{s.get('speedup_vs_best_peer', math.nan):.2f}x"]) + " |")
     return "\n".join(lines)
-
-
-def interleave(cases: Sequence[PackingWorkload]) -> list[PackingWorkload]:
-    """Round-robin over families (suite order within each), so a time limit cuts every family."""
-    fams: dict[str, list[PackingWorkload]] = {}
-    for c in cases:
-        fams.setdefault(c.family, []).append(c)
-    out: list[PackingWorkload] = []
-    while any(fams.values()):
-        for lst in fams.values():
-            if lst:
-                out.append(lst.pop(0))
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

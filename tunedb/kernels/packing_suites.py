@@ -120,3 +120,16 @@ def suite(name: str) -> list[PackingWorkload]:
     for w in out:  # e.g. a skew of 0 over 64 experts equals a replica set: keep the first
         unique.setdefault(w.hash, w)
     return list(unique.values())
+
+
+def interleave(cases: list[PackingWorkload]) -> list[PackingWorkload]:
+    """Round-robin over families (suite order within each), so a time limit cuts every family."""
+    fams: dict[str, list[PackingWorkload]] = {}
+    for c in cases:
+        fams.setdefault(c.family, []).append(c)
+    out: list[PackingWorkload] = []
+    while any(fams.values()):
+        for lst in fams.values():
+            if lst:
+                out.append(lst.pop(0))
+    return out

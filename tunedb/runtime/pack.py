@@ -21,7 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from tunedb.kernels.packing import Candidate, Member, PackingWorkload, padded_shape
+from tunedb.kernels.packing import (
+    Candidate,
+    Member,
+    PackingWorkload,
+    candidate_waste,
+    candidates,
+    padded_shape,
+)
 from tunedb.runtime.blas import DATA_TYPES, GEMM_DEFAULT, OP_N, OP_T, Blas, BlasError, check, library
 from tunedb.runtime.device import current_stream
 from tunedb.runtime.streams import StreamPool, gc_paused, record_forked
@@ -387,3 +394,58 @@ def time_stream(cp: Any, launch: Callable[[], None], stream: Any, *, reps: int =
             b.synchronize()
             out.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / reps)
     return out
+
+
+# -- measuring ---------------------------------------------------------------------------------------
+def sample_stats(ts: Sequence[float]) -> dict[str, Any]:
+    q = np.quantile(np.asarray(ts), [0.2, 0.5, 0.8])
+    return {"p20_us": float(q[0]), "median_us": float(q[1]), "p80_us": float(q[2]),
+            "samples_us": [round(float(t), 3) for t in ts]}
+
+
+def measure_row(system: str, variant: str, verify: Callable[[], float], launch: Callable[[], None],
+                timer: Callable[[Callable[[], None]], list[float]], *,
+                log: Callable[[str], None] = print, **extra: Any) -> dict[str, Any]:
+    """Check first (``verify`` returns the worst error over its tolerance), time only if it
+    passed; a failure of any step is the row's status and one-line message."""
+    row: dict[str, Any] = {"system": system, "variant": variant, **extra}
+    try:
+        err = verify()
+        row["error"] = err
+        if not err <= 1.0:
+            row["status"] = "incorrect"
+        else:
+            row.update(sample_stats(timer(launch)), status="ok")
+    except Exception as e:  # noqa: BLE001 - one failed variant is a row, not a failed run
+        row.update(status="error", message=f"{type(e).__name__}: {e}".splitlines()[0][:300])
+    log(f"  {system:7s} {variant:28s} {row.get('median_us', float('nan')):10.1f} us  {row['status']}")
+    return row
+
+
+def measure_candidates(cp: Any, w: PackingWorkload, inputs: Sequence[tuple[Any, Any]], refs: Sequence[Any],
+                       pool: StreamPool, *, reps: int, samples: int,
+                       log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Every candidate of ``w``: built, run eagerly and checked, captured, replayed and checked
+    again (outputs zeroed in between), then timed as graph replays. ``inputs``/``refs``: device
+    arrays from ``make_inputs`` / ``reference``."""
+    rows = []
+    for cand in candidates(w):
+        held: dict[str, PackedRun] = {}
+
+        def verify(cand: Candidate = cand, held: dict = held) -> float:
+            run = held["run"] = PackedRun(cp, w, cand, inputs, pool)
+            run.run()
+            e1 = worst_error(w, run.outputs(on_device=True), refs)
+            run.clear_outputs()
+            run.capture()
+            run.replay()
+            return max(e1, worst_error(w, run.outputs(on_device=True), refs))
+
+        rows.append(measure_row(
+            "tunedb", cand.name, verify, lambda held=held: held["run"].replay(),
+            lambda f, held=held: time_stream(cp, f, held["run"].main, reps=reps, samples=samples),
+            log=log, waste=candidate_waste(w, cand), candidate=cand.to_json()))
+        if "run" in held:
+            rows[-1]["launches"] = held["run"].launches
+        held.clear()
+    return rows
