@@ -390,22 +390,13 @@ def _check_dynamic(path: Path, batches: tuple[int, ...] = (1, 3)) -> None:
     import onnxruntime as ort
 
     from tunedb.graph.onnx_import import fill_model, import_onnx
-    from tunedb.graph.reference import run_reference
+    from tunedb.graph.reference import example_feeds, run_reference
 
     filled = fill_model(path, seed=0)
     sess = ort.InferenceSession(filled.SerializeToString(), providers=["CPUExecutionProvider"])
     for b in batches:
         graph = import_onnx(path, {"batch": b}, fill_initializers=True, seed=0)
-        rng = np.random.default_rng(b)
-        feeds = {}
-        for v in graph.inputs:
-            t = graph.type_of(v)
-            if t.dtype == "int64":  # an attention mask with a padded tail
-                a = np.ones(t.shape, np.int64)
-                a[..., -16:] = 0
-            else:
-                a = rng.standard_normal(t.shape).astype(np.float32)
-            feeds[v] = a
+        feeds = example_feeds(graph, seed=b)
         want = sess.run(None, feeds)
         got = run_reference(graph, feeds)
         for out, w in zip(graph.outputs, want):

@@ -188,15 +188,6 @@ def test_collect_without_gpu_is_a_one_line_error(tmp_path: Path) -> None:
     assert "does not exist" in r.output
 
 
-def _fusion_ready() -> bool:
-    try:
-        from tunedb.kernels import generate, schedule_space, suite  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _fusion_ready(), reason="tunedb.kernels (suite/schedule_space/generate) not present")
 def test_fusion_collect_replay_cli_on_the_quick_suite(tmp_path: Path) -> None:
     """Store synthetic-but-valid measurements for quick-suite candidates, export, then
     ``tunedb collect --device replay:DIR`` into a fresh database, twice (resume)."""

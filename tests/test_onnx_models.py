@@ -18,7 +18,7 @@ import pytest
 
 from tunedb.graph.hashing import graph_hash
 from tunedb.graph.onnx_import import fill_model, import_onnx, stripped_names
-from tunedb.graph.reference import run_reference
+from tunedb.graph.reference import example_feeds, run_reference
 
 GRAPHS = Path(__file__).resolve().parent.parent / "data" / "graphs"
 
@@ -43,20 +43,6 @@ FILES = {f"{name}{suffix}": (name, opset) for name in EXPECTED
 
 def _path(name: str) -> Path:
     return GRAPHS / f"{name}.onnx"
-
-
-def _inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for v in graph.inputs:
-        t = graph.type_of(v)
-        if t.dtype == "int64":  # an attention mask with a padded tail
-            a = np.ones(t.shape, np.int64)
-            a[..., -16:] = 0
-        else:
-            a = rng.standard_normal(t.shape).astype(np.float32)
-        feeds[v] = a
-    return feeds
 
 
 def test_every_shipped_graph_is_tested():
@@ -95,7 +81,7 @@ def test_imports_whole(name):
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_matches_onnxruntime_on_filled_weights(name):
     graph = import_onnx(_path(name), fill_initializers=True, seed=3)
-    feeds = _inputs(graph)
+    feeds = example_feeds(graph)
     filled = fill_model(onnx.load(str(_path(name))), seed=3)
     sess = ort.InferenceSession(filled.SerializeToString(), providers=["CPUExecutionProvider"])
     want = sess.run(None, feeds)
@@ -108,7 +94,7 @@ def test_matches_onnxruntime_on_filled_weights(name):
 
 def test_bert_attention_mask_matters():
     graph = import_onnx(_path("bert_layer"), fill_initializers=True)
-    feeds = _inputs(graph)
+    feeds = example_feeds(graph)
     full = dict(feeds, attention_mask=np.ones((1, 128), np.int64))
     a = run_reference(graph, feeds)["output"]
     b = run_reference(graph, full)["output"]
@@ -117,7 +103,7 @@ def test_bert_attention_mask_matters():
 
 def test_gpt2_block_is_causal():
     graph = import_onnx(_path("gpt2_block"), fill_initializers=True)
-    feeds = _inputs(graph)
+    feeds = example_feeds(graph)
     x2 = feeds["hidden_states"].copy()
     x2[:, 100:] += 1.0  # changing later tokens must not change earlier outputs
     a = run_reference(graph, feeds)["output"]

@@ -23,7 +23,7 @@ from tunedb.bench.plan import batch_bindings, collect_entries, is_memory_bound, 
 from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import GraphError
 from tunedb.graph.onnx_import import import_onnx
-from tunedb.graph.reference import run_reference
+from tunedb.graph.reference import example_feeds, run_reference
 from tunedb.plan import compile
 
 GRAPHS = Path(__file__).resolve().parents[1] / "data" / "graphs"
@@ -60,17 +60,7 @@ def attention_like(path: Path) -> Path:
 
 
 def _feeds(graph, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for v in graph.inputs:
-        t = graph.type_of(v)
-        if t.dtype == "int64":  # a padding mask: the last tokens are masked out
-            a = np.ones(t.shape, np.int64)
-            a[..., -3:] = 0
-        else:
-            a = rng.standard_normal(t.shape).astype(np.float32)
-        out[v] = a
-    return out
+    return example_feeds(graph, seed, masked_tail=3)  # the last tokens are padding
 
 
 def test_a_symbolic_batch_imports_at_any_batch_and_matches_onnxruntime(tmp_path):

@@ -85,15 +85,6 @@ def test_illegal_address_and_hang_do_not_stop_the_collection(device) -> None:
     assert [r.status for r in res] == ["runtime_error", "ok", "timeout", "ok"]
 
 
-def _fusion_ready() -> bool:
-    try:
-        from tunedb.kernels import generate, schedule_space, suite  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _fusion_ready(), reason="tunedb.kernels not present")
 def test_quick_suite_candidates_verify(device, tmp_path) -> None:
     from collectors.fusion import FusionCollector
     from tunedb.store import TuningStore

@@ -358,3 +358,20 @@ def _reusable(dead: list[str], owned: set[str], env: dict[str, np.ndarray],
         if not any(np.may_share_memory(buf, a) for a in others):
             return buf
     return None
+
+
+def example_feeds(graph: Graph, seed: int = 0, masked_tail: int = 16) -> dict[str, np.ndarray]:
+    """Inputs for checking an imported model against another runtime: standard-normal float32
+    tensors, and int64 inputs as attention masks whose last ``masked_tail`` positions are padding
+    (0), so that a model that ignored its mask would give other outputs."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in graph.inputs:
+        t = graph.type_of(v)
+        if t.dtype == "int64":
+            a = np.ones(t.shape, np.int64)
+            a[..., -masked_tail:] = 0
+        else:
+            a = rng.standard_normal(t.shape).astype(np.float32)
+        feeds[v] = a
+    return feeds
