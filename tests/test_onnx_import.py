@@ -164,8 +164,18 @@ def _symbolic_model() -> onnx.ModelProto:
 def test_symbolic_dim_needs_a_binding():
     with pytest.raises(OnnxImportError) as e:
         import_onnx(_symbolic_model())
-    assert _one_line_error(e) == ("input 'input_ids' has symbolic dim 'batch'; "
-                                  "pass bindings={'batch': N}")
+    assert _one_line_error(e) == ("input 'input_ids' has symbolic dim 'batch'; give its size with "
+                                  "--bind batch=INT (Python: bindings={'batch': INT})")
+
+
+@pytest.mark.parametrize("opset", [10, 24])
+def test_opsets_outside_the_documented_range_are_refused(opset):
+    model = _symbolic_model()
+    model.opset_import[0].version = opset
+    with pytest.raises(OnnxImportError) as e:
+        import_onnx(model, bindings={"batch": 1})
+    assert _one_line_error(e) == f"model uses ONNX opset {opset}; tunedb imports opsets 11-23 " \
+                                 "(re-export it with one of those)"
 
 
 def test_symbolic_dim_with_binding_imports():

@@ -1,4 +1,4 @@
-"""``tunedb suites``, ``tunedb collectors``, ``tunedb models``: what a command can be given."""
+"""``tunedb suites``, ``collectors``, ``models``, ``onnx-ops``: what a command can be given."""
 
 from __future__ import annotations
 
@@ -109,7 +109,22 @@ def models(
                  for r in rows])
 
 
+def onnx_ops(json_out: JsonOption = False) -> None:
+    """List the ONNX ops (default domain, opsets 11-23) that `tunedb plan` imports.
+
+    Example: tunedb onnx-ops
+    """
+    from tunedb.graph.onnx_import import supported_ops
+
+    ops = list(supported_ops())
+    if json_out:
+        print_json(ops)
+        return
+    typer.echo(f"{len(ops)} ONNX ops: {', '.join(ops)}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("suites")(handle_errors(suites))
     app.command("collectors")(handle_errors(collectors))
     app.command("models")(handle_errors(models))
+    app.command("onnx-ops")(handle_errors(onnx_ops))

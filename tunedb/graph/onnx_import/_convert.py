@@ -44,12 +44,18 @@ def supported_ops() -> tuple[str, ...]:
     return tuple(sorted(set(UNARY) | set(BINARY) | handled))
 
 
+# The opsets whose op semantics the handlers implement (the package docstring says the same).
+MIN_OPSET, MAX_OPSET = 11, 23
+
 class Importer(OpHandlers):
     def __init__(self, model: onnx.ModelProto, bindings: dict[str, int]) -> None:
         self.model = model
         self.bindings = bindings
         self.opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS),
-                          onnx.defs.onnx_opset_version())
+                          MAX_OPSET)
+        if not MIN_OPSET <= self.opset <= MAX_OPSET:  # op semantics differ across opsets
+            raise OnnxImportError(f"model uses ONNX opset {self.opset}; tunedb imports opsets "
+                                  f"{MIN_OPSET}-{MAX_OPSET} (re-export it with one of those)")
         self.b = GraphBuilder(model.graph.name or "onnx")
         self.env: dict[str, str] = {}  # computed ONNX value -> builder value
         self.consts: dict[str, np.ndarray] = {}  # constant ONNX value -> its array
@@ -107,8 +113,9 @@ class Importer(OpHandlers):
                 dims.append(d.dim_value)
             elif d.HasField("dim_param"):
                 if d.dim_param not in self.bindings:
-                    raise OnnxImportError(f"input {vi.name!r} has symbolic dim {d.dim_param!r}; "
-                                          f"pass bindings={{{d.dim_param!r}: N}}")
+                    raise OnnxImportError(f"input {vi.name!r} has symbolic dim {d.dim_param!r}; give "
+                                          f"its size with --bind {d.dim_param}=INT (Python: "
+                                          f"bindings={{{d.dim_param!r}: INT}})")
                 n = self.bindings[d.dim_param]
                 if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
                     raise OnnxImportError(f"binding {d.dim_param!r}={n!r} must be a positive int")
@@ -156,7 +163,7 @@ class Importer(OpHandlers):
         ops = supported_ops()
         return OnnxImportError(
             f"unsupported ONNX op {n.op_type!r}{dom} (node {n.name or n.output[0]!r}); tunedb "
-            f"supports {len(ops)} ops: {', '.join(ops[:6])}, ... (see supported_ops())")
+            f"supports {len(ops)} ops: {', '.join(ops[:6])}, ... (`tunedb onnx-ops` lists them)")
 
     def _where(self) -> str:
         n = self.node
