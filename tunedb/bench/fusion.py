@@ -29,10 +29,25 @@ from typing import Any
 import numpy as np
 
 from tunedb.bench.host import HostPrep, spawn_pool, submit_or_none
+from tunedb.bench.peers import Frameworks, copy_tbps, outputs_float64, peer_call, throughput_us
 from tunedb.bench.provenance import provenance
 from tunedb.graph.ir import Graph
+from tunedb.kernels.codegen import generate
+from tunedb.kernels.schedule import Schedule, schedule_space
+from tunedb.records import Protocol, Workload
+from tunedb.runtime.cuda import plan_to_wire
+from tunedb.runtime.device import clocks, import_cupy
 from tunedb.runtime.inputs import bf16_to_f32, storage_dtype
-from tunedb.runtime.measure import WorkloadBuffers
+from tunedb.runtime.measure import (
+    WorkloadBuffers,
+    build_launch,
+    context_ok,
+    get_function,
+    gpu_init,
+    precompile,
+    time_plan,
+)
+from tunedb.store import TuningStore
 
 PEERS = ("torch_eager", "torch_compile", "jax")
 SYSTEMS = ("tunedb",) + PEERS
@@ -118,8 +133,6 @@ def write_json(result: dict, path: Path) -> None:
 def db_candidates(db: Path, device: Any, hashes: list[str], k: int) -> dict[str, list[dict]]:
     """Top-``k`` measured candidate configs per workload hash on this device, or on stored
     boards of the same model (best first); ``device``: a DeviceInfo."""
-    from tunedb.store import TuningStore
-
     out: dict[str, list[dict]] = {}
     with TuningStore.open(db, read_only=True) as store:
         ids = store.same_model_ids(device)
@@ -134,10 +147,6 @@ def prepare(graph_json: dict, config: dict, sm_count: int, compile_now: bool = T
     """Pool task: generate the plan of one schedule and compile it (fills CuPy's disk cache, so
     the in-process compile is a hit). Never raises: ``{"wire", "label", "source_hash"}`` or
     ``{"error"}``."""
-    from tunedb.kernels.codegen import generate
-    from tunedb.kernels.schedule import Schedule
-    from tunedb.runtime.cuda import plan_to_wire
-
     label, what = "?", "bad config"
     try:
         s = Schedule.from_config(config)
@@ -152,8 +161,6 @@ def prepare(graph_json: dict, config: dict, sm_count: int, compile_now: bool = T
             sc["zero"] = sc["name"] in set(zeroed)
     res = {"label": label, "wire": wire, "source_hash": plan.source_hash}
     if compile_now:
-        from tunedb.runtime.measure import precompile
-
         done = precompile(wire["kernels"])
         if not done.get("ok"):
             res.update(error=str(done.get("error", "compile error")), status="compile_error")
@@ -183,8 +190,6 @@ def _peer(fw: Any, kind: str, graph: Graph, dev: dict[str, np.ndarray], refs: di
           scrub: Callable[[], None] | None = None) -> dict:
     """One peer on the case's input values: ``{"us", "rel_err", "error"}``; never raises.
     ``scrub`` runs (and finishes) just before the timing, as before tunedb's plans."""
-    from tunedb.bench.peers import outputs_float64, peer_call, throughput_us
-
     res: dict[str, Any] = {"us": None, "rel_err": None, "error": None}
     try:
         run, sync = peer_call(fw, kind, graph, dev)
@@ -213,8 +218,6 @@ QUICK_PROTOCOL = {"warmup": 2, "samples": 5, "flush_l2": False, "batch": 4}
 def plan_launch(state: dict, wire: dict, buffers: dict[str, Any]) -> tuple[Callable[[], None], int]:
     """Compile (or fetch) a wire plan's kernels and bind them to ``buffers`` (inputs and outputs
     by name) and fresh scratch: (launch, registers)."""
-    from tunedb.runtime.measure import build_launch, get_function
-
     cp = state["cp"]
     funcs = [get_function(state, k) for k in wire["kernels"]]
     scratch = {s["name"]: cp.empty(max(1, int(s["nbytes"])), dtype=cp.uint8) for s in wire["scratch"]}
@@ -289,8 +292,6 @@ class CaseSearch:
         return n
 
     def _search_metas(self, workload_hash: str, graph: Graph) -> list[dict]:
-        from tunedb.kernels.schedule import schedule_space
-
         try:
             legal, pruned = schedule_space(graph, sm_count=self.sm_count)
         except Exception as e:  # noqa: BLE001 - UnsupportedFusion, or a generator bug
@@ -313,8 +314,6 @@ class CaseSearch:
         return verified_launch(self.state, wire, bufs)
 
     def _failed(self, e: dict, ex: BaseException) -> None:
-        from tunedb.runtime.measure import context_ok
-
         e.update(status="runtime_error", error=_one_line(ex))
         if not context_ok(self.cp):
             raise ContextLost(f"candidate {e['label']}: {e['error']}") from None
@@ -340,10 +339,6 @@ class CaseSearch:
         return entry
 
     def _tune(self, jobs: list[tuple[dict, Any]], graph: Graph, bufs: _Buffers, refs: dict) -> dict:
-        from tunedb.bench.peers import throughput_us
-        from tunedb.records import Protocol
-        from tunedb.runtime.measure import time_plan
-
         tried: list[dict] = []
         good: list[tuple[float, int, dict, dict]] = []
         t0, skipped = time.monotonic(), 0
@@ -441,16 +436,10 @@ def run_bench(cases: list[Any], out: Path | None, db: Path | None = None, top: i
     dict (also written to ``out`` after every case). ``time_limit_s`` > 0 skips the cases not
     started by then; ``search_s`` caps the schedule search per case; ``max_search`` > 0 caps the
     schedules tried per case. ``progress`` gets setup lines, ``on_case`` each finished case."""
-    from tunedb.runtime.device import clocks, import_cupy
-
     say = progress or (lambda _line: None)
     cp = import_cupy()  # NoGPUError first, before anything else is touched
     # JAX must not grab 75 % of GPU memory: CuPy and torch share the device with it.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    from tunedb.bench.peers import Frameworks, copy_tbps
-    from tunedb.records import Workload
-    from tunedb.runtime.measure import gpu_init
-
     t0 = time.monotonic()
     workloads = [Workload.from_graph(c.graph, c.family, c.name) for c in cases]
     result: dict[str, Any] = {"benchmark": "fusion", "suite": suite, "protocol": PROTOCOL, "top_k": top,
