@@ -13,13 +13,14 @@ from tunedb.cli.common import DbOption, JsonOption, handle_errors, open_shared_w
 SUITE_NAMES = ("quick", "standard", "full", "anchors")
 
 
-def _summary_line(s: Any) -> str:
+def _summary_line(s: Any, device_kind: str = "") -> str:
     by = ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items()) if k != "ok")
     parts = [f"measured {s.measured} candidates of {s.workloads} workloads in {s.elapsed_s:.1f}s "
              f"({s.rate:.1f}/s): ok {s.ok}, failed {s.failed}" + (f" ({by})" if by else ""),
              f"already measured {s.already}", f"pruned {s.pruned}"]
     if s.missing:
-        parts.append(f"not in replay data {s.missing}")
+        what = "verified in emulation, not timed" if device_kind == "emu" else "not in replay data"
+        parts.append(f"{what} {s.missing}")
     if s.stopped:
         parts.append(f"stopped by {s.stopped} limit")
     return "; ".join(parts)
@@ -94,7 +95,7 @@ def collect(
     if json_out:
         print_json({**summary.to_json(), "device_stats": stats})
     else:
-        typer.echo(_summary_line(summary))
+        typer.echo(_summary_line(summary, getattr(dev, "kind", "")))
         if stats:
             typer.echo("device: " + ", ".join(
                 f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items()))
