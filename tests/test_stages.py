@@ -39,7 +39,7 @@ def random_steps(n: int, seed: int, p: float = 0.3) -> list[KernelStep]:
     for j in range(n):
         ins = [f"v{i}" for i in range(j) if rng.random() < p] or ["x"]
         steps.append(KernelStep(kind="fused", inputs=tuple(ins), outputs=(f"v{j}",), nodes=(j,),
-                                ops=("relu",)))
+                                ops=("relu",), workload_hash=f"w{j}"))
     return steps
 
 

@@ -87,12 +87,12 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block:
     """The measured-refinement loop and a one-block oracle on ``base`` (a plan without
     horizontal packing): stages measured in a harness executor whose values never share memory."""
     from tunedb.plan.buffers import plan_buffers
+    from tunedb.plan.stage_refine import refine_stages
     from tunedb.plan.stages import StageEstimator, StageKeys, ios_search, split_blocks, step_dag
     from tunedb.runtime.stage_exec import StagedExecutor
 
     steps = base.steps
     stage_key = StageKeys(steps)
-    dag_cache: dict = {}
     separate = replace(base, buffers=plan_buffers(base.graph, steps, times=[0] * len(steps)), stages=())
     est = StageEstimator(steps, launch_us=base.launch_us)
     t0 = time.perf_counter()
@@ -110,28 +110,16 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block:
             gpu_s += time.perf_counter() - t
         return measured[key]
 
-    def cost(groups: Any) -> float:
-        hit = measured.get(stage_key(groups))
-        return est(groups) if hit is None else hit
-
-    rounds = []
-    t_search = time.perf_counter()
-    total, stages, stats = ios_search(steps, cost, cache=dag_cache)
-    for it in range(5):
-        new = [st for st in stages if stage_key(st) not in measured]
-        for st in new:
-            measure(st)
-        total, stages, stats = ios_search(steps, cost, cache=dag_cache)
-        rounds.append({"round": it, "newly_measured": len(new), "predicted_us": round(total, 2)})
-        if all(stage_key(st) in measured for st in stages) or time.perf_counter() > deadline:
-            break
-    out["search_s"] = round(time.perf_counter() - t_search - gpu_s, 2)
-    out.update(rounds=rounds, candidates=stats.candidates, measured=len(measured),
-               measured_fraction=round(len(measured) / max(1, stats.candidates), 4),
-               measuring_s=round(gpu_s, 2), refined_us_sum=round(total, 2),
-               refined_stages=[[list(g) for g in st] for st in stages])
-    say(f"refine: {len(measured)} of {stats.candidates} candidates measured ({gpu_s:.1f} s), "
-        f"{len(rounds)} rounds")
+    # the loop of tunedb.plan.stage_refine; its own dict of measurements, shared with the
+    # oracle below only through the measuring function's cache
+    ref = refine_stages(steps, measure, estimator=est, max_rounds=40)
+    stages, total = ref.stages, ref.total_us
+    out.update(rounds=ref.rounds, candidates=ref.candidates, measured=len(ref.measured),
+               measured_fraction=round(ref.measured_fraction, 4), converged=ref.converged,
+               search_s=round(ref.search_s, 2), measuring_s=round(gpu_s, 2),
+               refined_us_sum=round(total, 2), refined_stages=[[list(g) for g in st] for st in stages])
+    say(f"refine: {len(ref.measured)} of {ref.candidates} candidates measured ({gpu_s:.1f} s), "
+        f"{len(ref.rounds)} rounds")
     refined_measured = dict(measured)  # before the oracle adds every candidate of its block
     if oracle_block:
         preds, succs = step_dag(steps)

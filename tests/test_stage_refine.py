@@ -1,0 +1,67 @@
+"""The measured-refinement loop of the IOS search, against full profiling (the oracle), on CPU
+with synthetic 'measured' stage times (the GPU version is in tunedb/bench/stages.py)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from tests.test_stages import random_cost, random_steps
+from tunedb.graph.multibranch import nasnet_a_graph
+from tunedb.plan.driver import compile as compile_plan
+from tunedb.plan.stage_refine import refine_stages
+from tunedb.plan.stages import StageEstimator, StageKeys, ios_search
+
+
+def _truth(steps, seed: int, sigma: float = 0.15):
+    """Stage times the estimate does not know: wider stages cost more than predicted (x1.25 to
+    x1.6), and every stage has its own log-normal error."""
+    est, keys = StageEstimator(steps), StageKeys(steps)
+    bias = [1.0, 1.25, 1.4, 1.6]
+
+    def truth(groups):
+        h = int(hashlib.sha256(f"{seed}{keys(groups)}".encode()).hexdigest()[:12], 16)
+        noise = float(np.exp(sigma * np.random.default_rng(h).standard_normal()))
+        return est(groups) * bias[min(len(groups), 4) - 1] * noise
+
+    return truth
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_with_a_lower_bound_the_loop_finds_the_oracle_schedule(seed):
+    steps = random_steps(10, seed)
+    truth = random_cost(seed)
+
+    def bound(groups):  # never above the truth
+        return 0.85 * truth(groups)
+
+    oracle, _, stats = ios_search(steps, truth, max_block=64, cut_width=0, max_states=10**6)
+    kw = {"max_block": 64, "cut_width": 0, "max_states": 10**6}
+    r = refine_stages(steps, truth, estimator=bound, optimism=0.0, cap=1.0, max_rounds=500,
+                      search_kwargs=kw)
+    assert r.converged
+    assert r.total_us == pytest.approx(oracle)
+    assert sum(truth(st) for st in r.stages) == pytest.approx(oracle)
+    assert len(r.measured) < stats.candidates
+
+
+@pytest.mark.slow
+def test_refinement_measures_few_stages_and_beats_predictions_alone():
+    plan = compile_plan(nasnet_a_graph(1, cells=1), device=None, cost_model=False, horizontal=False)
+    est = StageEstimator(plan.steps)
+    ratios = []
+    for seed in range(3):
+        truth = _truth(plan.steps, seed)
+        oracle, _, stats = ios_search(plan.steps, truth)
+        _, predicted, _ = ios_search(plan.steps, est)
+        r = refine_stages(plan.steps, truth, max_rounds=40)
+        refined = sum(truth(st) for st in r.stages)
+        assert refined == pytest.approx(r.total_us)  # every stage of the result was measured
+        assert refined <= sum(truth(st) for st in predicted) + 1e-9
+        assert len(r.measured) <= 0.1 * stats.candidates
+        ratios.append(refined / oracle)
+        print(f"\nseed {seed}: refined/oracle {refined / oracle:.4f}, measured {len(r.measured)} of "
+              f"{stats.candidates} candidates, {len(r.rounds)} rounds")
+    assert sorted(ratios)[1] <= 1.03  # two of three within 3 % of full profiling

@@ -1,0 +1,102 @@
+"""The measured-refinement loop of the IOS search: measure only the stages that decide it.
+
+``refine_stages(steps, measure)`` searches with predicted stage costs, measures the stages of the
+winner that are not measured yet (``measure(groups) -> µs``, e.g. ``StagedExecutor.time_stage``
+or stored rows), and searches again, until the winner consists of measured stages only.
+
+Predictions are made *optimistic* before each search: every unmeasured candidate's estimate is
+multiplied by a low quantile (``optimism``) of the measured/predicted ratios seen so far for
+stages of its width (number of groups). A schedule then wins on predictions only if it could
+still beat the measured winner, which is what pulls the loop towards the stages it is least sure
+about; with a bound that never overestimates, the final winner is the best schedule under the
+measured times (the argument of A*). The loop stops at the fixed point or after
+``max_rounds`` / ``max_measured``, and returns the best schedule it measured in full.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tunedb.plan.stages import Groups, StageEstimator, StageKeys, ios_search
+
+WIDTH_BUCKETS = 4  # 1, 2, 3, 4+ groups
+
+
+@dataclass
+class Refinement:
+    stages: list[Groups]
+    total_us: float                      # the winner's time, all stages measured when converged
+    measured: dict[str, float]           # stage key -> µs
+    candidates: int                      # distinct stages the last search priced
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    converged: bool = False
+    search_s: float = 0.0
+    measure_s: float = 0.0
+
+    @property
+    def measured_fraction(self) -> float:
+        return len(self.measured) / max(1, self.candidates)
+
+
+def refine_stages(steps: Sequence[Any], measure: Callable[[Groups], float], *,
+                  estimator: Callable[[Groups], float] | None = None, optimism: float = 0.05,
+                  cap: float = float("inf"),
+                  max_rounds: int = 30, max_measured: int | None = None,
+                  search_kwargs: dict[str, Any] | None = None) -> Refinement:
+    """See the module docstring. ``optimism``: the quantile of measured/predicted ratios that
+    scales unmeasured estimates (0: the smallest ratio seen; 0.5: the median, no longer a bound);
+    ``cap``: the largest scale (1.0 keeps an estimator that never overestimates a lower bound,
+    and the result is then the optimum under the measured times)."""
+    est = estimator or StageEstimator(steps)
+    keys = StageKeys(steps)
+    measured: dict[str, float] = {}
+    ratios: list[list[float]] = [[] for _ in range(WIDTH_BUCKETS)]
+    scale = [1.0] * WIDTH_BUCKETS
+    cache: dict = {}
+    kwargs = dict(search_kwargs or {})
+    out = Refinement([], 0.0, measured, 0)
+
+    def bucket(groups: Groups) -> int:
+        return min(len(groups), WIDTH_BUCKETS) - 1
+
+    def cost(groups: Groups) -> float:
+        hit = measured.get(keys(groups))
+        return hit if hit is not None else est(groups) * scale[bucket(groups)]
+
+    best: tuple[float, list[Groups]] | None = None  # the best schedule measured in full so far
+    for rnd in range(max_rounds):
+        t0 = time.perf_counter()
+        total, stages, stats = ios_search(steps, cost, cache=cache, **kwargs)
+        out.search_s += time.perf_counter() - t0
+        out.candidates = stats.candidates
+        new = {keys(st): st for st in stages if keys(st) not in measured}
+        if not new:
+            out.converged = True
+            best = (total, stages)
+            break
+        if max_measured is not None and len(measured) + len(new) > max_measured:
+            break
+        t1 = time.perf_counter()
+        for k, st in new.items():
+            measured[k] = float(measure(st))
+            ratios[bucket(st)].append(measured[k] / max(est(st), 1e-9))
+        out.measure_s += time.perf_counter() - t1
+        whole = sum(measured[keys(st)] for st in stages)
+        if best is None or whole < best[0]:
+            best = (whole, stages)
+        pooled = [r for rs in ratios for r in rs]
+        for b in range(WIDTH_BUCKETS):
+            # a bucket without measurements borrows the quantile of all of them
+            rs = ratios[b] if len(ratios[b]) >= 3 else pooled
+            if rs:
+                scale[b] = min(cap, float(np.quantile(rs, optimism)))
+        out.rounds.append({"round": rnd, "predicted_us": round(total, 2), "newly_measured": len(new),
+                           "measured": len(measured), "scale": [round(s, 3) for s in scale]})
+    if best is not None:
+        out.total_us, out.stages = best
+    return out
