@@ -1,0 +1,33 @@
+"""``tunedb plan --schedule``."""
+
+from __future__ import annotations
+
+import json
+
+from tunedb.graph.builder import GraphBuilder
+from tunedb.plan.record import Plan
+
+
+def _branchy_graph():
+    b = GraphBuilder("branches")
+    x = b.input("x", (1, 16, 12, 12))
+    outs = []
+    for k in range(3):
+        w = b.input(f"w{k}", (16, 16, 3, 3))
+        outs.append(b.relu(b.conv2d(x, w, strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), groups=1)))
+    return b.build([b.concat(*outs, axis=1)])
+
+
+def test_cli_plan_schedule_option(tmp_path):
+    from typer.testing import CliRunner
+
+    from tunedb.cli import app
+
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(_branchy_graph().to_json()))
+    res = CliRunner().invoke(app, ["plan", str(path), "--device", "generic", "--model", "none",
+                                   "--schedule", "ios", "--json"])
+    assert res.exit_code == 0, res.output
+    assert Plan.from_json(res.output).stages
+    bad = CliRunner().invoke(app, ["plan", str(path), "--schedule", "fast"])
+    assert bad.exit_code != 0 and "--schedule" in bad.output
