@@ -25,9 +25,10 @@ def test_cli_plan_schedule_option(tmp_path):
 
     path = tmp_path / "g.json"
     path.write_text(json.dumps(_branchy_graph().to_json()))
+    env = {"TUNEDB_DB": None, "XDG_DATA_HOME": str(tmp_path / "xdg")}  # no default database
     res = CliRunner().invoke(app, ["plan", str(path), "--device", "generic", "--model", "none",
-                                   "--schedule", "ios", "--json"])
+                                   "--schedule", "ios", "--json"], env=env)
     assert res.exit_code == 0, res.output
     assert Plan.from_json(res.output).stages
-    bad = CliRunner().invoke(app, ["plan", str(path), "--schedule", "fast"])
+    bad = CliRunner().invoke(app, ["plan", str(path), "--schedule", "fast"], env=env)
     assert bad.exit_code != 0 and "--schedule" in bad.output
