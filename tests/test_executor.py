@@ -112,6 +112,7 @@ def test_step_path_falls_back_for_ops_without_a_direct_kernel():
 
 
 # -- the executor's CUDA kernels ------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_kernels_compile_for_sm90(tmp_path):
     src = tmp_path / "k.cu"

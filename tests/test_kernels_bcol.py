@@ -310,6 +310,7 @@ def _plans(cases: list[Graph]):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_every_bcol_schedule_compiles_with_nvcc(tmp_path):
     sources: dict[str, str] = {}
@@ -336,6 +337,7 @@ def test_every_bcol_schedule_compiles_with_nvcc(tmp_path):
     assert not [names.get(k, k) for k, n in spills if int(n) > 0]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 def test_every_bcol_schedule_matches_reference_in_emulation(tmp_path):
     # fast-math variants are left out: the emulator maps __expf & co. to the precise functions,

@@ -25,6 +25,7 @@ def _compile(path, out):
                           capture_output=True, text=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_quick_suite_compiles_with_nvcc(tmp_path):
     sources: dict[str, str] = {}

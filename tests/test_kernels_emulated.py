@@ -14,7 +14,8 @@ from tunedb.kernels import generate, schedule_space, suite
 from tunedb.kernels.suites import case as case_of
 from tunedb.runtime.emu import build, generable_schedules, mismatches
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found"),
+              pytest.mark.slow]  # emulation sweeps: g++ builds of every schedule
 
 
 def _pick(legal):
