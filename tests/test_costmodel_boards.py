@@ -113,9 +113,10 @@ def test_held_out_pairs_never_cross_boards(frame):
     cv = cross_validate(X, y, workloads, FAST, folds=3, pairs=pairs)
     pred = cv["pred"]
     assert np.all(np.isfinite(pred))
-    assert cv["pairwise_accuracy"] == pytest.approx(pairwise_accuracy(y, pred, pairs))
+    assert cv["pairwise_accuracy_pooled"] == pytest.approx(pairwise_accuracy(y, pred, pairs))
+    assert cv["pairwise_accuracy"] == pytest.approx(pairwise_accuracy(y, pred, pairs, per_workload=True))
     # The same predictions scored with pairs across boards would count other pairs.
-    assert cv["pairwise_accuracy"] != pytest.approx(pairwise_accuracy(y, pred, workloads))
+    assert cv["pairwise_accuracy_pooled"] != pytest.approx(pairwise_accuracy(y, pred, workloads))
     assert cv["workloads"] == N_WORKLOADS
     # A board 10x slower changes no within-board pair, but would decide every cross-board one.
     slow = np.where(t["device_id"].to_numpy(zero_copy_only=False) == max(set(t["device_id"].to_pylist())),

@@ -3,10 +3,11 @@ the shipped model (models/nvidia-h200/fusion).
 
 Held-out evaluation (5-fold GroupKFold by workload) must stay within a small margin of what the
 shipped training reached (the held-out metrics on the shipped model's card, read here, not copied)
-and beat both baselines on every metric. The project's targets (pairwise >= 0.95, top-1 >= 0.97)
-are recorded as an expected failure until a model reaches them. They are not at the noise
-floor: the same 10,417 candidates measured on a second H200 board order 0.974 of their pairs
-alike and pick a best within 0.996 of it (data/fusion_h200_boards).
+and beat both baselines on every metric. Issue 22's targets (by workload: top-1 >= 0.975, decisive
+pairs >= 0.95, top-1 within 2 % on >= 70 % of workloads) are recorded as an expected failure until
+a model reaches them. They are below the noise ceiling: the first dataset's board re-measuring
+the same 21,939 candidates scores 0.991-0.994 / 0.987-0.992 / 0.90 against this one
+(benchmarks/noise_ceiling.py, docs/costmodel.md).
 The data is data/fusion_h200_v2 (one board, every candidate of a workload timed the same way);
 set TUNEDB_H200_EXPORT to evaluate another export directory (its H200 with the most
 measurements). The model in models/ is trained on data/fusion_h200_v2 (tests/test_costmodel_boards.py
@@ -122,13 +123,18 @@ def test_h200_held_out_metrics_beat_baselines(held_out):
     if not SHIPPED_MODEL.is_dir():
         pytest.skip("no shipped H200 model")
     card = json.loads((SHIPPED_MODEL / "card.json").read_text())["metrics"]
+    if "pairwise_accuracy_pooled" not in card:  # a card from before pairwise_accuracy meant the
+        card = {**card, "pairwise_accuracy": card["pairwise_accuracy_per_workload"]}  # workload mean
     for key, margin in CARD_MARGIN.items():
         assert m[key] >= card[key] - margin, (key, m[key], card[key])
     assert m["mape"] <= card["mape"] * 1.25, (m["mape"], card["mape"])
     # most pairs lie further apart than their run-to-run spread, and those the model orders better
-    r = m["pairwise_resolved"]
-    assert abs(r["share"] - card["pairwise_resolved"]["share"]) <= 0.02 and r["share"] < 1.0, r
-    assert r["accuracy"] >= m["pairwise_accuracy"] + 0.01, r
+    d = m["by_workload"]
+    assert 0.8 < d["decisive_pair_share"] < 1.0, d
+    assert d["decisive_pair_accuracy"] >= m["pairwise_accuracy"] + 0.01, d
+    if "by_workload" in card:  # a card with the split metrics
+        for key in ("decisive_pair_accuracy", "top1_within_2pct"):
+            assert d[key] >= card["by_workload"][key] - 0.02, (key, d[key], card["by_workload"][key])
     for base in ("roofline", "random"):
         b = m["baselines"][base]
         assert m["pairwise_accuracy"] > b["pairwise_accuracy"] + 0.3
@@ -140,8 +146,10 @@ def test_h200_held_out_metrics_beat_baselines(held_out):
 
 @pytest.mark.slow
 @needs_data
-@pytest.mark.xfail(reason="project target not reached yet (held-out 0.897 / 0.964 at the time of writing)",
+@pytest.mark.xfail(reason="issue 22's targets not reached yet (see the card's by_workload metrics)",
                    strict=False)
 def test_h200_held_out_metrics_meet_project_targets(held_out):
-    assert held_out["pairwise_accuracy"] >= 0.95
-    assert held_out["top1_score"] >= 0.97
+    m = held_out["by_workload"]
+    assert m["top1_score"] >= 0.975
+    assert m["decisive_pair_accuracy"] >= 0.95
+    assert m["top1_within_2pct"] >= 0.70

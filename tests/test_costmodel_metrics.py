@@ -8,7 +8,16 @@ import math
 import numpy as np
 import pytest
 
-from tunedb.costmodel.metrics import all_metrics, mape, pairwise_accuracy, spearman, top_k_score
+from tunedb.costmodel.metrics import (
+    METRIC_KEYS,
+    all_metrics,
+    decisive_pairs,
+    mape,
+    pairwise_accuracy,
+    spearman,
+    top1_within,
+    top_k_score,
+)
 
 # Two workloads: latencies 1..4 and 10, 20, 30.
 Y = np.array([1.0, 2.0, 3.0, 4.0, 10.0, 20.0, 30.0])
@@ -126,24 +135,51 @@ def test_mape_and_spearman_values():
 
 def test_all_metrics_keys_and_length_check():
     m = all_metrics(Y, Y, G)
-    assert {"pairwise_accuracy", "top1_score", "top5_score", "mape", "spearman"} <= set(m)
-    assert m["mape"] == 0.0 and m["top5_score"] == 1.0
+    assert set(METRIC_KEYS) <= set(m)
+    assert m["mape"] == 0.0 and m["top5_score"] == 1.0 and m["top1_within_2pct"] == 1.0
+    assert m["decisive_pair_accuracy"] == 1.0 and m["pairwise_accuracy_pooled"] == 1.0
     with pytest.raises(ValueError, match="differ in length"):
         pairwise_accuracy(Y, Y[:3], G)
 
 
-def test_resolved_pairwise_scores_only_pairs_whose_spreads_do_not_overlap():
-    from tunedb.costmodel.metrics import resolved_pairwise
+def test_pairwise_accuracy_key_is_the_mean_over_workloads():
+    # Workload 0 wrong on its one pair, workload 1 right on all six: mean 0.5, pooled 6/7.
+    y = np.array([1.0, 2.0, 1.0, 2.0, 3.0, 4.0])
+    g = np.array([0, 0, 1, 1, 1, 1])
+    m = all_metrics(y, np.array([2.0, 1.0, 1.0, 2.0, 3.0, 4.0]), g)
+    assert m["pairwise_accuracy"] == pytest.approx(0.5)
+    assert m["pairwise_accuracy_pooled"] == pytest.approx(6 / 7)
 
-    y = np.array([10.0, 10.2, 20.0, 5.0, 6.0])
-    lo = np.array([9.5, 9.8, 19.0, 4.9, 5.9])
-    hi = np.array([10.5, 10.6, 21.0, 5.1, 6.1])
-    g = np.array([0, 0, 0, 1, 1])
-    # workload 0: (10, 10.2) overlap; (10, 20) and (10.2, 20) resolved; workload 1: one resolved pair
-    pred = np.array([2.0, 1.0, 3.0, 1.0, 2.0])  # wrong on the unresolved pair only
-    r = resolved_pairwise(y, pred, g, lo, hi)
-    assert r == {"accuracy": 1.0, "share": 0.75, "pairs": 3}
-    r = resolved_pairwise(y, -pred, g, lo, hi)  # now wrong on every resolved pair
-    assert r["accuracy"] == 0.0 and r["pairs"] == 3
+
+def test_decisive_pairs_need_a_two_percent_gap_beyond_both_bands():
+    y = np.array([10.0, 10.1, 20.0, 5.0, 6.0, 6.05])
+    lo = np.array([9.9, 10.0, 19.0, 4.9, 5.0, 6.0])
+    hi = np.array([10.1, 10.2, 21.0, 5.1, 5.8, 6.1])
+    g = np.array([0, 0, 0, 1, 1, 1])
+    # Workload 0: (10, 10.1) is 1 % apart, not decisive; (10, 20) and (10.1, 20) are (gap 10 >
+    # bands 0.2 and 2). Workload 1: (5, 6) is 20 % apart but 6's band is 0.8 < 1, decisive;
+    # (6, 6.05) under 2 %; (5, 6.05) decisive. So 4 decisive pairs of 6 distinct.
+    pred = np.array([2.0, 1.0, 3.0, 1.0, 2.0, 3.0])  # wrong on (10, 10.1) only
+    r = decisive_pairs(y, pred, g, lo, hi)
+    assert r == {"accuracy": 1.0, "accuracy_pooled": 1.0, "share": 4 / 6, "pairs": 4}
+    # Wrong on (10, 20) alone: workload 0 scores 1/2, workload 1 scores 1; mean 0.75, pooled 3/4.
+    r = decisive_pairs(y, np.array([3.0, 1.0, 2.0, 1.0, 2.0, 3.0]), g, lo, hi)
+    assert r["accuracy"] == pytest.approx(0.75) and r["accuracy_pooled"] == pytest.approx(0.75)
+    # A wide band makes a far pair indecisive: 6's band now spans more than the gap to 5.
+    wide = hi.copy()
+    wide[4] = 7.5
+    assert decisive_pairs(y, pred, g, lo, wide)["pairs"] == 3
+    # Without spreads only the 2 % gap decides.
+    assert decisive_pairs(y, pred, g)["pairs"] == 4
     with pytest.raises(ValueError, match="spreads differ in length"):
-        resolved_pairwise(y, pred, g, lo[:2], hi)
+        decisive_pairs(y, pred, g, lo[:2], hi[:2])
+
+
+def test_top1_within_counts_workloads_whose_pick_is_near_the_best():
+    y = np.array([1.0, 1.01, 2.0, 10.0, 11.0])
+    g = np.array([0, 0, 0, 1, 1])
+    # Workload 0 picks 1.01 (1 % off the best: within 2 %); workload 1 picks 11 (10 % off).
+    pred = np.array([2.0, 1.0, 3.0, 2.0, 1.0])
+    assert top1_within(y, pred, g) == 0.5
+    assert top1_within(y, pred, g, tolerance=0.0) == 0.0
+    assert top1_within(y, pred, g, tolerance=0.2) == 1.0

@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib")
 from tunedb.cli import app  # noqa: E402
 from tunedb.costmodel.evaluate import cross_validate  # noqa: E402
 from tunedb.costmodel.features import DeviceFacts, feature_index, featurize, featurize_frame  # noqa: E402
-from tunedb.costmodel.fit import fit_frame  # noqa: E402
+from tunedb.costmodel.fit import clean_frame, fit_frame  # noqa: E402
 from tunedb.costmodel.synthetic import synthetic_frame  # noqa: E402
 from tunedb.costmodel.train import TrainParams  # noqa: E402
 from tunedb.graph.hashing import graph_hash  # noqa: E402
@@ -28,6 +28,7 @@ from tunedb.kernels.schedule import schedule_space  # noqa: E402
 from tunedb.kernels.suites import ANCHOR_CASES  # noqa: E402
 from tunedb.records import Candidate, DeviceInfo, Measurement, Run, Workload, canonical_json  # noqa: E402
 from tunedb.report import SECTIONS, ReportError, build_report  # noqa: E402
+from tunedb.report.evaluation import FAMILY_KEYS  # noqa: E402
 from tunedb.report.render import METRIC_LABELS  # noqa: E402
 from tunedb.store import TuningStore  # noqa: E402
 
@@ -180,7 +181,11 @@ def test_report_sections_plots_and_numbers(db_path, tmp_path):
 
     # The held-out numbers are cross_validate's for the same rows and parameters.
     X, y, groups, t = expected_dataset(path, DeviceFacts.from_device_info(H200))
-    cv = cross_validate(X, y, groups, FAST, folds=4)
+    with TuningStore.open(path, read_only=True) as store:  # the spreads train keeps per candidate
+        spread = clean_frame(store.training_frame(kind="fusion", device_id=H200.id))
+    assert spread["candidate_hash"].to_pylist() == t["candidate_hash"].to_pylist()
+    cv = cross_validate(X, y, groups, FAST, folds=4, lo=spread["p20_us"].to_numpy(),
+                        hi=spread["p80_us"].to_numpy())
     ev = rep.data["evaluation"]
     assert ev["rows"] == len(y) and ev["workloads"] == len(set(groups)) == made["workloads"]
     for k in METRIC_LABELS:
@@ -194,8 +199,8 @@ def test_report_sections_plots_and_numbers(db_path, tmp_path):
         assert num(base["XGBoost"][col]) == pytest.approx(cv[k], abs=5.1e-5)
         assert num(base["roofline"][col]) == pytest.approx(cv["baselines"]["roofline"][k], abs=5.1e-5)
         assert num(base["random"][col]) == pytest.approx(cv["baselines"]["random"][k], abs=5.1e-5)
-    assert num(base["XGBoost, compile facts given"][0]) == pytest.approx(
-        cv["with_measured"]["pairwise_accuracy"], abs=5.1e-5)
+    assert num(base["XGBoost, compile facts given"][list(METRIC_LABELS).index("pairwise_accuracy")]) == \
+        pytest.approx(cv["with_measured"]["pairwise_accuracy"], abs=5.1e-5)
 
     # Per-family table: one row per family with rows that add up, metrics as in the JSON.
     fam = row_map(page, "families")
@@ -203,9 +208,10 @@ def test_report_sections_plots_and_numbers(db_path, tmp_path):
     assert sum(int(r[0]) for r in fam.values()) == len(y)
     for name, r in fam.items():
         want = rep.data["families"][name]
-        assert num(r[2]) == pytest.approx(want["pairwise_accuracy"], abs=5.1e-5, nan_ok=True) \
-            or (r[2] == "—" and want["pairwise_accuracy"] != want["pairwise_accuracy"])
-        assert num(r[5]) == pytest.approx(want["mape"], abs=5.1e-5)
+        pw, mp = (2 + FAMILY_KEYS.index(k) for k in ("pairwise_accuracy", "mape"))
+        assert num(r[pw]) == pytest.approx(want["pairwise_accuracy"], abs=5.1e-5, nan_ok=True) \
+            or (r[pw] == "—" and want["pairwise_accuracy"] != want["pairwise_accuracy"])
+        assert num(r[mp]) == pytest.approx(want["mape"], abs=5.1e-5)
 
     # Anchors: both cases found, floor = fewest bytes / bandwidth, best = fastest measured.
     anchors = row_map(page, "anchors")

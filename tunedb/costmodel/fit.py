@@ -1,8 +1,12 @@
 """One call from a training frame to a saved, evaluated model (what ``tunedb train`` runs).
 
 frame -> clean (ok rows, one row per candidate and board) -> features -> train (objective
-chosen on a held-out split) -> GroupKFold and leave-one-family-out with the chosen objective ->
-card -> ``<out>/<device>/<kind>/``.
+chosen on a held-out split) -> the four held-out splits of ``evaluate`` (by workload, leave op,
+shape and family out) with the chosen objective -> card -> ``<out>/<device>/<kind>/``.
+
+Op and shape labels come from the frame's ``op`` and ``shape`` columns when it has them (a kind
+whose workload names do not follow the suite's ``<op>_<RxC>_<dtype>`` form can supply its own),
+else from ``workload_name``.
 
 A frame may hold several boards of one device model (name, compute capability, SM count: the
 store's ``same_model_ids``), never two models. Folds stay by workload; held-out metrics compare
@@ -25,14 +29,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tunedb.costmodel.evaluate import (
+    SPLITS,
+    Labels,
     baseline_predictions,
-    cross_validate,
-    leave_one_family_out,
+    evaluate_splits,
     merge_rows,
-    summary,
 )
 from tunedb.costmodel.features import DeviceFacts, featurize_frame
-from tunedb.costmodel.metrics import resolved_pairwise
+from tunedb.costmodel.metrics import METRIC_KEYS
 from tunedb.costmodel.model import CostModel, CostModelError
 from tunedb.costmodel.registry import data_snapshot_hash, make_card, model_dir, save_model
 from tunedb.costmodel.train import TrainParams, group_codes, train_booster
@@ -133,19 +137,42 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+def frame_labels(t: pa.Table, pairs: np.ndarray | None = None, merge: np.ndarray | None = None) -> Labels:
+    """The evaluation labels of a cleaned frame: workload, op, shape, family, p20/p80 spreads."""
+    def col(name: str) -> list[Any] | None:
+        return t[name].to_pylist() if name in t.column_names else None
+
+    def floats(name: str) -> np.ndarray | None:
+        return t[name].to_numpy(zero_copy_only=False).astype(np.float64) if name in t.column_names else None
+
+    names = col("workload_name") or t["workload_hash"].to_pylist()
+    return Labels.of(t["workload_hash"], names=names, op=col("op"), shape=col("shape"),
+                     family=col("family"), compare=pairs, lo=floats("p20_us"), hi=floats("p80_us"),
+                     merge=merge)
+
+
+def split_metrics(ev: dict[str, Any]) -> dict[str, Any]:
+    """A split's result as the card keeps it: METRIC_KEYS, with_measured, counts (no ``pred``)."""
+    return {k: v for k, v in ev.items() if k != "pred"}
+
+
 def fit_frame(frame: pa.Table, *, kind: str = "fusion", out_root: str | Path | None = None,
               device: DeviceFacts | None = None, params: TrainParams | None = None, folds: int = 5,
               lofo: bool = True, progress: Callable[[str], None] | None = None,
               graphs: Mapping[str, Any] | None = None, devices: list[Any] | None = None,
               boards: str = "each") -> tuple[CostModel, dict[str, Any], Path | None]:
     """Train, evaluate on held-out workloads and (with ``out_root``) save. Returns the model,
-    the metrics (the card's ``metrics``) and the model directory. ``graphs`` (workload hash ->
-    graph JSON) stands in for a frame without the graph_json column; ``devices`` (DeviceInfo of
-    the frame's boards) lets the check that they are one device model use compute capability
-    and SM count; ``boards``: see the module's docstring."""
+    the metrics (the card's ``metrics``: one entry per split of ``evaluate.SPLITS``, the
+    by_workload headline copied to the top level, baselines) and the model directory.
+    ``lofo=False`` evaluates by_workload only (the leave-op/shape/family-out splits cost three
+    more cross-validations). ``graphs`` (workload hash -> graph JSON) stands in for a frame
+    without the graph_json column; ``devices`` (DeviceInfo of the frame's boards) lets the check
+    that they are one device model use compute capability and SM count; ``boards``: see the
+    module's docstring."""
     params = params or TrainParams()
     if boards not in BOARD_ROWS:
         raise CostModelError(f"boards must be one of {', '.join(BOARD_ROWS)}, got {boards!r}")
+    splits = SPLITS if lofo else ("by_workload",)
     say = progress or (lambda _msg: None)
     t = clean_frame(frame)
     if t.num_rows == 0:
@@ -173,6 +200,7 @@ def fit_frame(frame: pa.Table, *, kind: str = "fusion", out_root: str | Path | N
     pairs = group_codes(pc.binary_join_element_wise(t["workload_hash"], t["device_id"], "|")) \
         if several else None
     merge = group_codes(t["candidate_hash"]) if several and boards == "median" else None
+    labels = frame_labels(t, pairs, merge)
 
     say("training")
     if merge is not None:
@@ -181,29 +209,18 @@ def fit_frame(frame: pa.Table, *, kind: str = "fusion", out_root: str | Path | N
     else:
         result = train_booster(X, y, groups, params, query=pairs)
     pinned = replace(params, objective=result.objective)
-    say(f"cross-validation ({folds} folds by workload)")
-    cv = cross_validate(X, y, groups, pinned, folds=folds, seed=params.seed, pairs=pairs, merge=merge)
-    metrics: dict[str, Any] = summary(cv)
-    metrics.update(objective=result.objective, folds=cv["folds"], rows=int(len(y)), workloads=n_workloads,
-                   measured_facts=cv["measured_facts"], with_measured=cv.get("with_measured", {}),
-                   pairwise_accuracy_per_workload=cv["pairwise_accuracy_per_workload"],
-                   spearman_global=cv["spearman_global"], objectives_tried=result.tried,
-                   boards=len(set(board_ids)), board_rows=boards,
+    ev = evaluate_splits(X, y, labels, pinned, splits=splits, folds=folds, seed=params.seed, progress=say)
+    cv = ev["by_workload"]
+    metrics: dict[str, Any] = {k: cv[k] for k in (*METRIC_KEYS, "decisive_pair_share", "spearman_global")}
+    metrics.update({s: split_metrics(ev[s]) for s in splits})
+    metrics.update(baselines=ev["baselines"], objective=result.objective, folds=cv["folds"], rows=int(len(y)),
+                   workloads=n_workloads, measured_facts=cv["measured_facts"],
+                   objectives_tried=result.tried, boards=len(set(board_ids)), board_rows=boards,
+                   spreads=labels.lo is not None,
                    candidates=int(len(np.unique(group_codes(t["candidate_hash"])))))
-    cmp = groups if pairs is None else pairs
-    if {"p20_us", "p80_us"} <= set(t.column_names):
-        # a candidate measured in several runs keeps the spread of one of them (clean_frame)
-        lo, hi = (t[c].to_numpy(zero_copy_only=False).astype(np.float64) for c in ("p20_us", "p80_us"))
-        if np.isfinite(lo).all() and np.isfinite(hi).all():
-            metrics["pairwise_resolved"] = resolved_pairwise(y, cv["pred"], cmp, lo, hi)
-    metrics["grid_pairs"] = {"model": grid_pair_accuracy(t, y, cv["pred"], cmp),
-                             "roofline": grid_pair_accuracy(t, y, baseline_predictions(X)["roofline"], cmp)}
-    if lofo and len(set(families.tolist())) > 1:
-        say("leave-one-family-out")
-        lo = leave_one_family_out(X, y, groups, families, pinned, seed=params.seed, pairs=pairs, merge=merge)
-        metrics["leave_one_family_out"] = {"families": lo["families"], **summary(lo["pooled"])}
-    else:
-        metrics["leave_one_family_out"] = {}
+    metrics["grid_pairs"] = {"model": grid_pair_accuracy(t, y, cv["pred"], labels.cmp),
+                             "roofline": grid_pair_accuracy(t, y, baseline_predictions(X)["roofline"],
+                                                            labels.cmp)}
     metrics = _jsonable(metrics)
 
     per_board: dict[str, int] = {}

@@ -143,8 +143,9 @@ def _baselines_section(ev: Evaluation | None, why: str) -> str:
     return (note("All predictors scored on the same held-out rows. roofline: the analytic roofline time; "
                  "random: seeded log-normal latencies.")
             + table("baselines", ["predictor", *(METRIC_LABELS[k] for k in BASELINE_KEYS)], rows)
-            + image(plots.baseline_bars(cv, ("pairwise_accuracy", "pairwise_accuracy_per_workload",
-                                             "top1_score", "top5_score", "spearman"), METRIC_LABELS),
+            + image(plots.baseline_bars(cv, ("top1_score", "decisive_pair_accuracy", "pairwise_accuracy",
+                                             "pairwise_accuracy_pooled", "top5_score", "spearman"),
+                                        METRIC_LABELS),
                     "baseline comparison"))
 
 

@@ -18,9 +18,11 @@ SECTIONS: dict[str, str] = {
     "data": "Data summary",
 }
 METRIC_LABELS: dict[str, str] = {
-    "pairwise_accuracy": "pairwise acc.",
-    "pairwise_accuracy_per_workload": "pairwise acc. (mean per workload)",
     "top1_score": "top-1 score",
+    "top1_within_2pct": "top-1 within 2 %",
+    "decisive_pair_accuracy": "decisive pairs",
+    "pairwise_accuracy": "pairwise acc. (mean per workload)",
+    "pairwise_accuracy_pooled": "pairwise acc. (pooled)",
     "top5_score": "top-5 score",
     "mape": "MAPE",
     "spearman": "Spearman (per workload)",

@@ -1,0 +1,104 @@
+"""Cost-model variants scored on the four held-out splits (by workload, leave op / shape /
+family out), on the same features and rows, one after the other in this process.
+
+    python benchmarks/costmodel_variants.py --export data/fusion_h200_v2 --out variants.json
+
+Variants: ``regression`` (the default: squared error on log latency over the floor),
+``top_weighted`` (the same with row weights 0.1 + exp(-gap / 0.1), gap = latency / best of
+the workload - 1), ``rank_pairwise`` and ``rank_ndcg`` (XGBoost's ranking objectives, calibrated
+to microseconds). Prints one table per split and writes every number, the CPU seconds of each
+variant, argv and the git commit as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tunedb.costmodel.evaluate import SPLITS, evaluate_splits
+from tunedb.costmodel.features import DeviceFacts, featurize_frame
+from tunedb.costmodel.fit import clean_frame, frame_labels
+from tunedb.costmodel.metrics import METRIC_KEYS
+from tunedb.costmodel.train import TrainParams
+from tunedb.store import TuningStore
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "regression": {"objective": "reg:squarederror"},
+    "top_weighted": {"objective": "reg:squarederror", "top_weight": 0.1},
+    "rank_pairwise": {"objective": "rank:pairwise"},
+    "rank_ndcg": {"objective": "rank:ndcg"},
+}
+SHORT = {"top1_score": "top1", "top1_within_2pct": "top1<2%", "decisive_pair_accuracy": "decisive",
+         "pairwise_accuracy": "pairwise", "pairwise_accuracy_pooled": "pw pooled", "top5_score": "top5",
+         "spearman": "spearman", "mape": "MAPE"}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def load(export: Path) -> tuple[np.ndarray, np.ndarray, Any, str]:
+    """Features, latencies and labels of the board with the most measurements in ``export``."""
+    with tempfile.TemporaryDirectory() as tmp, TuningStore.open(Path(tmp) / "v.duckdb") as store:
+        store.import_parquet(export)
+        frame = store.training_frame(kind="fusion")
+        devices = {d.id: d for d in store.devices()}
+    ids = frame["device_id"].to_pylist()
+    board = max(set(ids), key=ids.count)
+    t = clean_frame(frame.filter(pa.array([i == board for i in ids])))
+    X = featurize_frame(t, DeviceFacts.from_device_info(devices[board]))
+    return X, t["median_us"].to_numpy(zero_copy_only=False).astype(np.float64), frame_labels(t), board
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--export", type=Path, default=Path("data/fusion_h200_v2"))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--splits", nargs="+", default=list(SPLITS), choices=list(SPLITS))
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--bag", type=int, default=5, help="boosters averaged per model (the default is 5)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    X, y, labels, board = load(args.export)
+    print(f"{len(y):,} candidates, {len(np.unique(labels.workload))} workloads, board {board}", flush=True)
+    results: dict[str, Any] = {}
+    for name in args.variants:
+        params = replace(TrainParams(), bag=args.bag, **VARIANTS[name])
+        cpu, wall = time.process_time(), time.perf_counter()
+        ev = evaluate_splits(X, y, labels, params, splits=args.splits, folds=args.folds,
+                             progress=lambda m, n=name: print(f"  {n}: {m}", file=sys.stderr, flush=True))
+        results[name] = {s: {k: ev[s].get(k) for k in (*METRIC_KEYS, "folds", "rows", "workloads")}
+                         for s in args.splits if ev[s]}
+        results[name]["cpu_s"] = time.process_time() - cpu
+        results[name]["wall_s"] = time.perf_counter() - wall
+        results[name]["params"] = VARIANTS[name] | {"bag": args.bag}
+        print(f"{name}: {results[name]['cpu_s']:.0f} CPU s", flush=True)
+    for split in args.splits:
+        print(f"\n{split}")
+        print(f"{'variant':<15}" + "".join(f"{SHORT[k]:>10}" for k in METRIC_KEYS))
+        for name in args.variants:
+            m = results[name].get(split, {})
+            print(f"{name:<15}" + "".join(f"{m.get(k, float('nan')):>10.4f}" for k in METRIC_KEYS))
+    if args.out:
+        args.out.write_text(json.dumps({"argv": sys.argv, "commit": _commit(), "export": str(args.export),
+                                        "board": board, "rows": int(len(y)), "results": results},
+                                       indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
