@@ -16,6 +16,7 @@ from tunedb.cli.common import (
     fail,
     handle_errors,
     parse_bindings,
+    print_json,
     resolve_db,
     usage_error,
 )
@@ -68,13 +69,12 @@ def plan(
 
     Example: tunedb plan data/graphs/bert_layer.onnx --db h200.duckdb --model models/
     """
-    if not model.is_file():
-        fail(f"no such model file: {model}")
     bindings = parse_bindings(bind)
     if schedule not in ("sequential", "ios", "auto"):
         usage_error(f"--schedule must be sequential, ios or auto, got {schedule!r}")
-    if measure_top > 0:
-        check_measure_device(measure_device)
+    check_measure_device(measure_device)
+    if not model.is_file():
+        fail(f"no such model file: {model}")
     from tunedb.plan.driver import compile as compile_plan
 
     if db is None and measure_top > 0:
@@ -94,5 +94,33 @@ def plan(
         typer.echo(result.explain(), nl=False)
 
 
+def plan_check(
+    plan_file: Annotated[Path, typer.Argument(help="A plan's JSON (tunedb plan --json).")],
+    json_out: JsonOption = False,
+) -> None:
+    """Check a saved plan: every field well formed, every node of its graph computed once in
+    dependency order, each step's sub-graph the cut of its nodes out of the graph, and the
+    model file it refers to for its weights present and unchanged.
+
+    Example: tunedb plan-check bert.plan.json
+    """
+    from tunedb.plan.record import Plan
+
+    try:
+        text = plan_file.read_text()
+    except OSError as e:
+        fail(f"cannot read {plan_file}: {e.strerror or e}")
+    except UnicodeDecodeError:
+        fail(f"{plan_file} is not a plan JSON (not text)")
+    p = Plan.from_json(text)  # checks; PlanError is one line
+    totals = p.totals()
+    if json_out:
+        print_json({"ok": True, **totals})
+        return
+    typer.echo(f"ok: {totals['steps']} steps, {totals['kernels']} kernel launches, "
+               f"{totals['graph_ops']} graph ops, predicted {totals['predicted_us']} us")
+
+
 def register(app: typer.Typer) -> None:
     app.command("plan")(handle_errors(plan))
+    app.command("plan-check")(handle_errors(plan_check))
