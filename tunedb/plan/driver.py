@@ -27,8 +27,12 @@ from tunedb.plan.cost import Coster, GroupCost, stitch_of
 from tunedb.plan.fusion import explore
 from tunedb.plan.measure import Recorder, measure_steps
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
+from tunedb.plan.stages import compile_staged
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
+from tunedb.runtime import open_device
+from tunedb.runtime.device import NoGPUError, device_info
+from tunedb.store import TuningStore
 
 
 def load_graph(model: Any, bindings: dict[str, int] | None = None, fill_initializers: bool = True) -> Graph:
@@ -54,7 +58,6 @@ def _store(db: Any, write: bool = False) -> Iterator[Any]:
     if db is None or hasattr(db, "top_k"):
         yield db
         return
-    from tunedb.store import TuningStore
 
     store = TuningStore.open(db, read_only=not write)
     try:
@@ -73,8 +76,6 @@ def resolve_device(device: Any, store: Any) -> DeviceInfo | None:
         return None
     devices = store.devices() if store is not None else []
     if device in ("cuda", "gpu"):
-        from tunedb.runtime.device import NoGPUError, device_info
-
         try:
             return device_info()
         except NoGPUError:
@@ -152,8 +153,6 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     a stage run concurrently on their own streams; ``tunedb.plan.stages``) or ``"auto"`` (the
     stages only where they are predicted to pay)."""
     if schedule != "sequential":
-        from tunedb.plan.stages import compile_staged
-
         return compile_staged(compile, load_graph(model, bindings, fill_initializers), schedule,
                               db=db, cost_model=cost_model, device=device, measure_top=measure_top,
                               beam=beam, horizontal=horizontal, measure_device=measure_device)
@@ -163,8 +162,6 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     with ExitStack() as stack:
         gpu = None
         if measure_top > 0:
-            from tunedb.runtime import open_device
-
             gpu = open_device(measure_device)  # NoGPUError here, before any planning work
             stack.callback(gpu.close)
         graph = load_graph(model, bindings, fill_initializers)

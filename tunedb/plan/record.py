@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from tunedb.graph.ir import Graph, GraphError
+from tunedb.graph.ops import infer_graph
+from tunedb.kernels.schedule import Schedule
+from tunedb.plan.execute import run_cuda, run_reference_steps
+from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import canonical_json, sha256_hex
 
 PLAN_FORMAT = 1
@@ -137,8 +141,6 @@ class KernelStep:
             return "view (no kernel)"
         if self.kind == "fused" and cfg:
             try:
-                from tunedb.kernels.schedule import Schedule
-
                 return Schedule.from_config(cfg).label()
             except (ImportError, ValueError, TypeError):
                 pass
@@ -267,8 +269,6 @@ def _with_constants(graph: Mapping[str, Any], source: Mapping[str, Any]) -> Mapp
     if hashlib.sha256(p.read_bytes()).hexdigest() != source.get("sha256"):
         raise PlanError(f"model {p} changed since the plan was made (sha256 differs)")
     if p.suffix == ".json":
-        from tunedb.graph.ops import infer_graph
-
         model = infer_graph(Graph.from_json(json.loads(p.read_text())))
     else:
         from tunedb.graph.onnx_import import import_onnx
@@ -286,8 +286,6 @@ def _with_constants(graph: Mapping[str, Any], source: Mapping[str, Any]) -> Mapp
 
 
 def _check_subgraphs(plan: Plan, graph: Graph) -> None:
-    from tunedb.plan.subgraph import GraphIndex
-
     index = GraphIndex(graph)
     for k, s in enumerate(plan.steps):
         if not s.subgraph or s.kind not in _CUT_KINDS:
@@ -461,11 +459,8 @@ class Plan:
         steps one by one with the float64 NumPy reference, in plan order through the buffer
         assignment's values: a CPU check that the steps compose to the whole graph."""
         if backend == "reference":
-            from tunedb.plan.execute import run_reference_steps
-
             return run_reference_steps(self, inputs)
         if backend != "cuda":
             raise PlanError(f"unknown backend {backend!r}; expected 'cuda' or 'reference'")
-        from tunedb.plan.execute import run_cuda
 
         return run_cuda(self, inputs)

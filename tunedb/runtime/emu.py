@@ -30,6 +30,7 @@ import numpy as np
 
 from tunedb.graph.ir import Graph
 from tunedb.kernels.prelude import PRELUDE
+from tunedb.kernels.schedule import STREAM_LARGE_OUTPUTS, schedule_space
 from tunedb.records import DeviceInfo, Protocol, Workload
 from tunedb.runtime.inputs import (
     BOOL_POISON,
@@ -42,6 +43,7 @@ from tunedb.runtime.inputs import (
 from tunedb.runtime.launch import field, scratch_zeroed
 from tunedb.runtime.results import MeasureRequest, MeasureResult
 from tunedb.runtime.tolerance import compare_outputs
+from tunedb.runtime.worker import Worker
 
 EMU_TASK = "tunedb.runtime.emu:emu_task"
 VERIFIED = "verified"  # the worker's word for a candidate that passed (it is not a status)
@@ -55,8 +57,6 @@ EMU_INFO = DeviceInfo(name="tunedb CPU emulator (H200 geometry)", uuid_hash="", 
 def generable_schedules(graph: Graph, **kw: Any) -> list:
     """The legal schedules of ``graph`` plus the streaming twins the space leaves out for speed
     alone (large outputs): they still generate, so the checks cover their code paths."""
-    from tunedb.kernels.schedule import STREAM_LARGE_OUTPUTS, schedule_space
-
     legal, pruned = schedule_space(graph, **kw)
     return legal + [s for s, why in pruned if why == STREAM_LARGE_OUTPUTS]
 
@@ -339,8 +339,6 @@ class EmuDevice:
 
     def __init__(self, timeout_s: float = 600.0, protocol: Protocol | None = None,
                  workdir: str | None = None) -> None:
-        from tunedb.runtime.worker import Worker
-
         self.info = EMU_INFO
         self.protocol = protocol or Protocol()
         self.workdir = workdir

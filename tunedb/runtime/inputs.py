@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node
+from tunedb.graph.reference import run_reference
 
 # bfloat16 NaN (quiet) as raw bits: the poison for bf16 outputs.
 BF16_NAN_BITS = 0x7FC0
@@ -211,8 +212,6 @@ def make_inputs(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], dict[st
 
 def reference_outputs(graph: Graph, ref_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The float64 oracle's outputs as float32 (what is uploaded for the on-GPU comparison)."""
-    from tunedb.graph.reference import run_reference
-
     outs = run_reference(graph, ref_inputs)
     result = {}
     for name in graph.outputs:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.runtime.blas import DATA_TYPES, Blas, library
+from tunedb.runtime.executor_ops import to_bf16_bits
 from tunedb.runtime.tolerance import dtype_tolerance, element_bounds, element_errors
 
 # (name, x shape, y shape, dtype, transpose x, transpose y, alpha, beta). The shapes are those of
@@ -43,8 +45,6 @@ CASES: list[tuple[str, tuple[int, ...], tuple[int, ...], str, bool, bool, float,
 
 
 def _bf16_bits(cp: Any, v: Any) -> Any:
-    from tunedb.runtime.executor_ops import to_bf16_bits
-
     return to_bf16_bits(cp, v)
 
 
@@ -111,7 +111,6 @@ def main() -> int:
     try:
         import cupy as cp
 
-        from tunedb.runtime.blas import DATA_TYPES, Blas, library
     except Exception as e:  # noqa: BLE001
         print(f"FAIL  import: {type(e).__name__}: {e}")
         return 1
