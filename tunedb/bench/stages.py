@@ -26,7 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from tunedb.bench.fusion import _finite, _one_line, rel_l2, write_json
+from tunedb.bench.peers import Frameworks, throughput_us
 from tunedb.bench.plan import ORT_SLACK, _free, _host, _peer, _tf32_off, onnxruntime_outputs, verify
+from tunedb.graph.multibranch import nasnet_a_graph, randwire_graph
+from tunedb.graph.reference import run_reference
+from tunedb.plan.buffers import plan_buffers
+from tunedb.plan.driver import compile as compile_plan
+from tunedb.plan.stage_refine import choose_auto, refine_stages
+from tunedb.plan.stages import StageEstimator, StageKeys, apply_stages, ios_search, split_blocks, step_dag
+from tunedb.runtime.device import device_info
+from tunedb.runtime.inputs import make_inputs
+from tunedb.runtime.stage_exec import StagedExecutor
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAPHS = ROOT / "data" / "graphs" / "ios"
@@ -35,7 +45,6 @@ INPUT_SEED = 20240531
 
 def cases() -> list[tuple[str, Callable[[], tuple[Any, Any]]]]:
     """(name, loader) pairs; a loader gives (graph, onnx model or None)."""
-    from tunedb.graph.multibranch import nasnet_a_graph, randwire_graph
     from tunedb.graph.onnx_import import import_onnx
 
     def onnx_case(file: str) -> Callable[[], tuple[Any, Any]]:
@@ -56,8 +65,6 @@ def cases() -> list[tuple[str, Callable[[], tuple[Any, Any]]]]:
 
 
 def _run_plan(plan: Any, dev: dict, refs: dict, ort: dict | None, graph: Any) -> dict:
-    from tunedb.bench.peers import throughput_us
-    from tunedb.runtime.stage_exec import StagedExecutor
 
     rec: dict[str, Any] = {"us": None, "kernels": plan.kernels, "stages": len(plan.stages),
                            "wide_stages": sum(1 for st in plan.stages if len(st) > 1),
@@ -86,10 +93,6 @@ def _run_plan(plan: Any, dev: dict, refs: dict, ort: dict | None, graph: Any) ->
 def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block: bool = True) -> dict:
     """The measured-refinement loop and a one-block oracle on ``base`` (a plan without
     horizontal packing): stages measured in a harness executor whose values never share memory."""
-    from tunedb.plan.buffers import plan_buffers
-    from tunedb.plan.stage_refine import refine_stages
-    from tunedb.plan.stages import StageEstimator, StageKeys, ios_search, split_blocks, step_dag
-    from tunedb.runtime.stage_exec import StagedExecutor
 
     steps = base.steps
     stage_key = StageKeys(steps)
@@ -99,6 +102,7 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block:
     harness = StagedExecutor(separate, stage_streams=8, capture=False)
     out: dict[str, Any] = {"harness_build_s": round(time.perf_counter() - t0, 2)}
     measured: dict[str, float] = {}
+    rows: list[dict[str, Any]] = []
     gpu_s = 0.0
 
     def measure(groups: Any) -> float:
@@ -107,6 +111,8 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block:
         if key not in measured:
             t = time.perf_counter()
             measured[key] = harness.time_stage(groups, copies=5, reps=4)
+            rows.append({"groups": [list(g) for g in groups], "key": key, "status": "ok",
+                         "samples_us": [measured[key]]})  # collectors/stage.py row format
             gpu_s += time.perf_counter() - t
         return measured[key]
 
@@ -152,20 +158,14 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block:
                                    "refined_stages": [[list(g) for g in st] for st in inside],
                                    "refined_vs_oracle": _finite(r_total / o_total) if o_total else None}
     out["measuring_s"] = round(gpu_s, 2)
+    out["stage_rows"] = rows
     out["stages"] = [[list(g) for g in st] for st in stages]
     harness.close_streams()
     return out
 
 
 def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: list[str]) -> dict:
-    import numpy as np  # noqa: F401 - the reference runs in NumPy
 
-    from tunedb.bench.peers import Frameworks
-    from tunedb.graph.reference import run_reference
-    from tunedb.plan.driver import compile as compile_plan
-    from tunedb.plan.stages import apply_stages, choose_auto
-    from tunedb.runtime.device import device_info
-    from tunedb.runtime.inputs import make_inputs
 
     t_start = time.perf_counter()
     deadline = t_start + budget_s

@@ -27,7 +27,7 @@ from tunedb.plan.cost import Coster, GroupCost, stitch_of
 from tunedb.plan.fusion import explore
 from tunedb.plan.measure import Recorder, measure_steps
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
-from tunedb.plan.stages import compile_staged
+from tunedb.plan.stage_refine import compile_staged
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
 from tunedb.runtime import open_device

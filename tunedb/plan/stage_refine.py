@@ -1,4 +1,4 @@
-"""The measured-refinement loop of the IOS search: measure only the stages that decide it.
+"""The measured-refinement loop of the IOS search, stored stages, and ``schedule=`` of the driver.
 
 ``refine_stages(steps, measure)`` searches with predicted stage costs, measures the stages of the
 winner that are not measured yet (``measure(groups) -> µs``, e.g. ``StagedExecutor.time_stage``
@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tunedb.plan.stages import Groups, StageEstimator, StageKeys, ios_search
+from tunedb.plan.record import Plan, PlanError
+from tunedb.plan.stages import Groups, StageEstimator, StageKeys, ios_search, schedule_plan
+from tunedb.store import TuningStore
 
 WIDTH_BUCKETS = 4  # 1, 2, 3, 4+ groups
 
@@ -100,3 +103,70 @@ def refine_stages(steps: Sequence[Any], measure: Callable[[Groups], float], *,
     if best is not None:
         out.total_us, out.stages = best
     return out
+
+
+def stored_stage_times(store: Any, device_ids: str | Sequence[str]) -> dict[str, float]:
+    """Stage key -> median of every ok sample stored for it on ``device_ids`` (rows of kind
+    ``stage``, written by the ``collectors/stage.py`` plugin)."""
+    ids = [device_ids] if isinstance(device_ids, str) else list(device_ids)
+    samples: dict[str, list[float]] = {}
+    for c in store.candidates(kind="stage"):
+        key = c.config_dict.get("key")
+        for dev in ids:
+            for m in store.measurements(candidate_hash=c.hash, device_id=dev):
+                if m.status == "ok" and key:
+                    samples.setdefault(key, []).extend(m.samples_us)
+    return {k: float(np.median(v)) for k, v in samples.items() if v}
+
+
+SCHEDULES = ("sequential", "ios", "auto")
+AUTO_MARGIN = 0.95   # auto keeps the stages only when predicted at least 5 % faster
+
+
+def compile_staged(compile_fn: Callable[..., Plan], graph: Any, schedule: str, *,
+                   horizontal: bool = True, **kwargs: Any) -> Plan:
+    """``tunedb.compile(..., schedule="ios" | "auto")``: the IOS plan is built from the fusion
+    search without horizontal packing (packing independent kernels into one would tie the
+    branches that stages run concurrently), then scheduled. ``auto`` also builds the sequential
+    plan and keeps whichever is predicted faster (the stages must win by 5 %)."""
+    if schedule not in SCHEDULES:
+        raise PlanError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    base = compile_fn(graph, horizontal=False, schedule="sequential", **kwargs)
+    staged, _ = schedule_plan(base, measured=stored_times(kwargs.get("db"), base.device))
+    if schedule == "ios":
+        return staged
+    return choose_auto(compile_fn(graph, horizontal=horizontal, schedule="sequential", **kwargs), staged)
+
+
+def stored_times(db: Any, device_text: str) -> dict[str, float]:
+    """Stage key -> µs of the stages stored (``collectors.stage``) for the plan's device and
+    boards of its model; empty without a database or a device. ``device_text`` is
+    ``Plan.device`` ("name (id)")."""
+    if db is None or not device_text.endswith(")"):
+        return {}
+    dev_id = device_text.rsplit("(", 1)[1][:-1]
+    if hasattr(db, "candidates"):
+        store, own = db, False
+    elif Path(db).is_file():
+        store, own = TuningStore.open(db, read_only=True), True
+    else:
+        return {}
+    try:
+        info = next((d for d in store.devices() if d.id == dev_id), None)
+        return stored_stage_times(store, store.same_model_ids(info)) if info is not None else {}
+    finally:
+        if own:
+            store.close()
+
+
+def choose_auto(sequential: Plan, staged: Plan) -> Plan:
+    """``auto``: the staged plan when its predicted time beats the sequential plan's (priced by
+    the same estimator, one step per stage) by ``AUTO_MARGIN``, else the sequential plan."""
+    est = StageEstimator(sequential.steps, launch_us=sequential.launch_us)
+    seq_us = sum(est(((i,),)) for i in range(len(sequential.steps)))
+    ios_us = dict(staged.search)["ios_predicted_us"]
+    if ios_us < AUTO_MARGIN * seq_us:
+        return staged
+    search = {**dict(sequential.search), "schedule": "sequential (auto)",
+              "ios_predicted_us": ios_us, "sequential_predicted_us": round(seq_us, 2)}
+    return replace(sequential, search=search)

@@ -398,42 +398,12 @@ def schedule_plan(plan: Plan, *, r: int = 3, s: int = 8, max_block: int = 40,
 
     total, stages, stats = ios_search(steps, cost, r=r, s=s, max_block=max_block)
     sequential = sum(est(((i,),)) for i in range(len(steps)))
+    keys = StageKeys(steps)
+    hits = sum(1 for st in stages if measured and keys(st) in measured)
     info = {"schedule": "ios", "ios_r": r, "ios_s": s, "ios_states": stats.states,
             "ios_transitions": stats.transitions, "ios_candidates": stats.candidates,
             "ios_blocks": stats.blocks, "ios_largest_block": stats.largest_block,
             "ios_search_s": round(stats.seconds, 3), "ios_truncated": stats.truncated,
-            "ios_stages": len(stages),
+            "ios_stages": len(stages), "ios_stage_hits": hits,
             "ios_predicted_us": round(total, 2), "sequential_predicted_us": round(sequential, 2)}
     return apply_stages(plan, stages, info), info
-
-
-SCHEDULES = ("sequential", "ios", "auto")
-AUTO_MARGIN = 0.95   # auto keeps the stages only when predicted at least 5 % faster
-
-
-def compile_staged(compile_fn: Callable[..., Plan], graph: Any, schedule: str, *,
-                   horizontal: bool = True, **kwargs: Any) -> Plan:
-    """``tunedb.compile(..., schedule="ios" | "auto")``: the IOS plan is built from the fusion
-    search without horizontal packing (packing independent kernels into one would tie the
-    branches that stages run concurrently), then scheduled. ``auto`` also builds the sequential
-    plan and keeps whichever is predicted faster (the stages must win by 5 %)."""
-    if schedule not in SCHEDULES:
-        raise PlanError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
-    base = compile_fn(graph, horizontal=False, schedule="sequential", **kwargs)
-    staged, _ = schedule_plan(base)
-    if schedule == "ios":
-        return staged
-    return choose_auto(compile_fn(graph, horizontal=horizontal, schedule="sequential", **kwargs), staged)
-
-
-def choose_auto(sequential: Plan, staged: Plan) -> Plan:
-    """``auto``: the staged plan when its predicted time beats the sequential plan's (priced by
-    the same estimator, one step per stage) by ``AUTO_MARGIN``, else the sequential plan."""
-    est = StageEstimator(sequential.steps, launch_us=sequential.launch_us)
-    seq_us = sum(est(((i,),)) for i in range(len(sequential.steps)))
-    ios_us = dict(staged.search)["ios_predicted_us"]
-    if ios_us < AUTO_MARGIN * seq_us:
-        return staged
-    search = {**dict(sequential.search), "schedule": "sequential (auto)",
-              "ios_predicted_us": ios_us, "sequential_predicted_us": round(seq_us, 2)}
-    return replace(sequential, search=search)
