@@ -190,6 +190,9 @@ def _cases() -> list[tuple]:
     wide = {"x": (f32(3, 8) * 4.0).astype(np.float32)}  # past both knees
     add("HardSigmoid", node("HardSigmoid", ["x"], alpha=0.3, beta=0.4), wide)
     add("HardSwish", node("HardSwish", ["x"]), wide)
+    # Cast to DOUBLE then IsInf, as the TorchScript exporter writes fp16 T5 (float32 inside).
+    add("Cast-double-IsInf", [node("Cast", ["x"], ["d"], to=TensorProto.DOUBLE),
+                              node("IsInf", ["d"])], {"x": special["x"].astype(np.float16)})
     add("MatMul", node("MatMul", ["a", "b"]), {"a": f32(3, 8), "b": f32(8, 5)})
     add("MatMul-batched", node("MatMul", ["a", "b"]), {"a": f32(2, 1, 3, 8), "b": f32(4, 8, 5)})
     add("MatMul-vector", node("MatMul", ["a", "b"]), {"a": f32(2, 3, 8), "b": f32(8)})
