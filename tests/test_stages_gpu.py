@@ -66,3 +66,15 @@ def test_harness_times_one_stage_of_any_groups():
     together = ex.time_stage(wide)
     assert all(t > 0 for t in alone) and together > 0
     ex.close_streams()
+
+
+def test_plan_run_uses_the_staged_executor():
+    from tunedb.plan.driver import compile as compile_plan
+    from tunedb.runtime import stage_exec
+
+    g = nasnet_a_graph(1, channels=8, size=8, cells=1)
+    plan = compile_plan(g, device="cuda", schedule="ios")
+    dev, ref_in = make_inputs(g, 2)
+    _check(g, plan.run(dev), ref_in)
+    ex = stage_exec._CACHE[id(plan)][1]
+    assert ex.graph_capture and ex.summary()["streams"] > 1

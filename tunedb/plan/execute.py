@@ -12,6 +12,7 @@ from tunedb.graph.reference import run_reference
 from tunedb.runtime.device import import_cupy
 
 EXECUTOR_MODULE = "tunedb.runtime.executor"
+STAGED_MODULE = "tunedb.runtime.stage_exec"  # plans with IOS stages: streams forked in the graph
 
 
 def run_reference_steps(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -37,16 +38,18 @@ def run_reference_steps(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.nd
 
 
 def run_cuda(plan: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Hand the plan to ``tunedb.runtime.executor.execute_plan(plan, inputs)``.
+    """Hand the plan to ``tunedb.runtime.executor.execute_plan(plan, inputs)``, or to
+    ``tunedb.runtime.stage_exec``'s for a plan with stages.
 
     Raises ``NoGPUError`` first where there is no GPU, so the message is about the GPU."""
     import_cupy()
+    name = STAGED_MODULE if getattr(plan, "stages", ()) else EXECUTOR_MODULE
     try:
         import importlib
 
-        executor = importlib.import_module(EXECUTOR_MODULE)
+        executor = importlib.import_module(name)
     except ModuleNotFoundError as e:
-        if e.name != EXECUTOR_MODULE:
+        if e.name != name:
             raise
-        raise RuntimeError(f"this tunedb has no plan executor ({EXECUTOR_MODULE} is missing)") from None
+        raise RuntimeError(f"this tunedb has no plan executor ({name} is missing)") from None
     return executor.execute_plan(plan, inputs)

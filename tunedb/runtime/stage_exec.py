@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from tunedb.runtime.device import current_stream
+import numpy as np
+
+from tunedb.runtime.device import current_stream, import_cupy
 from tunedb.runtime.executor import ExecutorError, PlanExecutor
 from tunedb.runtime.executor_ops import ComputeOps
 from tunedb.runtime.streams import StreamPool
@@ -204,3 +207,26 @@ class StagedExecutor(PlanExecutor):
         out["streams"] = max([len(st) for st in self._ios_stages] + [1])
         out["stages"] = sum(1 for st in self._ios_stages if len(st) > 1)
         return out
+
+
+# -- Plan.run(backend="cuda") for plans with stages ----------------------------------------------
+_CACHE: dict[int, tuple[Any, StagedExecutor]] = {}
+_CACHE_SIZE = 4
+
+
+def execute_plan(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Run a plan with stages on ``inputs`` on the GPU; NumPy outputs. A few executors are kept
+    by plan identity (as ``executor.executor_for`` does), so repeated calls do not rebuild."""
+    cp = import_cupy()
+    hit = _CACHE.get(id(plan))
+    if hit is not None and hit[0]() is plan:
+        ex = hit[1]
+    else:
+        ex = StagedExecutor(plan)
+        while len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        try:
+            _CACHE[id(plan)] = (weakref.ref(plan), ex)
+        except TypeError:
+            pass
+    return {k: cp.asnumpy(v) for k, v in ex.run(inputs).items()}
