@@ -251,3 +251,17 @@ def test_inception_v3_search_time_on_this_machine():
           f"{info['ios_candidates']} stage candidates, {info['ios_stages']} stages")
     assert seconds < 60
     assert len(staged.steps) == len(plan.steps) and info["ios_truncated"] == 0
+
+
+def test_bench_cases_load_the_shipped_graphs():
+    from tunedb.bench.stages import cases
+
+    names = []
+    for name, load in cases():
+        graph, model = load()
+        names.append(name)
+        assert graph.inputs[0] == "x" and len(graph.outputs) == 1
+        assert (model is not None) == (name.startswith(("inception", "squeezenet")))
+        batch = int(name.rsplit("_b", 1)[1])
+        assert graph.type_of("x").shape[0] == batch
+    assert names[0] == "inception_v3_b1" and len(names) == 7
