@@ -65,3 +65,24 @@ def test_refinement_measures_few_stages_and_beats_predictions_alone():
         print(f"\nseed {seed}: refined/oracle {refined / oracle:.4f}, measured {len(r.measured)} of "
               f"{stats.candidates} candidates, {len(r.rounds)} rounds")
     assert sorted(ratios)[1] <= 1.03  # two of three within 3 % of full profiling
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("oracle", ["block", "full"])
+def test_bench_refine_bookkeeping_with_synthetic_times(oracle):
+    import time
+
+    from tunedb.bench.stages import refine
+
+    plan = compile_plan(nasnet_a_graph(1, channels=8, size=8, cells=1), device=None, cost_model=False,
+                        horizontal=False)
+    truth = _truth(plan.steps, 0)
+    out = refine(plan, lambda msg: None, time.perf_counter() + 300, oracle, time_stage=truth)
+    assert out["measured"] == len({r["key"] for r in out["stage_rows"]}) > 0
+    assert out["refined_us_sum"] == pytest.approx(sum(truth(tuple(map(tuple, st))) for st in out["stages"]),
+                                                  abs=0.01)
+    res = out["oracle_full" if oracle == "full" else "oracle_block"]
+    assert res["complete"] and res["refined_vs_oracle"] >= 1 - 1e-9
+    if oracle == "full":
+        oracle_us, _, _ = ios_search(plan.steps, truth)
+        assert res["oracle_us"] == pytest.approx(oracle_us, abs=0.01)

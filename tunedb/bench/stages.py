@@ -1,6 +1,7 @@
 """Stage scheduling on the GPU: sequential plan vs IOS plans vs torch.compile, one process.
 
-    python -m tunedb.bench.stages OUT.json [--peers] [--refine] [--budget-s 200]
+    python -m tunedb.bench.stages OUT.json [--peers] [--refine] [--oracle=block|full|none]
+                                  [--only=NAME,...] [--budget-s=200]
 
 Per case (Inception V3 batch 1 and SqueezeNet 1.1 exported from torchvision, NASNet-A-style and
 RandWire-style graphs from ``tunedb.graph.multibranch``; batch 1 and 16 except Inception): the
@@ -11,7 +12,8 @@ against the float64 reference and, for the ONNX models, onnxruntime on the CPU; 
 throughput mode (``peers.throughput_us``). ``--peers``: torch.compile (default and
 reduce-overhead) on the same graph and input values, TF32 off. ``--refine``: on Inception V3,
 the measured refinement loop (measure the winner's stages, search again with the measurements,
-until the winner's stages are all measured) and the full-profiling oracle on one block.
+until the winner's stages are all measured) and the full-profiling oracle on one block, or on the
+whole graph with ``--oracle=full`` (the oracle command: every stage candidate measured).
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
 """
 
@@ -90,16 +92,22 @@ def _run_plan(plan: Any, dev: dict, refs: dict, ort: dict | None, graph: Any) ->
     return rec
 
 
-def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block: bool = True) -> dict:
-    """The measured-refinement loop and a one-block oracle on ``base`` (a plan without
-    horizontal packing): stages measured in a harness executor whose values never share memory."""
+def refine(base: Any, say: Callable[[str], None], deadline: float, oracle: str = "block",
+           time_stage: Callable[[Any], float] | None = None) -> dict:
+    """The measured-refinement loop and an oracle on ``base`` (a plan without horizontal
+    packing): stages measured in a harness executor whose values never share memory.
+    ``oracle``: ``"block"`` measures every candidate of the largest block, ``"full"`` every
+    candidate of the graph (IOS's full profiling; until ``deadline``, estimates after it and
+    ``complete`` false), ``"none"``. ``time_stage``: measure with this instead of the GPU
+    harness (a CPU check of the bookkeeping)."""
 
     steps = base.steps
     stage_key = StageKeys(steps)
     separate = replace(base, buffers=plan_buffers(base.graph, steps, times=[0] * len(steps)), stages=())
     est = StageEstimator(steps, launch_us=base.launch_us)
     t0 = time.perf_counter()
-    harness = StagedExecutor(separate, stage_streams=8, capture=False)
+    harness = StagedExecutor(separate, stage_streams=8, capture=False) if time_stage is None else None
+    timer = time_stage or (lambda g: harness.time_stage(g, copies=5, reps=4))
     out: dict[str, Any] = {"harness_build_s": round(time.perf_counter() - t0, 2)}
     measured: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
@@ -110,7 +118,7 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block:
         key = stage_key(groups)
         if key not in measured:
             t = time.perf_counter()
-            measured[key] = harness.time_stage(groups, copies=5, reps=4)
+            measured[key] = timer(groups)
             rows.append({"groups": [list(g) for g in groups], "key": key, "status": "ok",
                          "samples_us": [measured[key]]})  # collectors/stage.py row format
             gpu_s += time.perf_counter() - t
@@ -126,8 +134,24 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block:
                refined_us_sum=round(total, 2), refined_stages=[[list(g) for g in st] for st in stages])
     say(f"refine: {len(ref.measured)} of {ref.candidates} candidates measured ({gpu_s:.1f} s), "
         f"{len(ref.rounds)} rounds")
-    refined_measured = dict(measured)  # before the oracle adds every candidate of its block
-    if oracle_block:
+    refined_measured = dict(measured)  # before the oracle adds its own measurements
+    refined_rows = len(rows)
+    if oracle == "full":
+        def full_cost(groups: Any) -> float:
+            return measure(groups) if time.perf_counter() < deadline else est(groups)
+
+        o_total, o_stages, o_stats = ios_search(steps, full_cost)
+        complete = time.perf_counter() < deadline
+        out["oracle_full"] = {"candidates": o_stats.candidates, "oracle_us": round(o_total, 2),
+                              "refined_us": round(total, 2), "complete": complete,
+                              "refined_converged": ref.converged,
+                              "measured_fraction": round(len(refined_measured) / max(1, o_stats.candidates),
+                                                         5),
+                              "oracle_stages": [[list(g) for g in st] for st in o_stages],
+                              "refined_vs_oracle": _finite(total / o_total) if o_total else None}
+        say(f"oracle (full): {o_stats.candidates} candidates, {o_total:.1f} us vs refined {total:.1f} us"
+            f"{'' if complete else ' (incomplete: budget)'}")
+    if oracle == "block":
         preds, succs = step_dag(steps)
         blocks = [b for b in split_blocks(len(steps), succs, preds) if len(b) >= 6]
         blk = max(blocks, key=len) if blocks else None
@@ -158,13 +182,15 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle_block:
                                    "refined_stages": [[list(g) for g in st] for st in inside],
                                    "refined_vs_oracle": _finite(r_total / o_total) if o_total else None}
     out["measuring_s"] = round(gpu_s, 2)
-    out["stage_rows"] = rows
+    out["stage_rows"] = rows[:refined_rows]  # the refinement's own measurements
     out["stages"] = [[list(g) for g in st] for st in stages]
-    harness.close_streams()
+    if harness is not None:
+        harness.close_streams()
     return out
 
 
-def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: list[str]) -> dict:
+def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: list[str],
+        oracle: str = "block") -> dict:
 
 
     t_start = time.perf_counter()
@@ -206,7 +232,7 @@ def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: lis
                            "us": rec["ios" if auto.stages else "sequential"]["us"]}
             if do_refine and name == "inception_v3_b1":
                 base = replace(plans["ios"], stages=())
-                rec["refine"] = refine(base, say, deadline - 60)
+                rec["refine"] = refine(base, say, deadline - 60, oracle)
                 st = [tuple(tuple(g) for g in s) for s in rec["refine"]["stages"]]
                 rec["ios_refined"] = _run_plan(apply_stages(base, st, {"schedule": "ios (measured)"}),
                                                dev, refs, ort, graph)
@@ -249,7 +275,11 @@ def main(argv: list[str]) -> int:
     only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]
     budget = next((float(a.split("=", 1)[1]) for a in argv if a.startswith("--budget-s=")), 200.0)
     names = ",".join(only).split(",") if only else []
-    run(Path(argv[0]), "--peers" in argv, "--refine" in argv, budget, names)
+    oracle = next((a.split("=", 1)[1] for a in argv if a.startswith("--oracle=")), "block")
+    if oracle not in ("block", "full", "none"):
+        print(f"error: --oracle must be block, full or none, got {oracle!r}", file=sys.stderr)
+        return 2
+    run(Path(argv[0]), "--peers" in argv, "--refine" in argv, budget, names, oracle)
     return 0
 
 
