@@ -124,6 +124,12 @@ def train(
 
     if device not in ("cpu", "cuda"):
         usage_error(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda":
+        import xgboost
+
+        if not xgboost.build_info().get("USE_CUDA"):
+            usage_error("--device cuda: this XGBoost is built without CUDA (the xgboost-cpu "
+                        "distribution); install the xgboost distribution in its place (docs/install.md)")
     path = existing_db(db)
     # Both writes happen after minutes of training: check them first.
     if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
