@@ -188,6 +188,7 @@ def test_collect_without_gpu_is_a_one_line_error(tmp_path: Path) -> None:
     assert "does not exist" in r.output
 
 
+@pytest.mark.slow
 def test_fusion_collect_replay_cli_on_the_quick_suite(tmp_path: Path) -> None:
     """Store synthetic-but-valid measurements for quick-suite candidates, export, then
     ``tunedb collect --device replay:DIR`` into a fresh database, twice (resume)."""

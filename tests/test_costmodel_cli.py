@@ -61,6 +61,7 @@ def db(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_train_json_reports_held_out_metrics_and_saves_the_model(db, tmp_path):
     out = tmp_path / "models"
     res = invoke("train", "--db", str(db), "--out", str(out), "--folds", "3", "--json")

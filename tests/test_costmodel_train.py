@@ -96,6 +96,7 @@ def test_model_beats_roofline_and_random_on_held_out_workloads(data):
     assert set(s) == {*METRIC_KEYS, "baselines"}
 
 
+@pytest.mark.slow
 def test_train_tries_ranking_and_keeps_the_better(data):
     X, y, g, _ = data
     r = train_booster(X, y, g, FAST)

@@ -70,6 +70,7 @@ def shipped():
     return wl, measured
 
 
+@pytest.mark.slow
 def test_fallback_picks_near_the_best_on_the_shipped_data(shipped):
     wl, measured = shipped
     ratios, space_order = [], []

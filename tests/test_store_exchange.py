@@ -151,6 +151,7 @@ def _run_and_kill(db: Path, export: Path, mode: str, wait_for: str) -> str:
     return seen
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_large_import_leaves_the_database_as_before(tmp_path):
     # 130k measurements (more than one DuckDB row group, so rows reach the file before commit),
     # 1M samples.

@@ -12,6 +12,7 @@ import pytest
 from tunedb.bench.active import curves, first_reach, load_dataset, main, run_experiment, write_synthetic
 
 
+@pytest.mark.slow
 def test_model_needs_fewer_measurements_than_random(tmp_path: Path) -> None:
     path = tmp_path / "syn.duckdb"
     write_synthetic(path, n_workloads=24, candidates_per_workload=30, seed=0)
