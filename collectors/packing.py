@@ -34,7 +34,13 @@ from typing import Any
 from tunedb._version import __version__
 from tunedb.kernels.packing import Candidate as PackCandidate
 from tunedb.kernels.packing import PackingWorkload, candidate_waste
+from tunedb.kernels.packing_suites import interleave, suite
 from tunedb.records import Candidate, DeviceInfo, Measurement, Protocol, Run, Workload, canonical_json
+from tunedb.runtime.blas import library
+from tunedb.runtime.device import device_info, import_cupy
+from tunedb.runtime.pack import make_inputs, measure_candidates, reference
+from tunedb.runtime.streams import StreamPool
+from tunedb.store.core import TuningStore
 
 KIND = "packing"
 COLLECTOR = "packing"
@@ -79,8 +85,6 @@ def records_of(results: Iterable[dict[str, Any]], device_id: str, run_id: str, p
 
 def store_results(db: Path, doc: dict[str, Any], device: DeviceInfo, config: dict[str, Any]) -> dict:
     """One Run with every result of ``doc`` (a bench-packing JSON); returns the row counts."""
-    from tunedb.store.core import TuningStore
-
     protocol = Protocol(warmup=3, samples=int(doc.get("samples", 10)), flush_l2=False,
                         batch=int(doc.get("reps", 10)))
     run_id = str(uuid.uuid4())
@@ -110,12 +114,6 @@ def collect(db: Path, suite_name: str, *, reps: int, samples: int, time_s: float
     """Measure ``suite_name`` on this machine's GPU (families interleaved, no new workload after
     ``time_s``) and store it as one Run (see the module docstring)."""
     import time
-
-    from tunedb.kernels.packing_suites import interleave, suite
-    from tunedb.runtime.blas import library
-    from tunedb.runtime.device import device_info, import_cupy
-    from tunedb.runtime.pack import make_inputs, measure_candidates, reference
-    from tunedb.runtime.streams import StreamPool
 
     cases = interleave(suite(suite_name))
     cp = import_cupy()

@@ -32,6 +32,7 @@ from tunedb.bench.provenance import provenance
 from tunedb.kernels.packing import PackingWorkload, padded_shape, uniform
 from tunedb.kernels.packing_suites import bench_cases, interleave, suite
 from tunedb.runtime.blas import library
+from tunedb.runtime.device import NoGPUError, device_info, import_cupy
 from tunedb.runtime.pack import make_inputs, measure_candidates, measure_row, reference, worst_error
 from tunedb.runtime.streams import StreamPool
 
@@ -290,7 +291,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.case:
         cases = [c for c in cases if any(s in c.name for s in args.case)]
     cases = interleave(cases)
-    from tunedb.runtime.device import NoGPUError, device_info, import_cupy
 
     try:  # CuPy (and through it cuBLAS) before torch loads its own copy
         cp = import_cupy()

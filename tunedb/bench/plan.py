@@ -36,9 +36,20 @@ from typing import Any
 import numpy as np
 
 from tunedb.bench.fusion import BenchError, _finite, _one_line, _versions, geomean, rel_l2, write_json
+from tunedb.bench.peers import Frameworks, outputs_float64, peer_call, throughput_us
 from tunedb.bench.provenance import provenance
 from tunedb.graph.ir import Graph
+from tunedb.graph.ops import COMPUTE_OPS, infer_graph
+from tunedb.graph.reference import run_reference
+from tunedb.kernels.suites import ANCHOR_CASES
+from tunedb.plan.driver import compile as compile_plan
+from tunedb.plan.driver import load_graph
+from tunedb.plan.subgraph import is_view
+from tunedb.runtime.device import clocks, device_info, import_cupy
+from tunedb.runtime.executor import PlanExecutor
 from tunedb.runtime.inputs import make_inputs
+from tunedb.runtime.measure import context_ok
+from tunedb.runtime.tolerance import check_host, tolerance
 
 PEERS = ("torch_eager", "torch_compile", "torch_compile_ro", "jax")
 PEER_LABELS = {"torch_eager": "torch eager", "torch_compile": "torch.compile",
@@ -130,8 +141,6 @@ def collect_entries(models: Sequence[Path], graphs_dir: Path | None = None, anch
                     error = str(e)  # a graph of the folder: recorded, the others still run
             out.append(Entry(name, str(p), path=p, bindings=bind, batch=b, error=error))
     if want_anchors:
-        from tunedb.kernels.suites import ANCHOR_CASES
-
         out += [Entry(c.name, "anchor", graph=c.graph) for c in ANCHOR_CASES]
     if not out:
         raise BenchError("nothing to run: give MODEL files or --graphs DIR")
@@ -142,13 +151,9 @@ def load_entry(entry: Entry) -> tuple[Graph, Any]:
     """The entry's graph (stripped weights filled with their seeded values) and, for ONNX, the
     filled ``ModelProto`` onnxruntime runs."""
     if entry.graph is not None:
-        from tunedb.graph.ops import infer_graph
-
         return infer_graph(entry.graph), None
     assert entry.path is not None
     if entry.path.suffix == ".json":
-        from tunedb.plan.driver import load_graph
-
         return load_graph(str(entry.path)), None
     model = weighted_model(entry.path, entry.bindings)
     from tunedb.graph.onnx_import import import_onnx
@@ -177,24 +182,18 @@ def weighted_model(path: Path, bindings: dict[str, int] | None = None) -> Any:
 
 def op_by_op_count(graph: Graph) -> int:
     """Kernels an op-by-op executor launches: every node that is not a free view."""
-    from tunedb.plan.subgraph import is_view
-
     types = graph.type_map
     return sum(1 for n in graph.nodes if not is_view(n, types))
 
 
 def is_memory_bound(graph: Graph) -> bool:
     """A graph of memory-intensive ops only (no matmul, gemm, convolution or windowed pooling)."""
-    from tunedb.graph.ops import COMPUTE_OPS
-
     return not any(n.op in COMPUTE_OPS for n in graph.nodes)
 
 
 def verify(graph: Graph, outs: dict[str, np.ndarray], refs: dict[str, np.ndarray],
            slack: float = 1.0) -> dict:
     """Outputs against reference arrays with the collector's tolerance (times ``slack``)."""
-    from tunedb.runtime.tolerance import check_host, tolerance
-
     res: dict[str, Any] = {"ok": True, "max_abs_err": 0.0, "rel_err": 0.0, "worst_output": None}
     for v in graph.outputs:
         t = graph.type_of(v)
@@ -231,8 +230,6 @@ def onnxruntime_outputs(model: Any, graph: Graph, dev: dict[str, np.ndarray]) ->
 
 # -- one graph on the GPU -------------------------------------------------------------------------
 def _peer(fw: Any, kind: str, graph: Graph, dev: dict, refs: dict) -> dict:
-    from tunedb.bench.peers import outputs_float64, peer_call, throughput_us
-
     res: dict[str, Any] = {"us": None, "rel_err": None, "error": None}
     try:
         run, sync = peer_call(fw, kind, graph, dev)
@@ -249,11 +246,6 @@ def _peer(fw: Any, kind: str, graph: Graph, dev: dict, refs: dict) -> dict:
 def run_entry(entry: Entry, fw: Any, peers: Sequence[str], db: Any, cost_model: Any,
               say: Callable[[str], None]) -> dict:
     """Everything for one graph; never raises (failures become ``error`` fields)."""
-    from tunedb.bench.peers import throughput_us
-    from tunedb.graph.reference import run_reference
-    from tunedb.plan.driver import compile as compile_plan
-    from tunedb.runtime.executor import PlanExecutor
-
     rec: dict[str, Any] = {"name": entry.name, "source": entry.source, "batch": entry.batch,
                            "bindings": entry.bindings, "tunedb": {"us": None, "error": None}, "peers": {}}
     if entry.error:
@@ -423,17 +415,12 @@ def run_bench(entries: list[Entry], out: Path | None, db: Any = None, cost_model
               on_entry: Callable[[int, int, dict], None] | None = None) -> dict:
     """Run every entry on the local GPU (``NoGPUError`` without one); returns the result dict,
     also written to ``out`` after every graph. ``time_limit_s`` > 0: no new graph starts after."""
-    from tunedb.runtime.device import clocks, device_info, import_cupy
-
     say = progress or (lambda _line: None)
     cp = import_cupy()
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     bad = [p for p in peers if p not in PEERS]
     if bad:
         raise BenchError(f"unknown peer(s) {', '.join(bad)}; expected some of {', '.join(PEERS)}")
-    from tunedb.bench.peers import Frameworks
-    from tunedb.runtime.measure import context_ok
-
     t0 = time.monotonic()
     info = device_info()
     result: dict[str, Any] = {

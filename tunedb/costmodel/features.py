@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from tunedb.costmodel.workload import WORKLOAD_FEATURES, workload_vector
+from tunedb.graph.hashing import graph_hash
 
 # v2: the schedule's ``grid`` ("full": a block per chunk of work, no grid-stride loop) sets the
 # launch geometry and the ``grid_full`` column; v1 took every config as one wave of blocks.
@@ -443,7 +444,5 @@ def featurize_candidates(graph: Any, configs: Sequence[Mapping[str, Any]], devic
                          workload_hash: str | None = None) -> np.ndarray:
     """Features for many candidate configs of one workload (the planner's query)."""
     if workload_hash is None:
-        from tunedb.graph.hashing import graph_hash
-
         workload_hash = graph_hash(graph)
     return featurize({workload_hash: graph}, [workload_hash] * len(configs), list(configs), device)

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from tunedb.costmodel.errors import TrainError
+from tunedb.records import canonical_json, sha256_hex
+from tunedb.store import TuningStore
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,6 @@ def train_on_store(db: Path, *, out_root: Path, kind: str = "fusion", device_id:
 
     from tunedb.costmodel.fit import BOARD_ROWS, device_facts_for, fit_frame
     from tunedb.costmodel.train import TrainParams
-    from tunedb.records import canonical_json, sha256_hex
-    from tunedb.store import TuningStore
-
     if boards not in BOARD_ROWS:
         raise TrainError(f"--boards must be one of {', '.join(BOARD_ROWS)}, got {boards!r}")
     if seed < 0:

@@ -20,6 +20,9 @@ import numpy as np
 
 from tunedb.graph.ir import DTYPE_BYTES, Graph, GraphError, TensorType
 from tunedb.graph.ops import COMPUTE_OPS, LAYOUT_OPS, OTHER_REDUCTIONS, REDUCTIONS, reduction_axes
+from tunedb.kernels.analysis import COL, FULL, ROW, TRANS, analyze
+from tunedb.kernels.passes import cache_values
+from tunedb.kernels.schedule import full_bytes
 
 # Ops whose per-element cost is dominated by the special-function unit (MUFU) or a long
 # instruction sequence; counted separately from plain arithmetic.
@@ -65,10 +68,6 @@ def kernel_facts(graph: Graph) -> dict[str, float]:
     nan = float("nan")
     out: dict[str, float] = {f"pattern_{p}": 0.0 for p in PATTERNS}
     try:
-        from tunedb.kernels.analysis import COL, FULL, ROW, TRANS, analyze
-        from tunedb.kernels.passes import cache_values
-        from tunedb.kernels.schedule import full_bytes
-
         a = analyze(graph)
         boundary, inputs = cache_values(a, "boundary"), cache_values(a, "inputs")
     except (ImportError, ValueError, KeyError):  # UnsupportedFusion and GraphError are ValueErrors

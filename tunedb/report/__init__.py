@@ -28,6 +28,7 @@ from tunedb.costmodel.features import DeviceFacts
 from tunedb.costmodel.model import CostModel
 from tunedb.costmodel.registry import CARD_FILE, find_model, load_model
 from tunedb.costmodel.train import TrainParams
+from tunedb.kernels.suites import ANCHOR_CASES
 from tunedb.records import KINDS
 from tunedb.report import plots
 from tunedb.report.data import ReportError, anchor_rows, fetch, pick_device, prepare, summarize
@@ -110,8 +111,6 @@ def _families_section(ev: Evaluation | None, why: str) -> str:
 
 
 def _anchors_section(anchors: list[dict[str, Any]], facts: DeviceFacts, colors: dict[str, Any]) -> str:
-    from tunedb.kernels.suites import ANCHOR_CASES
-
     if not anchors:
         return note(f"None of the {len(ANCHOR_CASES)} anchor cases is measured on this device.")
     header = ["case", "family", "ok candidates", "failed", "floor µs", "best µs", "median µs",

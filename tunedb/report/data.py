@@ -21,6 +21,7 @@ from tunedb.costmodel.features import DeviceFacts, featurize_frame
 from tunedb.costmodel.fit import clean_frame
 from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import Graph, GraphError
+from tunedb.kernels.suites import ANCHOR_CASES
 from tunedb.records import DeviceInfo
 
 
@@ -166,8 +167,6 @@ def prepare(frame: pa.Table, device: DeviceInfo, facts: DeviceFacts) -> Dataset:
 def anchor_rows(frame: pa.Table, device_id: str, facts: DeviceFacts) -> list[dict[str, Any]]:
     """The anchor cases measured on ``device_id``: latencies of their ok candidates (median
     over runs), failure count, and the roofline floor (fewest bytes / bandwidth)."""
-    from tunedb.kernels.suites import ANCHOR_CASES
-
     on_dev = frame.filter(pc.equal(frame["device_id"], device_id))
     wl = _strings(on_dev["workload_hash"])
     out = []

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunedb.runtime.cuda import CudaDevice
 from tunedb.runtime.device import NoGPUError, clocks, device_info
+from tunedb.runtime.emu import EmuDevice
 from tunedb.runtime.replay import ReplayDevice, ReplayError
 from tunedb.runtime.worker import Worker, WorkerError
 
@@ -26,11 +28,8 @@ def open_device(spec: str = "cuda", workers: int | None = None, timeout_s: float
             raise ValueError("--device replay:PATH needs a path to a Parquet export dir or a database")
         return ReplayDevice(path, protocol=protocol)
     if spec == "emu":
-        from tunedb.runtime.emu import EmuDevice
-
         return EmuDevice(timeout_s=max(timeout_s, 600.0), protocol=protocol)
     if spec not in ("cuda", "gpu"):
         raise ValueError(f"unknown device {spec!r}; expected 'cuda', 'emu' or 'replay:PATH'")
-    from tunedb.runtime.cuda import CudaDevice
 
     return CudaDevice(workers=workers, timeout_s=timeout_s, protocol=protocol)
