@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from collectors.stage import stage_records, store_stage_rows
-from tunedb.graph.multibranch import nasnet_a_graph
+from tunedb.graph.multibranch import randwire_graph
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.stage_refine import stored_stage_times, stored_times
 from tunedb.plan.stages import StageEstimator, StageKeys, ios_search, schedule_plan
@@ -16,7 +16,7 @@ DEVICE = DeviceInfo("NVIDIA H200", "u1", "9.0", 132, 60 << 20, 141 << 30, "test"
 
 
 def _plan():
-    return compile_plan(nasnet_a_graph(1, channels=8, size=8, cells=1), device=None, cost_model=False,
+    return compile_plan(randwire_graph(1, channels=4, size=6, nodes=10), device=None, cost_model=False,
                         horizontal=False)
 
 

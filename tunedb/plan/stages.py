@@ -388,17 +388,17 @@ def schedule_plan(plan: Plan, *, r: int = 3, s: int = 8, max_block: int = 40,
     and the search's numbers (predicted sequential and staged µs, states, candidates, seconds)."""
     est = StageEstimator(plan.steps, device, plan.launch_us)
     steps = plan.steps
+    keys = StageKeys(steps)
 
     def cost(groups: Groups) -> float:
         if measured:
-            hit = measured.get(stage_key(steps, groups))
+            hit = measured.get(keys(groups))
             if hit is not None:
                 return float(hit)
         return est(groups)
 
     total, stages, stats = ios_search(steps, cost, r=r, s=s, max_block=max_block)
     sequential = sum(est(((i,),)) for i in range(len(steps)))
-    keys = StageKeys(steps)
     hits = sum(1 for st in stages if measured and keys(st) in measured)
     info = {"schedule": "ios", "ios_r": r, "ios_s": s, "ios_states": stats.states,
             "ios_transitions": stats.transitions, "ios_candidates": stats.candidates,
