@@ -3,7 +3,8 @@
 Each layer imports only itself and the layers below it, at the top of a module and inside functions
 alike (an import moved into a function still runs, it only runs later); no two modules import each
 other at run time, directly or around a loop (an ``if TYPE_CHECKING:`` import never runs, so it
-only has to respect the layers); no source file reaches 600 lines.
+only has to respect the layers); a project module is imported inside a function only when it loads
+a heavy optional package; no source file reaches 600 lines.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ SAME_RANK = {"report": "bench", "frontends": "serve"}
 # the package itself (``tunedb.compile``) and ``python -m tunedb`` are the front door, at the top.
 TOP_LEVEL = {"tunedb.records": "graph", "tunedb._version": "graph", "tunedb": "cli", "tunedb.__main__": "cli"}
 MAX_LINES = 600
+# Optional or slow-to-import packages: the only reason to import a project module inside a function
+# is that it (or what it imports at its top) loads one of these.
+HEAVY = frozenset({"cupy", "xgboost", "sklearn", "scipy", "torch", "jax", "onnx", "onnxruntime", "matplotlib",
+                   "triton", "ml_dtypes", "rich", "typer", "dask", "distributed"})
 
 
 def module_files() -> dict[str, Path]:
@@ -207,3 +212,45 @@ def test_import_resolution_sees_relative_and_function_level_imports(tmp_path: Pa
     assert got == [("tunedb.graph.hashing", 8, True, False), ("tunedb.graph.ir", 7, True, False),
                    ("tunedb.graph.ops", 9, True, False), ("tunedb.records", 1, False, False),
                    ("tunedb.store.core", 3, False, True)]
+
+
+def _external_top_level(path: Path) -> set[str]:
+    """Top-level packages a module imports outside functions (``if TYPE_CHECKING`` aside)."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def heavy_modules() -> set[str]:
+    """Project modules whose import loads a HEAVY package (through their top-level imports)."""
+    top: dict[str, set[str]] = {m: set() for m in MODULES}
+    for m, t, _, fn, type_only in edges():
+        if not fn and not type_only:
+            top[m].add(t)
+    for m in MODULES:  # importing a module runs its packages' __init__ first
+        parts = m.split(".")
+        top[m] |= {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in MODULES}
+    heavy = {m for m, p in MODULES.items() if _external_top_level(p) & HEAVY}
+    changed = True
+    while changed:
+        changed = False
+        for m, deps in top.items():
+            if m not in heavy and deps & heavy:
+                heavy.add(m)
+                changed = True
+    return heavy
+
+
+def test_imports_inside_functions_only_defer_heavy_modules() -> None:
+    """A project import inside a function must be worth deferring: the module it names loads a
+    heavy optional package. The CLI and the package's front door defer everything (``tunedb --help``
+    and ``import tunedb`` stay fast), so they are exempt."""
+    heavy = heavy_modules()
+    bad = sorted({f"{MODULES[m].relative_to(ROOT)}:{line} imports {t} inside a function"
+                  for m, t, line, fn, _ in edges() if fn and t not in heavy and layer_of(m) != "cli"})
+    assert not bad, ("move these to the top of the module (nothing heavy hides behind them):\n"
+                     + "\n".join(bad))
