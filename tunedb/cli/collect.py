@@ -53,6 +53,10 @@ def collect(
                                            help="Candidates per workload per round.")] = 8,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the random and model "
                                       "strategies.")] = 0,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="Measure on a Dask cluster: local "
+                                                 "(one worker per GPU; --workers replay workers) or "
+                                                 "tcp://HOST:PORT (a running scheduler). Exhaustive "
+                                                 "order only.")] = None,
     json_out: JsonOption = False,
 ) -> None:
     """Generate, verify and time candidates; store every measurement (resumable).
@@ -71,6 +75,9 @@ def collect(
         strat = make_strategy(strategy, per_round=per_round, seed=seed)
     except ValueError as e:
         usage_error(str(e))
+    if cluster is not None:
+        _collect_on_cluster(coll, db, cluster, device, suite, budget, workers, strategy, json_out)
+        return
     try:
         dev = open_device(device, workers=workers, timeout_s=timeout)
     except ValueError as e:
@@ -99,6 +106,24 @@ def collect(
         if stats:
             typer.echo("device: " + ", ".join(
                 f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items()))
+
+
+def _collect_on_cluster(coll: Any, db: Any, cluster: str, device: str, suite: str, budget: int | None,
+                        workers: int | None, strategy: str, json_out: bool) -> None:
+    from tunedb.collect.dask_backend import collect_on_cluster
+    from tunedb.store.runs import close_abandoned_runs
+
+    if strategy != "exhaustive":
+        usage_error(f"--cluster runs the exhaustive strategy only, not {strategy!r}")
+    with open_shared_writer(db) as store:
+        store.apply(close_abandoned_runs)  # we hold the writer lock: those runs are dead
+        summary = collect_on_cluster(coll, store, cluster, device, suite, budget=budget,
+                                     n_workers=workers, show_progress=not json_out)
+    if json_out:
+        print_json(summary.to_json())
+    else:
+        typer.echo(_summary_line(summary, device.partition(":")[0]))
+        typer.echo("per worker: " + ", ".join(f"{w} {n}" for w, n in sorted(summary.workers.items())))
 
 
 def _run_with_progress(coll: Any, store: Any, dev: Any, suite: str, budget: int | None,
