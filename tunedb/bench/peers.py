@@ -133,6 +133,14 @@ class Frameworks:
             self.errors["jax"] = f"jax unavailable: {type(e).__name__}: {' '.join(str(e).split())}"[:300]
 
 
+def _loaded(fw: Frameworks, name: str) -> Any:
+    """The framework module ``name`` of ``fw``, or why it could not be imported (RuntimeError)."""
+    mod = getattr(fw, name)
+    if mod is None:
+        raise RuntimeError(fw.errors.get(name, f"{name} unavailable"))
+    return mod
+
+
 def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any], device: str = "cuda"
               ) -> tuple[Callable[[], Any], Callable[[], None]]:
     """``(run, sync)`` for one peer (``PEER_KINDS``) on the graph inputs ``arrays`` (host NumPy,
@@ -140,16 +148,12 @@ def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any], d
     ``device`` is torch's (JAX uses its default device)."""
     import numpy as np
 
-    types = [graph.type_of(n) for n in graph.inputs]
+    # (contiguous host array, holds bfloat16 bits) of each input, in order
+    host = [(np.ascontiguousarray(arrays[n]), graph.type_of(n).dtype == "bfloat16") for n in graph.inputs]
     if kind in ("torch_eager", "torch_compile", "torch_compile_ro"):
-        torch = fw.torch
-        if torch is None:
-            raise RuntimeError(fw.errors.get("torch", "torch unavailable"))
-        ins = []
-        for n, t in zip(graph.inputs, types):
-            a = np.ascontiguousarray(arrays[n])
-            ins.append(torch.from_numpy(a.view(np.int16)).to(device).view(torch.bfloat16)
-                       if t.dtype == "bfloat16" else torch.from_numpy(a).to(device))
+        torch = _loaded(fw, "torch")
+        ins = [torch.from_numpy(a.view(np.int16)).to(device).view(torch.bfloat16) if bf16
+               else torch.from_numpy(a).to(device) for a, bf16 in host]
         fn = _straight_line(torch, torch_function(graph, device), ins)
         if kind in ("torch_compile", "torch_compile_ro"):
             # The interpreted functions of all graphs share one code object: without a reset,
@@ -161,17 +165,12 @@ def peer_call(fw: Frameworks, kind: str, graph: Graph, arrays: dict[str, Any], d
         return (lambda: fn(*ins)), sync
     if kind != "jax":
         raise ValueError(f"unknown peer {kind!r}; expected one of {', '.join(PEER_KINDS)}")
-    jax = fw.jax
-    if jax is None:
-        raise RuntimeError(fw.errors.get("jax", "jax unavailable"))
-    jins = []
-    for n, t in zip(graph.inputs, types):
-        a = np.ascontiguousarray(arrays[n])
-        if t.dtype == "bfloat16":
-            import ml_dtypes  # ships with jax
+    jax = _loaded(fw, "jax")
+    if any(bf16 for _, bf16 in host):
+        import ml_dtypes  # ships with jax
 
-            a = a.view(ml_dtypes.bfloat16)
-        jins.append(jax.device_put(a))
+        host = [(a.view(ml_dtypes.bfloat16) if bf16 else a, bf16) for a, bf16 in host]
+    jins = [jax.device_put(a) for a, _ in host]
     jfn = jax.jit(jax_function(graph))
     last: dict[str, Any] = {}
 
