@@ -77,6 +77,12 @@ class FusionCollector(Collector):
                     specs.append((cfg, (graph, s)))
             yield Job(workload, specs, _count(pruned))
 
+    def spec_from_config(self, workload: Workload, config: dict) -> Any:
+        """The spec of a stored config, so that a cluster worker generates code itself."""
+        from tunedb.kernels.schedule import Schedule
+
+        return workload.graph, Schedule.from_config(config)
+
     def build(self, workload: Workload, spec: Any) -> tuple[str, dict]:
         graph, schedule = spec
         plan = generate(graph, schedule)

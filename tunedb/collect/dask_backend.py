@@ -24,7 +24,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tunedb._version import __version__
@@ -35,6 +35,7 @@ from tunedb.runtime.results import MeasureRequest, MeasureResult
 
 ALLOWED_FAILURES = 1  # a batch that was running on 2 workers that died is given up
 _DEVICES: dict[str, Any] = {}  # per worker process: device spec -> the open device
+_COLLECTORS: dict[str, Collector] = {}  # per worker process: plugin name -> instance
 
 
 class ClusterError(CollectError):
@@ -75,6 +76,34 @@ def measure_batch(spec: str, workload_json: str, requests_json: str, pace_s: flo
         if pace_s:
             time.sleep(pace_s)
     return json.dumps({"device": asdict(dev.info), "pid": os.getpid(), "results": out}, allow_nan=True)
+
+
+def build_and_measure_batch(spec: str, collector: str, workload_json: str, configs_json: str,
+                            pace_s: float = 0.0, kill_workloads: tuple[str, ...] = ()) -> str:
+    """``measure_batch`` with code generation on the worker (its host's CPUs, not the client's):
+    the collector plugin rebuilds each candidate's spec from its config (``spec_from_config``)."""
+    from tunedb.collect.engine import load_collector
+
+    coll = _COLLECTORS.get(collector)
+    if coll is None:
+        coll = _COLLECTORS[collector] = load_collector(collector)
+        coll.device_info = _worker_device(spec).info
+    workload = Workload(**json.loads(workload_json))
+    requests, sources = [], []
+    for config in json.loads(configs_json):
+        cand = Candidate(workload.hash, coll.kind, config)
+        try:
+            source_hash, plan = coll.build(workload, coll.spec_from_config(workload, config))
+            requests.append({"candidate_hash": cand.hash, "plan": plan})
+        except Exception as e:  # noqa: BLE001 - a generator bug is this candidate's failure
+            source_hash = ""
+            requests.append({"candidate_hash": cand.hash,
+                             "error": f"code generation failed: {type(e).__name__}: {e}"})
+        sources.append(source_hash)
+    reply = json.loads(measure_batch(spec, workload_json, json.dumps(requests, allow_nan=True), pace_s,
+                                     kill_workloads))
+    reply["source_hashes"] = sources
+    return json.dumps(reply, allow_nan=True)
 
 
 def _request_json(tasks: list[Task]) -> str:
@@ -120,8 +149,9 @@ def open_client(cluster: str, n_workers: int | None = None, device: str = "cuda"
 
 
 def _batches(coll: Collector, jobs: list[Job], measured: set[str], chunk: int,
-             budget: int | None, summary: Summary) -> Iterator[tuple[Job, list[Task]]]:
-    """Resume filter, budget and code generation, a batch at a time (lazily: overlaps the cluster)."""
+             budget: int | None, summary: Summary, remote: bool) -> Iterator[tuple[Job, list[Task]]]:
+    """Resume filter, budget and (unless the workers do it: ``remote``) code generation, a batch at
+    a time (lazily: overlaps the cluster)."""
     left = budget
     for job in jobs:
         tasks: list[Task] = []
@@ -133,6 +163,14 @@ def _batches(coll: Collector, jobs: list[Job], measured: set[str], chunk: int,
                 summary.already += 1
                 continue
             measured.add(cand.hash)
+            if remote:
+                tasks.append(Task(cand, MeasureRequest(cand.hash)))
+                if left is not None:
+                    left -= 1
+                if len(tasks) >= chunk:
+                    yield job, tasks
+                    tasks = []
+                continue
             try:
                 source_hash, plan = coll.build(job.workload, spec)
                 request = MeasureRequest(cand.hash, plan)
@@ -155,7 +193,7 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
                 budget: int | None = None, chunk: int = 64, window: int = 2,
                 progress: Callable[[ClusterSummary], None] | None = None,
                 flush_every: int = 256, flush_s: float = 2.0, pace_s: float = 0.0,
-                kill_workloads: tuple[str, ...] = ()) -> ClusterSummary:
+                kill_workloads: tuple[str, ...] = (), remote_build: bool = True) -> ClusterSummary:
     """Measure ``suite`` on every worker of ``client``'s cluster into ``store`` (exhaustive order).
     ``window`` batches per worker are in flight, so code generation here overlaps the workers."""
     from distributed import as_completed
@@ -195,7 +233,9 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
     summary.pruned = sum(j.pruned for j in jobs)
     writer = _Writer(store, flush_every, flush_s)
     written: set[str] = set()
-    pending = _batches(coll, jobs, measured, chunk, budget, summary)
+    # Plugins that can rebuild a spec from its config have the workers generate code.
+    remote = remote_build and callable(getattr(coll, "spec_from_config", None))
+    pending = _batches(coll, jobs, measured, chunk, budget, summary, remote)
     inflight: dict[Any, tuple[Job, list[Task]]] = {}
     done = as_completed()
 
@@ -204,8 +244,14 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
         if got is None:
             return False
         job, tasks = got
-        fut = client.submit(measure_batch, device, canonical_json(asdict(job.workload)), _request_json(tasks),
-                            pace_s, tuple(kill_workloads), key=f"tunedb-batch-{uuid.uuid4().hex}", pure=False)
+        key, wl = f"tunedb-batch-{uuid.uuid4().hex}", canonical_json(asdict(job.workload))
+        if remote:
+            configs = json.dumps([dict(t.candidate.config) for t in tasks])
+            fut = client.submit(build_and_measure_batch, device, coll.name, wl, configs, pace_s,
+                                tuple(kill_workloads), key=key, pure=False)
+        else:
+            fut = client.submit(measure_batch, device, wl, _request_json(tasks), pace_s,
+                                tuple(kill_workloads), key=key, pure=False)
         inflight[fut] = got
         done.add(fut)
         return True
@@ -246,6 +292,9 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
                     store.add_devices([info])
                 who = fut.status == "finished" and _who_has(client, fut) or f"pid {reply['pid']}"
                 summary.workers[who] = summary.workers.get(who, 0) + len(tasks)
+                if "source_hashes" in reply:
+                    tasks = [Task(replace(t.candidate, source_hash=h), t.request)
+                             for t, h in zip(tasks, reply["source_hashes"], strict=True)]
                 record(job, tasks, reply["results"], info.id)
             fut.release()
             summary.elapsed_s = time.monotonic() - t0
