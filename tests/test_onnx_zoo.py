@@ -6,6 +6,7 @@ planning on the CPU, with onnxruntime's results on seeded weights where the mode
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tunedb.graph.onnx_import import OnnxImportError, import_onnx
+import tunedb
+from tunedb.graph.onnx_import import OnnxImportError, fill_model, import_onnx
 from tunedb.graph.reference import run_reference
 
 ZOO = Path(__file__).resolve().parent.parent / "data" / "graphs" / "zoo"
@@ -130,3 +132,94 @@ def test_isnan_isinf_match_onnxruntime():
     got = run_reference(import_onnx(model), {"x": x})
     for v, want in zip("abc", _ort(model, {"x": x})):
         np.testing.assert_array_equal(got[v], want)
+
+
+# -- the zoo ---------------------------------------------------------------------------------
+MANIFEST = json.loads((ZOO / "manifest.json").read_text())
+FILES = sorted(m["file"] for m in MANIFEST if "error" not in m)
+# The models the issue names; each must have at least one file from each exporter that can
+# export it, in fp32 and in a 16-bit float type.
+MODELS = ("bert_base", "distilbert", "gpt2", "llama_small", "t5_encoder", "vit", "clip_text",
+          "clip_vision", "whisper_encoder", "resnet50", "mobilenet_v3", "efficientnet_b0",
+          "convnext_tiny")
+
+
+def test_manifest_lists_every_file_and_every_model():
+    on_disk = {p.name for p in ZOO.glob("*.onnx")}
+    assert on_disk == set(FILES)
+    for m in MANIFEST:
+        assert m["exporter"] in ("torchscript", "dynamo") and m["model"] in MODELS
+        assert ("error" in m) != ("bytes" in m), m["file"]
+    for model in MODELS:
+        have = {(m["dtype"] == "float32") for m in MANIFEST if m["model"] == model and "error" not in m}
+        assert have == {True, False}, f"{model}: needs an fp32 and a 16-bit file"
+    # The exporter script's numerics check: every fp32 file, reference vs onnxruntime.
+    for m in MANIFEST:
+        if "error" not in m and m["dtype"] == "float32":
+            assert m["check"]["ref_vs_ort"] < 1e-5, m["file"]
+    # Structure only: the weights are stripped, the whole zoo stays small.
+    assert sum((ZOO / f).stat().st_size for f in FILES) < 6 * 2**20
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_zoo_model_imports_and_plans(file):  # 0.5-3.5 s each on 2 cores
+    entry = next(m for m in MANIFEST if m["file"] == file)
+    graph = import_onnx(ZOO / file)  # stripped weights stay graph inputs
+    want = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[entry["dtype"]]
+    assert graph.type_of(graph.outputs[0]).dtype == want
+    plan = tunedb.compile(graph, cost_model=False)
+    assert plan.steps and plan.kernels < len(graph.nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file", ["llama_small_dynamo_fp32.onnx", "mobilenet_v3_ts_fp32.onnx"])
+def test_zoo_model_matches_onnxruntime(file):
+    # The exporter check (benchmarks/export_zoo.py --check, in the manifest) covers every fp32
+    # file; these two small ones run here too: seeded weights, the same inputs on both sides.
+    model = fill_model(onnx.load(str(ZOO / file)), seed=2)
+    graph = import_onnx(model)
+    rng = np.random.default_rng(2)
+    feeds = {}
+    for v in graph.inputs:
+        t = graph.type_of(v)
+        feeds[v] = (np.ones(t.shape, np.int64) if "mask" in v else
+                    rng.integers(0, 1000, t.shape).astype(np.int64) if t.dtype == "int64"
+                    else rng.standard_normal(t.shape).astype(np.float32))
+    ref = run_reference(graph, feeds)[graph.outputs[0]]
+    got = _ort(model, feeds)[0]
+    assert np.abs(ref - got).max() <= 1e-5 * np.abs(ref).max()
+
+
+# -- torch.compile backend (needs PyTorch, which tunedb does not depend on) ------------------
+@pytest.mark.slow
+def test_torch_backend_plans_fx_graph_and_matches_eager():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")  # torch.onnx.export(dynamo=True) needs it
+    from tunedb.frontends.torch_backend import TunedbGraph
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 64)
+            self.ln = torch.nn.LayerNorm(64)
+
+        def forward(self, x):
+            return self.ln(torch.nn.functional.gelu(self.fc(x)) + x)
+
+    model = Block().eval()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(TunedbGraph(gm, example_inputs, {"cost_model": False}))
+        return graphs[-1]
+
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend)(x)
+        want = model(x)
+    (g,) = graphs
+    assert g.plan is not None  # the FX graph went through ONNX into a tunedb plan
+    ops = {n.op for n in g.plan.graph.nodes}
+    assert {"erf", "rsqrt"} <= ops and ops & {"matmul", "gemm"}
+    assert g.fallback == "inputs are not on a CUDA device"  # the CPU: runs eagerly
+    torch.testing.assert_close(got, want)
