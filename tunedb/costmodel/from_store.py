@@ -10,7 +10,7 @@ from typing import Any
 
 from tunedb.costmodel.errors import TrainError
 from tunedb.records import canonical_json, sha256_hex
-from tunedb.store import TuningStore
+from tunedb.store import BUSY_WAIT_S, TuningStore
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def train_on_store(db: Path, *, out_root: Path, kind: str = "fusion", device_id:
         raise TrainError(f"--seed must be 0 or more, got {seed}")
     params = TrainParams(objective=objective, device=device, seed=seed)
     say = progress or (lambda _msg: None)
-    with TuningStore.open(db, read_only=True) as store:
+    with TuningStore.open(db, read_only=True, wait_s=BUSY_WAIT_S) as store:
         # Graphs once per workload, not once per measurement row.
         frame = store.training_frame(kind=kind, include_graph=False)
         if frame.num_rows == 0:
@@ -84,6 +84,6 @@ def train_on_store(db: Path, *, out_root: Path, kind: str = "fusion", device_id:
     where = Path(where).resolve()
     card_json = canonical_json(model.card)
     model_id = sha256_hex(card_json)[:16]
-    with TuningStore.open(db) as store:
+    with TuningStore.open(db, wait_s=BUSY_WAIT_S) as store:
         store.add_model(model_id, kind, facts.name, str(where), card_json)
     return TrainResult(metrics=metrics, model_dir=where, model_id=model_id, device_name=facts.name)

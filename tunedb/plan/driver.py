@@ -32,7 +32,7 @@ from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
 from tunedb.runtime import open_device
 from tunedb.runtime.device import NoGPUError, device_info
-from tunedb.store import TuningStore
+from tunedb.store import BUSY_WAIT_S, TuningStore
 
 
 def load_graph(model: Any, bindings: dict[str, int] | None = None, fill_initializers: bool = True) -> Graph:
@@ -59,7 +59,8 @@ def _store(db: Any, write: bool = False) -> Iterator[Any]:
         yield db
         return
 
-    store = TuningStore.open(db, read_only=not write)
+    # A collector holds the file only while it commits: wait for that rather than fail.
+    store = TuningStore.open(db, read_only=not write, wait_s=BUSY_WAIT_S)
     try:
         yield store
     finally:

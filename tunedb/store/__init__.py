@@ -8,9 +8,9 @@
         frame = db.training_frame(kind="fusion")
 """
 
-from tunedb.store.core import Progress, TuningStore
+from tunedb.store.core import BUSY_WAIT_S, Progress, TuningStore
 from tunedb.store.errors import StoreError
 from tunedb.store.schema import SCHEMA_VERSION, TABLES
 from tunedb.store.shared import SharedWriter
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "Progress", "SharedWriter", "StoreError", "TuningStore"]
+__all__ = ["BUSY_WAIT_S", "SCHEMA_VERSION", "TABLES", "Progress", "SharedWriter", "StoreError", "TuningStore"]

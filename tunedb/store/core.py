@@ -32,6 +32,9 @@ from tunedb.store.schema import REFERENCES, TABLES, UTC_TIMESTAMP, inspect, late
 
 _LOCK_PID = re.compile(r"\(PID (\d+)\)")
 _LOCK_POLL_S = 0.05
+# How long the library's readers (plan, train) wait for a file another process holds: a
+# collector holds it only while it commits, for well under a second.
+BUSY_WAIT_S = 30.0
 _CORRUPT_HINTS = ("not a valid duckdb database", "corrupt", "checksum", "serialization error")
 
 
