@@ -1,0 +1,162 @@
+"""A ``torch.compile`` backend backed by tunedb's plans.
+
+    import torch
+    from tunedb.frontends.torch_backend import tunedb_backend
+
+    fast = torch.compile(model.eval().cuda(), backend=tunedb_backend)
+    y = fast(x)
+
+TorchDynamo hands the backend each captured FX graph with example inputs. The backend exports
+that graph to ONNX with PyTorch's own exporter (``torch.onnx.export(..., dynamo=True)``), bakes
+the lifted parameters and buffers in as initializers (weights are frozen at compile time:
+inference only), plans it with ``tunedb.compile`` and runs the plan with ``PlanExecutor`` on
+the inputs' CUDA device. The plan's outputs on the example inputs are checked against the
+eager graph's within the dtype's tolerance before the plan is used. Anything it cannot take
+(an export or import failure, CPU tensors, no GPU, a mismatch) makes that graph run eagerly,
+with a one-line warning naming why; the graph break's other pieces are unaffected.
+
+Not imported by ``import tunedb`` (it imports torch).
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tunedb.plan.driver import compile as compile_plan
+from tunedb.runtime.executor import PlanExecutor
+
+TOLERANCE = {"float32": (1e-4, 1e-3), "float16": (1e-2, 2e-2), "bfloat16": (2e-2, 5e-2)}
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+
+
+def _is_weight(name: str) -> bool:
+    # Dynamo lifts module parameters and buffers into placeholders named after their path.
+    return "_parameters_" in name or "_buffers_" in name
+
+
+class TunedbGraph:
+    """One captured FX graph as a tunedb plan; calling it runs the plan (or eager, see
+    ``fallback``). ``plan`` is None when the graph could not be planned."""
+
+    def __init__(self, gm: Any, example_inputs: Sequence[Any], options: dict[str, Any]) -> None:
+        import torch
+
+        self.gm = gm
+        self.plan = None
+        self.executor = None
+        self.fallback = ""
+        self.user_inputs: list[int] = []
+        self._names: list[str] = []
+        placeholders = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+        tensors = all(isinstance(t, torch.Tensor) for t in example_inputs)
+        if not tensors or len(placeholders) != len(example_inputs):
+            self.fallback = "graph inputs that are not tensors (symbolic sizes or Python values)"
+            return
+        try:
+            model = self._export(example_inputs, placeholders)
+            self.plan = compile_plan(model, cost_model=options.get("cost_model"),
+                                     db=options.get("db"), fill_initializers=False)
+        except Exception as e:  # noqa: BLE001 - any failure means: run this graph eagerly
+            self.fallback = f"not planned: {_one_line(e)}"
+            return
+        if not all(t.is_cuda for t in example_inputs):
+            self.fallback = "inputs are not on a CUDA device"
+            return
+        try:
+            self.executor = PlanExecutor(self.plan)
+            self._verify(example_inputs)
+        except Exception as e:  # noqa: BLE001
+            self.executor = None
+            self.fallback = f"not run: {_one_line(e)}"
+
+    def _export(self, example_inputs: Sequence[Any], placeholders: list[str]) -> Any:
+        """The FX graph as an ONNX model whose weights are initializers, inputs the rest."""
+        import onnx
+        import torch
+        from onnx import numpy_helper
+
+        self.gm.eval()  # dynamo's GraphModule starts in training mode; the graph is fixed
+        with torch.no_grad():
+            program = torch.onnx.export(self.gm, tuple(example_inputs), dynamo=True,
+                                        opset_version=18, verbose=False)
+        model = program.model_proto
+        onnx_inputs = list(model.graph.input)
+        if len(onnx_inputs) != len(example_inputs):
+            raise ValueError(f"exported graph has {len(onnx_inputs)} inputs for "
+                             f"{len(example_inputs)} FX placeholders")
+        keep = []
+        for i, (vi, t, name) in enumerate(zip(onnx_inputs, example_inputs, placeholders)):
+            if not _is_weight(name):
+                keep.append(vi)
+                self.user_inputs.append(i)
+                self._names.append(vi.name)
+                continue
+            a = t.detach().cpu()
+            if a.dtype == torch.bfloat16:
+                import ml_dtypes
+
+                arr = a.float().numpy().astype(ml_dtypes.bfloat16)
+            else:
+                arr = a.numpy()
+            model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(arr), vi.name))
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
+        buf = io.BytesIO()  # a round trip drops the exporter's in-memory external data links
+        onnx.save(model, buf)
+        return onnx.load_from_string(buf.getvalue())
+
+    def _verify(self, example_inputs: Sequence[Any]) -> None:
+        import torch
+
+        with torch.no_grad():
+            want = self.gm(*example_inputs)
+        got = self._run(example_inputs)
+        want = [want] if isinstance(want, torch.Tensor) else list(want)
+        for w, g in zip(want, got):
+            atol, rtol = TOLERANCE.get(str(w.dtype).removeprefix("torch."), (1e-4, 1e-3))
+            scale = float(w.float().abs().max()) or 1.0
+            if not torch.allclose(g.float(), w.float(), atol=atol * scale, rtol=rtol):
+                err = float((g.float() - w.float()).abs().max())
+                raise ValueError(f"plan output differs from eager: max abs error {err:.3g} "
+                                 f"(output scale {scale:.3g})")
+
+    def _run(self, args: Sequence[Any]) -> list[Any]:
+        import cupy as cp
+        import torch
+
+        feeds = {}
+        for name, i in zip(self._names, self.user_inputs):
+            t = args[i].contiguous()
+            feeds[name] = (cp.from_dlpack(t.view(torch.int16)).view(cp.uint16)
+                           if t.dtype == torch.bfloat16 else cp.from_dlpack(t))
+        outs = self.executor.run(feeds, copy=True)
+        graph = self.executor.graph
+        result = []
+        for v in graph.outputs:
+            y = torch.from_dlpack(outs[v])
+            if graph.type_of(v).dtype == "bfloat16":  # the executor widens bf16 outputs
+                y = y.to(torch.bfloat16)
+            result.append(y)
+        return result
+
+    def __call__(self, *args: Any) -> Any:
+        if self.executor is None:
+            return self.gm.forward(*args)
+        return tuple(self._run(args))
+
+
+def tunedb_backend(gm: Any, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
+    """``torch.compile`` backend: ``torch.compile(model, backend=tunedb_backend)``. Options
+    (through ``functools.partial``): ``cost_model`` and ``db`` as for ``tunedb.compile``."""
+    g = TunedbGraph(gm, example_inputs, options)
+    if g.executor is None:
+        warnings.warn(f"tunedb backend: graph runs eagerly ({g.fallback})", stacklevel=2)
+    return g
