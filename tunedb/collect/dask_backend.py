@@ -201,12 +201,13 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
     from distributed.scheduler import KilledWorker
 
     t0 = time.monotonic()
-    try:
-        hellos = client.run(worker_hello, device)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise ClusterError(f"a worker cannot open device {device!r}: {' '.join(str(e).split())}") from None
+    # Workers come and go (one restarting after a crash): those that answer are the cluster.
+    answers = client.run(worker_hello, device, on_error="return")
+    hellos = {a: h for a, h in answers.items() if isinstance(h, str)}
     if not hellos:
-        raise ClusterError("the Dask cluster has no workers")
+        errors = [e for e in answers.values() if isinstance(e, BaseException)]
+        why = f": {' '.join(str(errors[0]).split())}" if errors else ""
+        raise ClusterError(f"no Dask worker could open device {device!r}{why}")
     infos = {a: DeviceInfo(**json.loads(h)["info"]) for a, h in hellos.items()}
     protocol = Protocol(**json.loads(next(iter(hellos.values())))["protocol"])
     by_id = {i.id: i for i in infos.values()}
