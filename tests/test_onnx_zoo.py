@@ -171,6 +171,18 @@ def test_zoo_model_imports_and_plans(file):  # 0.5-3.5 s each on 2 cores
     assert plan.steps and plan.kernels < len(graph.nodes)
 
 
+@pytest.mark.parametrize("file", ["bert_base_dynamo_bf16.onnx", "vit_dynamo_bf16.onnx",
+                                  "resnet50_dynamo_bf16.onnx", "convnext_tiny_ts_bf16.onnx"])
+def test_bf16_models_have_no_float32_values(file):
+    # No hidden upcasts: neither the importer (composites such as softmax and layernorm) nor
+    # the planner's kernels put a float32 tensor between bf16 ops of these models.
+    graph = import_onnx(ZOO / file)
+    assert {t.dtype for _, t in graph.types} <= {"bfloat16", "int64", "bool"}
+    plan = tunedb.compile(graph, cost_model=False)
+    for step in plan.steps:
+        assert "float32" not in {t.dtype for _, t in step.graph.types}, step.ops
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("file", ["llama_small_dynamo_fp32.onnx", "mobilenet_v3_ts_fp32.onnx"])
 def test_zoo_model_matches_onnxruntime(file):
