@@ -230,6 +230,29 @@ def save(booster: Any, out_dir: Path, frame: dict[str, Any], scores: dict[str, A
     return out_dir
 
 
+def load_predictor(path: Path) -> Any:
+    """A saved packing model (``save``'s folder, or its card) as ``predict(w, cands) -> µs``;
+    a card of another kind or feature schema is refused (``ValueError``)."""
+    import xgboost as xgb
+
+    path = Path(path)
+    folder = path.parent if path.name == "card.json" else path
+    try:
+        card = json.loads((folder / "card.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"packing model {folder}: no readable card.json ({e})") from None
+    if card.get("kind") != "packing" or card.get("feature_schema") != FEATURE_SCHEMA:
+        raise ValueError(f"packing model {folder}: card says kind {card.get('kind')!r}, schema "
+                         f"{card.get('feature_schema')!r}; expected packing, {FEATURE_SCHEMA}")
+    booster = xgb.Booster()
+    booster.load_model(str(folder / "model.json"))
+
+    def predict(w: PackingWorkload, cands: Sequence[Candidate]) -> np.ndarray:
+        X = np.asarray([[f[k] for k in FEATURES] for f in (features(w, c) for c in cands)], np.float32)
+        return predict_us(booster, X)
+    return predict
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tunedb.costmodel.packing")
     ap.add_argument("--data", type=Path, required=True, help="a packing Parquet export")

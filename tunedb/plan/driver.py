@@ -9,6 +9,7 @@ return the frozen Plan. Planning needs no GPU unless ``measure_top``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -20,12 +21,14 @@ from typing import Any
 
 from tunedb.costmodel.errors import CostModelError
 from tunedb.costmodel.features import DeviceFacts
+from tunedb.costmodel.packing import load_predictor
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import infer_graph
 from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.cost import Coster, GroupCost, stitch_of
 from tunedb.plan.fusion import explore
 from tunedb.plan.measure import Recorder, measure_steps
+from tunedb.plan.packing import pack_plan_steps, runnable_packs, store_times
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
 from tunedb.plan.stage_refine import compile_staged
 from tunedb.plan.subgraph import GraphIndex
@@ -131,7 +134,8 @@ def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: 
 def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any = "cuda",
             measure_top: int = 0, beam: int = 4, horizontal: bool = True,
             bindings: dict[str, int] | None = None, fill_initializers: bool = True,
-            measure_device: str = "cuda", schedule: str = "sequential") -> Plan:
+            measure_device: str = "cuda", schedule: str = "sequential", pack: bool | str = "auto",
+            pack_model: Any = None) -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
@@ -152,9 +156,18 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
 
     ``schedule``: ``"sequential"`` (one stream), ``"ios"`` (IOS stages over the steps: groups of
     a stage run concurrently on their own streams; ``tunedb.plan.stages``) or ``"auto"`` (the
-    stages only where they are predicted to pay)."""
+    stages only where they are predicted to pay).
+
+    ``pack``: launch independent GEMM/conv steps together (``tunedb.plan.packing``) where an
+    exact database hit or the packing model (``pack_model``: a saved model folder or a predictor;
+    ``None``: the registry's for the device) says it beats them one after another by 5 %;
+    ``"auto"`` packs only with such evidence, ``True`` fails without a model or database,
+    ``False`` never packs. Sequential schedules only."""
+    if pack is True and schedule != "sequential":
+        raise PlanError("pack=True needs schedule='sequential' (IOS stages and packs do not mix)")
     if schedule != "sequential":
-        return compile_staged(compile, load_graph(model, bindings, fill_initializers), schedule,
+        return compile_staged(functools.partial(compile, pack=False),
+                              load_graph(model, bindings, fill_initializers), schedule,
                               db=db, cost_model=cost_model, device=device, measure_top=measure_top,
                               beam=beam, horizontal=horizontal, measure_device=measure_device)
     t0 = time.perf_counter()
@@ -188,11 +201,35 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             finally:
                 # Whatever was measured is kept, even when measuring stopped half-way.
                 counts["stored"] = recorder.flush() if recorder is not None else 0
+        packs: list[Any] = []
+        if pack:
+            predictor = _pack_predictor(pack_model, info)
+            if pack is True and predictor is None and store is None:
+                raise PlanError("pack=True needs a packing model or a database")
+            times = store_times(store, ids) if store is not None and ids else None
+            if predictor is not None or times is not None:
+                steps, packs = pack_plan_steps(graph, steps, model=predictor, times=times)
     buffers = plan_buffers(graph, steps)
+    packs = runnable_packs(steps, buffers, packs)
     search = {**part.stats, **counts, "plan_s": round(time.perf_counter() - t0, 4),
               "cost_model": type(model_obj).__name__ if model_obj is not None else "",
               "db": bool(store is not None)}
     device_text = f"{info.name} ({info.id})" if info is not None else ""
     return Plan(graph_json=canonical_json(graph.to_json()), steps=tuple(steps), buffers=buffers,
                 device=device_text, launch_us=facts.launch_us, search=search,
-                source=source_of(model, bindings, fill_initializers))
+                source=source_of(model, bindings, fill_initializers), packs=tuple(packs))
+
+
+def _pack_predictor(pack_model: Any, info: DeviceInfo | None) -> Any:
+    """A packing predictor: ``pack_model`` as it is when callable, loaded when a path, else the
+    registry's packing model for the device's GPU model when there is one."""
+    from tunedb.costmodel.registry import CARD_FILE, default_models_root, model_dir
+
+    if callable(pack_model):
+        return pack_model
+    if pack_model is not None:
+        return load_predictor(Path(pack_model))
+    root = default_models_root()
+    name = info.name if info is not None else DeviceFacts().name
+    folder = model_dir(root, name, "packing") if root is not None else None
+    return load_predictor(folder) if folder is not None and (folder / CARD_FILE).is_file() else None

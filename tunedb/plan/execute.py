@@ -13,6 +13,7 @@ from tunedb.runtime.device import import_cupy
 
 EXECUTOR_MODULE = "tunedb.runtime.executor"
 STAGED_MODULE = "tunedb.runtime.stage_exec"  # plans with IOS stages: streams forked in the graph
+PACKED_MODULE = "tunedb.runtime.pack_exec"  # plans with superkernel packs
 
 
 def run_reference_steps(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -44,6 +45,7 @@ def run_cuda(plan: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     Raises ``NoGPUError`` first where there is no GPU, so the message is about the GPU."""
     import_cupy()
     name = STAGED_MODULE if getattr(plan, "stages", ()) else EXECUTOR_MODULE
+    name = PACKED_MODULE if getattr(plan, "packs", ()) else name
     try:
         import importlib
 

@@ -77,4 +77,10 @@ def explain(plan: Any, width: int = 160) -> str:
                       f"{max(len(st) for st in plan.stages)} streams); predicted "
                       f"{search.get('ios_predicted_us', '?')} µs staged vs "
                       f"{search.get('sequential_predicted_us', '?')} µs in one stream")
+    for pk in getattr(plan, "packs", ()):
+        what = "measured" if pk.source == "db" else "predicted"
+        console.print(f"pack: steps {pk.steps[0]}-{pk.steps[-1]} "
+                      f"({ops_text(tuple(plan.steps[i].kind for i in pk.steps))}) as {pk.label}: "
+                      f"{what} {pk.predicted_us:.2f} µs vs {pk.serial_us:.2f} µs one after another "
+                      f"(source {pk.source})")
     return out.getvalue()

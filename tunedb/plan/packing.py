@@ -10,20 +10,30 @@ plans' ready layers. ``choose`` ranks a workload's candidates with a packing cos
 none, the rule of the bench: one padded call where it exists, else 8 streams) and keeps serial
 when no candidate is predicted to beat it by ``min_gain``: packing must pay.
 
-This module plans only; executing a pack step inside a plan is not wired yet (docs/packing.md).
+``PlanPack`` records a pack inside a plan (``Plan.packs``; ``check_packs`` validates it);
+``pack_plan_steps`` is the driver's pass: it packs a ready set only where measurements (an exact
+database hit) or a packing cost model say a plan backend beats serial by ``min_gain``.
+``pack_plans`` packs the ready layers of several tenants' plans into one step.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from tunedb.graph.ir import Graph, Node
 from tunedb.graph.ops import canonical_attrs, infer_graph
-from tunedb.kernels.packing import Candidate, Member, PackingWorkload, candidates
+from tunedb.kernels.packing import Candidate, Cluster, Member, PackingWorkload, candidates
+from tunedb.records import canonical_json
+from tunedb.runtime.device import import_cupy
+from tunedb.runtime.pack import PackedRun, reference, storage, worst_error
+from tunedb.runtime.streams import StreamPool
 
 GEMM_OPS = ("matmul", "gemm", "conv2d")
 PACK_DTYPES = ("float32", "bfloat16", "float16")
@@ -132,3 +142,334 @@ def choose(w: PackingWorkload, model: Any = None, min_gain: float = 0.05
     if best is not serial and pred[order[0]] > serial_us * (1.0 - min_gain):
         return serial, ranking
     return best, ranking
+
+
+# -- packs inside a plan ---------------------------------------------------------------------------
+# Backends a plan runs with the plan's own buffers (tunedb.runtime.pack_exec): one call per member,
+# on one stream or on forked streams. The batched backends need operands restacked, copies the
+# database did not time; a plan does not choose them.
+PLAN_BACKENDS = ("serial", "streams")
+PACK_STEP_KINDS = ("matmul", "gemm", "conv2d")
+PACK_SOURCES = ("model", "db")
+
+
+@dataclass(frozen=True)
+class PlanPack:
+    """Consecutive GEMM/conv steps of a plan launched together: ``steps`` (plan step indices),
+    ``candidate`` (canonical JSON of a ``Candidate`` whose cluster members index ``steps``), the
+    packing ``workload_hash``, and the evidence: ``source`` (model or db), predicted or measured
+    µs of the pack and of the same members one after another (``serial_us``)."""
+
+    steps: tuple[int, ...]
+    candidate: str
+    workload_hash: str = ""
+    predicted_us: float = 0.0
+    serial_us: float = 0.0
+    source: str = "model"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", tuple(int(i) for i in self.steps))
+        if self.source not in PACK_SOURCES:
+            raise ValueError(f"pack source {self.source!r}: expected one of {PACK_SOURCES}")
+
+    @property
+    def cand(self) -> Candidate:
+        return Candidate.from_json(json.loads(self.candidate))
+
+    @property
+    def clusters(self) -> tuple[Cluster, ...]:
+        """The clusters with plan step indices as members (what the executor runs)."""
+        return tuple(Cluster(tuple(self.steps[i] for i in c.members), c.backend, c.streams)
+                     for c in self.cand.clusters)
+
+    @property
+    def label(self) -> str:
+        return self.cand.name
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": list(self.steps), "candidate": json.loads(self.candidate),
+                "workload_hash": self.workload_hash, "predicted_us": self.predicted_us,
+                "serial_us": self.serial_us, "source": self.source}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> PlanPack:
+        try:
+            cand = canonical_json(Candidate.from_json(d["candidate"]).to_json())
+            return PlanPack(tuple(d["steps"]), cand, str(d.get("workload_hash", "")),
+                            float(d.get("predicted_us", 0.0)), float(d.get("serial_us", 0.0)),
+                            str(d.get("source", "model")))
+        except KeyError as e:
+            raise ValueError(f"malformed plan pack: no {e.args[0]!r}") from None
+
+
+def check_packs(plan: Any) -> None:
+    """Raise ``ValueError`` unless every pack of ``plan`` is runnable: two or more consecutive
+    single-node GEMM/conv steps, each in one pack, none reading another's output or sharing
+    bytes of the buffer plan with another member's inputs (they all run at once), a candidate
+    whose clusters partition the members with plan backends, and no IOS stages besides."""
+    if plan.packs and plan.stages:
+        raise ValueError("a plan has either IOS stages or packs, not both")
+    seen: set[int] = set()
+    where = {v: (b, o, o + n) for v, b, o, n in plan.buffers.assign}
+    for p, pack in enumerate(plan.packs):
+        st = pack.steps
+        if len(st) < 2 or list(st) != list(range(st[0], st[0] + len(st))):
+            raise ValueError(f"pack {p}: steps {list(st)} are not two or more consecutive steps")
+        if st[0] < 0 or st[-1] >= len(plan.steps):
+            raise ValueError(f"pack {p}: steps {list(st)} outside the plan's {len(plan.steps)} steps")
+        if seen & set(st):
+            raise ValueError(f"pack {p}: step {min(seen & set(st))} is in two packs")
+        seen |= set(st)
+        steps = [plan.steps[i] for i in st]
+        for i, s in zip(st, steps):
+            if s.kind not in PACK_STEP_KINDS or len(s.nodes) != 1:
+                raise ValueError(f"pack {p}: step {i} ({s.kind} {'+'.join(s.ops)}) is not one GEMM/conv")
+        outs = {v for s in steps for v in s.outputs}
+        ins = {v for s in steps for v in s.inputs}
+        if outs & ins:
+            raise ValueError(f"pack {p}: a member reads {sorted(outs & ins)[0]!r}, another member's output")
+        for o in outs:
+            for v in ins:
+                if o in where and v in where and where[o][0] == where[v][0] \
+                        and where[o][1] < where[v][2] and where[v][1] < where[o][2]:
+                    raise ValueError(f"pack {p}: output {o!r} shares buffer bytes with input {v!r}")
+        try:
+            cand = pack.cand
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"pack {p}: malformed candidate ({e})") from None
+        got = sorted(i for c in cand.clusters for i in c.members)
+        if got != list(range(len(st))):
+            raise ValueError(f"pack {p}: its clusters do not partition its {len(st)} members")
+        bad = [c.backend for c in cand.clusters if c.backend not in PLAN_BACKENDS]
+        if bad or cand.concurrent != 1:
+            what = (bad or ["concurrent clusters"])[0]
+            raise ValueError(f"pack {p}: backend {what} does not run in a plan")
+
+
+def plan_candidates(w: PackingWorkload) -> list[Candidate]:
+    """The candidates of ``w`` a plan can run (``PLAN_BACKENDS``, clusters one after another)."""
+    return [c for c in candidates(w)
+            if c.concurrent == 1 and all(cl.backend in PLAN_BACKENDS for cl in c.clusters)]
+
+
+def store_times(store: Any, device_ids: Sequence[str] | None) -> Any:
+    """A lookup ``w -> {candidate name: median µs}`` of a tuning store's ok packing measurements
+    on ``device_ids`` (whole-workload candidates only: their meaning does not depend on the order
+    of the members, which the workload hash ignores)."""
+    def times(w: PackingWorkload) -> dict[str, float]:
+        out: dict[str, list[float]] = {}
+        for c in store.candidates(workload_hash=w.hash, kind="packing"):
+            cfg = c.config_dict
+            if cfg.get("partition") != "whole":
+                continue
+            cand = Candidate.from_json({"partition": "whole", "concurrent": cfg.get("concurrent", 1),
+                                        "clusters": json.loads(cfg["clusters"])})
+            for m in store.measurements(candidate_hash=c.hash):
+                if m.status == "ok" and (device_ids is None or m.device_id in device_ids):
+                    out.setdefault(cand.name, []).append(float(np.median(m.samples_us)))
+        return {k: float(np.median(v)) for k, v in out.items()}
+    return times
+
+
+def decide(w: PackingWorkload, *, model: Any = None, times: Any = None, min_gain: float = 0.05
+           ) -> tuple[Candidate, float, float, str] | None:
+    """The plan candidate to run for ``w`` with its µs, serial's µs and the evidence (``db``:
+    measured serial and a faster candidate; else ``model``), or None when the evidence does not
+    say a pack beats serial by ``min_gain`` (or there is none: a plan never packs on a guess)."""
+    cands = plan_candidates(w)
+    by_name = {c.name: c for c in cands}
+    measured = {k: v for k, v in (times(w) if times is not None else {}).items() if k in by_name}
+    if "whole:serial" in measured and len(measured) > 1:
+        name = min(measured, key=lambda k: measured[k])
+        if name != "whole:serial" and measured[name] <= measured["whole:serial"] * (1 - min_gain):
+            return by_name[name], measured[name], measured["whole:serial"], "db"
+        return None
+    if model is None:
+        return None
+    pred = np.asarray(model(w, cands), dtype=float)
+    best = int(np.argmin(pred))
+    serial = pred[[c.name for c in cands].index("whole:serial")]
+    if cands[best].name == "whole:serial" or pred[best] > serial * (1 - min_gain):
+        return None
+    return cands[best], float(pred[best]), float(serial), "model"
+
+
+def pack_plan_steps(graph: Graph, steps: Sequence[Any], *, model: Any = None, times: Any = None,
+                    min_gain: float = 0.05) -> tuple[list[Any], list[PlanPack]]:
+    """Steps reordered so each chosen pack's members are consecutive, and the packs.
+
+    Per ready set of the graph (``ready_sets``), its members are the single-node GEMM/conv steps
+    of one dtype; they move to just after the last step that produces one of their inputs, which
+    must come before any step reading one of their outputs (else the set is left alone)."""
+    graph = infer_graph(graph)
+    steps = list(steps)
+    chosen: list[tuple[list[Any], Candidate, PackingWorkload, float, float, str]] = []
+    for nodes in ready_sets(graph):
+        step_of = {s.nodes[0]: s for s in steps if len(s.nodes) == 1 and s.kind in PACK_STEP_KINDS}
+        idx = {n.outputs[0]: j for j, n in enumerate(graph.nodes)}
+        by_dtype: dict[str, list[tuple[Any, Member]]] = {}
+        for node in nodes:
+            s = step_of.get(idx[node.outputs[0]])
+            mb = gemm_member(graph, node, label=node.outputs[0]) if s is not None else None
+            if mb is not None:
+                by_dtype.setdefault(mb.dtype, []).append((s, mb))
+        for dt, pairs in sorted(by_dtype.items()):
+            if len(pairs) < 2:
+                continue
+            w = PackingWorkload(f"{graph.name or 'graph'}.{pairs[0][1].label}.{dt}", "graphs",
+                                tuple(mb for _, mb in pairs))
+            got = decide(w, model=model, times=times, min_gain=min_gain)
+            if got is None:
+                continue
+            members = [s for s, _ in pairs]
+            moved = _gather(steps, members)
+            if moved is not None:
+                steps = moved
+                chosen.append((members, *got[:1], w, *got[1:]))
+    at = {id(s): i for i, s in enumerate(steps)}
+    packs = []
+    for members, cand, w, us, serial_us, source in chosen:
+        pos = [at[id(s)] for s in members]
+        if max(pos) - min(pos) != len(pos) - 1:  # a later set moved into the middle: no pack
+            continue
+        order = sorted(range(len(pos)), key=lambda i: pos[i])  # members in plan order
+        back = {old: new for new, old in enumerate(order)}
+        remap = Candidate(cand.partition, tuple(Cluster(tuple(sorted(back[i] for i in c.members)),
+                                                        c.backend, c.streams) for c in cand.clusters))
+        packs.append(PlanPack(tuple(sorted(pos)), canonical_json(remap.to_json()), w.hash,
+                              round(us, 3), round(serial_us, 3), source))
+    return steps, sorted(packs, key=lambda p: p.steps)
+
+
+def _gather(steps: list[Any], members: list[Any]) -> list[Any] | None:
+    """``steps`` with ``members`` moved together (see ``pack_plan_steps``), or None."""
+    ids = {id(s) for s in members}
+    rest = [s for s in steps if id(s) not in ids]
+    ins = {v for s in members for v in s.inputs}
+    outs = {v for s in members for v in s.outputs}
+    after = max([i + 1 for i, s in enumerate(rest) if ins & set(s.outputs)], default=0)
+    before = min([i for i, s in enumerate(rest) if outs & set(s.inputs)], default=len(rest))
+    if after > before:
+        return None
+    ordered = sorted(members, key=lambda s: [id(x) for x in steps].index(id(s)))
+    return rest[:after] + ordered + rest[after:]
+
+
+def runnable_packs(steps: Sequence[Any], buffers: Any, packs: Sequence[PlanPack]) -> list[PlanPack]:
+    """The packs that pass ``check_packs`` with this buffer plan (one whose members' outputs
+    the buffer plan put over other members' inputs is dropped: it would run unpacked)."""
+    out = []
+    for p in packs:
+        try:
+            check_packs(SimpleNamespace(steps=tuple(steps), buffers=buffers, packs=(p,), stages=()))
+        except ValueError:
+            continue
+        out.append(p)
+    return out
+
+
+# -- tenants: the ready layers of several plans as one step ---------------------------------------
+@dataclass(frozen=True)
+class TenantPack:
+    """One launch for the ready layers of several plans: ``workload`` (members labelled
+    ``t<tenant>.<output value>``), the ``candidate`` that runs it, ``members`` (tenant, plan step)
+    per workload member, and where the choice came from (``model``, ``db`` or ``rule``)."""
+
+    workload: PackingWorkload
+    candidate: Candidate
+    members: tuple[tuple[int, int], ...]
+    predicted_us: float | None = None
+    source: str = "rule"
+
+
+def ready_layer(plan: Any) -> list[int]:
+    """Steps of ``plan`` that can start at once and run as plain GEMMs: single matmul/gemm nodes
+    (no bias input, alpha = beta = 1) reading only graph inputs and constants."""
+    g = plan.graph
+    ready = set(g.inputs) | set(g.constant_map)
+    out = []
+    for k, s in enumerate(plan.steps):
+        if s.kind not in ("matmul", "gemm") or len(s.nodes) != 1 or not set(s.inputs) <= ready:
+            continue
+        node = g.nodes[s.nodes[0]]
+        if node.op == "gemm":
+            attrs = canonical_attrs(node, [g.type_map[v] for v in node.inputs])
+            if len(node.inputs) > 2 or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+                continue
+        if gemm_member(g, node) is not None:
+            out.append(k)
+    return out
+
+
+def pack_plans(plans: Sequence[Any], *, model: Any = None, times: Any = None,
+               min_gain: float = 0.05) -> TenantPack:
+    """The ready layers (``ready_layer``) of ``plans`` (one per tenant) as one packed step:
+    measured times of the workload (``times``, e.g. ``store_times``) decide first, then
+    ``model``, else the rule of ``choose``. Raises ``ValueError`` when fewer than two members or
+    several dtypes are ready."""
+    layers, where = [], []
+    for t, plan in enumerate(plans):
+        g = plan.graph
+        layer = []
+        for k in ready_layer(plan):
+            mb = gemm_member(g, g.nodes[plan.steps[k].nodes[0]], label=plan.steps[k].outputs[0])
+            if mb is not None:
+                layer.append(mb)
+                where.append((t, k))
+        layers.append(layer)
+    if len(where) < 2:
+        raise ValueError(f"the plans have {len(where)} ready GEMM layer(s); packing needs two or more")
+    w = pack_tenants(layers, "tenants." + ".".join(p.graph.name or "graph" for p in plans))
+    if len({m.dtype for m in w.members}) > 1:
+        raise ValueError("the tenants' ready layers differ in dtype; pack them per dtype")
+    measured = times(w) if times is not None else {}
+    if measured:
+        by_name = {c.name: c for c in candidates(w)}
+        name = min((k for k in measured if k in by_name), key=lambda k: measured[k], default=None)
+        if name is not None and "whole:serial" in measured \
+                and measured[name] <= measured["whole:serial"] * (1 - min_gain):
+            return TenantPack(w, by_name[name], tuple(where), measured[name], "db")
+    cand, ranking = choose(w, model, min_gain)
+    us = dict(ranking).get(cand.name)
+    return TenantPack(w, cand, tuple(where), us, "model" if model is not None else "rule")
+
+
+def tenant_inputs(plans: Sequence[Any], tp: TenantPack, feeds: Sequence[Mapping[str, Any]]
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per member ``(x [batch, m, k], weight)`` as float32 (weights ``[batch, k, n]``, or
+    ``[batch, n, k]`` for layout ``nt``), from each tenant's graph inputs and constants."""
+    out = []
+    for (t, k), mb in zip(tp.members, tp.workload.members):
+        g, s = plans[t].graph, plans[t].steps[k]
+        env = {**{v: c.array for v, c in g.constants}, **dict(feeds[t])}
+        x, wt = (np.asarray(env[v], dtype=np.float32) for v in g.nodes[s.nodes[0]].inputs[:2])
+        wshape = (mb.batch, mb.k, mb.n) if mb.layout == "nn" else (mb.batch, mb.n, mb.k)
+        out.append((x.reshape(mb.batch, mb.m, mb.k), wt.reshape(wshape)))
+    return out
+
+
+def run_tenant_pack(plans: Sequence[Any], tp: TenantPack, feeds: Sequence[Mapping[str, Any]]
+                    ) -> list[dict[str, np.ndarray]]:
+    """Run the pack on the GPU (``tunedb.runtime.pack``) with each tenant's ``feeds``, check every
+    member against the float64 reference first, and return per tenant its members' outputs
+    (float64, the graph's shapes). Raises ``ValueError`` when a member is wrong."""
+    cp = import_cupy()
+    w = tp.workload
+    inputs = [(storage(x, mb.dtype), storage(wt, mb.dtype))
+              for (x, wt), mb in zip(tenant_inputs(plans, tp, feeds), w.members)]
+    pool = StreamPool(max([c.streams for c in tp.candidate.clusters] + [tp.candidate.concurrent, 1]))
+    try:
+        run = PackedRun(cp, w, tp.candidate, inputs, pool)
+        run.run()
+        got = run.outputs()
+    finally:
+        pool.close()
+    err = worst_error(w, got, reference(w, inputs))
+    if not err <= 1.0:
+        raise ValueError(f"tenant pack {tp.candidate.name}: outputs off the float64 reference "
+                         f"({err:.3g} x the tolerance)")
+    out: list[dict[str, np.ndarray]] = [{} for _ in plans]
+    for (t, k), o in zip(tp.members, got):
+        v = plans[t].steps[k].outputs[0]
+        out[t][v] = np.asarray(o).reshape(plans[t].graph.type_map[v].shape)
+    return out

@@ -24,6 +24,7 @@ from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import infer_graph
 from tunedb.kernels.schedule import Schedule
 from tunedb.plan.execute import run_cuda, run_reference_steps
+from tunedb.plan.packing import PlanPack, check_packs
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import canonical_json, sha256_hex
 
@@ -319,9 +320,12 @@ class Plan:
     # The model file the graph came from (model path, its sha256, bindings; ``source_of``): the
     # JSON then refers to it for the constants' bytes instead of carrying weights.
     source: tuple[tuple[str, Any], ...] = ()
+    # Superkernel packs (tunedb.plan.packing.PlanPack): consecutive GEMM/conv steps run together.
+    packs: tuple[PlanPack, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))
+        object.__setattr__(self, "packs", tuple(self.packs))
         object.__setattr__(self, "search", _pairs(self.search))
         object.__setattr__(self, "source", _pairs(self.source))
         try:
@@ -394,6 +398,11 @@ class Plan:
         _check_subgraphs(self, g)
         if self.stages:
             _check_stages(self)
+        if self.packs:
+            try:
+                check_packs(self)
+            except ValueError as e:
+                raise PlanError(str(e)) from None
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -410,7 +419,8 @@ class Plan:
                 **({"source": source} if source else {}),
                 "graph": graph, "steps": [s.to_json() for s in self.steps],
                 "buffers": self.buffers.to_json(), "totals": self.totals(),
-                **({"stages": [[list(g) for g in st] for st in self.stages]} if self.stages else {})}
+                **({"stages": [[list(g) for g in st] for st in self.stages]} if self.stages else {}),
+                **({"packs": [p.to_json() for p in self.packs]} if self.packs else {})}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json())
@@ -434,7 +444,8 @@ class Plan:
                         buffers=BufferPlan.from_json(d.get("buffers", {})), device=str(d.get("device", "")),
                         launch_us=_number(d.get("launch_us", 2.5), "launch_us"), search=d.get("search", {}),
                         format=_int(d.get("format", PLAN_FORMAT), "format"),
-                        stages=d.get("stages", ()) or (), source=source)
+                        stages=d.get("stages", ()) or (), source=source,
+                        packs=tuple(PlanPack.from_json(p) for p in d.get("packs") or ()))
             plan.check()
         except GraphError as e:
             raise PlanError(f"plan graph: {e}") from None

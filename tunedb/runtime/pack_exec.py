@@ -1,0 +1,179 @@
+"""Plans with superkernel packs on the GPU: a pack's members launched together in the plan's graph.
+
+``PackExecutor(plan)`` is a ``PlanExecutor`` that runs each pack of ``plan.packs`` (consecutive
+GEMM/conv steps; ``tunedb.plan.packing.PlanPack``) by its clusters, one after another: a
+``serial`` cluster's members on the executor's stream in order; a ``streams`` cluster's members
+spread (longest predicted first) over ``k`` streams of a ``StreamPool``, forked from and joined
+back into the executor's stream, so that the captured plan is one CUDA graph with parallel
+branches. Each branch stream has its own cuBLAS handle and workspace and its own scratch buffer
+(im2col convolutions never share memory). Members read and write the plan's own buffers: no
+copies, the same kernels as the unpacked plan, only launched side by side.
+
+``pack_layout(plan)`` is the CPU part (which stream each member runs on, where each pack
+launches); the runtime reads the plan's packs by their attributes and does not import the
+planner.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tunedb.runtime.device import import_cupy
+from tunedb.runtime.executor import ExecutorError, PlanExecutor
+from tunedb.runtime.executor_ops import ComputeOps
+from tunedb.runtime.streams import StreamPool, record_forked
+
+RUNNABLE = ("serial", "streams")
+
+
+def _lpt(members: list[int], cost: Mapping[int, float], k: int) -> list[list[int]]:
+    """Longest first onto the least loaded of ``k`` branches; each branch in plan order."""
+    bins: list[list[int]] = [[] for _ in range(k)]
+    load = [0.0] * k
+    for i in sorted(members, key=lambda i: (-cost[i], i)):
+        j = load.index(min(load))
+        bins[j].append(i)
+        load[j] += cost[i]
+    return [sorted(b) for b in bins if b]
+
+
+def pack_layout(plan: Any) -> tuple[dict[int, int], dict[int, int], list[list[tuple[str, list[list[int]]]]]]:
+    """``lane`` (pack member step -> 0 for the executor's stream, ``i + 1`` for pool stream ``i``),
+    ``last`` (the last step of each pack -> pack index: the pack launches when it is built) and
+    per pack its clusters in order as ``(backend, branches of step indices)``."""
+    lane: dict[int, int] = {}
+    last: dict[int, int] = {}
+    layout = []
+    for p, pack in enumerate(plan.packs):
+        cost = {i: max(float(plan.steps[i].predicted_us), 1e-3) for i in pack.steps}
+        segs = []
+        for cl in pack.clusters:
+            if cl.backend not in RUNNABLE:
+                raise ExecutorError(f"pack {p}: backend {cl.backend!r} does not run inside a plan")
+            members = sorted(cl.members)
+            branches = [members] if cl.backend == "serial" else _lpt(members, cost, max(1, cl.streams))
+            for b, part in enumerate(branches):
+                for i in part:
+                    lane[i] = 0 if cl.backend == "serial" else b + 1
+            segs.append((cl.backend, branches))
+        last[max(pack.steps)] = p
+        layout.append(segs)
+    return lane, last, layout
+
+
+class PackExecutor(PlanExecutor):
+    """See the module docstring. ``packs`` (packs launched) and ``pack_streams`` (streams in use
+    at most) are added to ``summary()``."""
+
+    def __init__(self, plan: Any, *, capture: bool = True, verify_capture: bool = True,
+                 sm_count: int | None = None) -> None:
+        if getattr(plan, "stages", ()):
+            raise ExecutorError("a plan with IOS stages runs with tunedb.runtime.stage_exec")
+        self._pk_lane, self._pk_last, self._pk_layout = pack_layout(plan)
+        width = max(self._pk_lane.values(), default=0)
+        self._pk_pool = StreamPool(max(1, width), tf32=os.environ.get("CUPY_TF32", "0") not in ("", "0"))
+        self._pk_ops: dict[int, tuple[ComputeOps, ComputeOps]] = {}
+        self._pk_fns: dict[int, list[Any]] = {}
+        self._pk_cur = 0
+        self._pk_need: dict[int, int] = {}
+        self._pk_scratch: dict[int, Any] = {}
+        super().__init__(plan, capture=capture, verify_capture=verify_capture, sm_count=sm_count)
+
+    # -- building: members with the cuBLAS handle and scratch of their lane -----------------------
+    def _ops_for(self, g: int) -> tuple[ComputeOps, ComputeOps]:
+        ops = self._pk_ops.get(g)
+        if ops is None:
+            cp, blas = self.cp, self._pk_pool.blas(g - 1)
+            ops = self._pk_ops[g] = (
+                ComputeOps(cp, self.kernels, self._scratch_getter, blas),
+                ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)), blas))
+        return ops
+
+    def _build(self, k: int, step: Any) -> None:
+        if k not in self._pk_lane:
+            super()._build(k, step)
+            return
+        g = self._pk_lane[k]
+        saved = self.ops, self.eval_ops
+        self._pk_cur = g
+        if g:
+            self.ops, self.eval_ops = self._ops_for(g)
+        start = len(self._launch_fns)
+        try:
+            super()._build(k, step)
+        finally:
+            self.ops, self.eval_ops = saved
+            self._pk_cur = 0
+        self._pk_fns[k] = self._launch_fns[start:]
+        del self._launch_fns[start:]
+        if k in self._pk_last:  # every member is built: the pack launches here, in plan order
+            p = self._pk_last[k]
+            self._launch_fns.append(lambda p=p: self._enqueue_pack(p))
+
+    def _scratch_getter(self, nbytes: int) -> Any:
+        g = self._pk_cur
+        if g == 0:
+            return super()._scratch_getter(nbytes)
+        self._pk_need[g] = max(self._pk_need.get(g, 0), int(nbytes))
+        return lambda: self._scratch_of(g)
+
+    def _scratch_of(self, g: int) -> Any:
+        buf = self._pk_scratch.get(g)
+        if buf is None:
+            buf = self._pk_scratch[g] = self.cp.empty(max(1, self._pk_need[g]), dtype=self.cp.uint8)
+        return buf
+
+    # -- launching -------------------------------------------------------------------------------
+    def _run_steps(self, steps: list[int]) -> None:
+        for k in steps:
+            for fn in self._pk_fns[k]:
+                fn()
+
+    def _enqueue_pack(self, p: int) -> None:
+        """The pack's clusters in order on the current (the executor's) stream; a streams
+        cluster forks its branches onto the pool's streams and joins them back."""
+        for backend, branches in self._pk_layout[p]:
+            if backend == "serial":
+                self._run_steps(branches[0])
+            else:
+                record_forked(self.stream, [lambda i, part=part: self._run_steps(part) for part in branches],
+                              self._pk_pool)
+
+    def close_streams(self) -> None:
+        """Give back the pool's cuBLAS handles (the executor's graph stops being valid)."""
+        self._graph = None
+        self._pk_pool.close()
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out["packs"] = len(self._pk_layout)
+        out["pack_streams"] = max(self._pk_lane.values(), default=0)
+        return out
+
+
+# -- Plan.run(backend="cuda") for plans with packs -----------------------------------------------
+_CACHE: dict[int, tuple[Any, PackExecutor]] = {}
+_CACHE_SIZE = 4
+
+
+def execute_plan(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Run a plan with packs on ``inputs`` on the GPU; NumPy outputs. A few executors are kept by
+    plan identity (as ``executor.executor_for`` does), so repeated calls do not rebuild."""
+    cp = import_cupy()
+    hit = _CACHE.get(id(plan))
+    if hit is not None and hit[0]() is plan:
+        ex = hit[1]
+    else:
+        ex = PackExecutor(plan)
+        while len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        try:
+            _CACHE[id(plan)] = (weakref.ref(plan), ex)
+        except TypeError:
+            pass
+    return {k: cp.asnumpy(v) for k, v in ex.run(inputs).items()}
