@@ -144,7 +144,7 @@ def open_client(cluster: str, n_workers: int | None = None, device: str = "cuda"
         lc = LocalCUDACluster(threads_per_worker=1)
     else:
         lc = LocalCluster(n_workers=n_workers or 4, threads_per_worker=1, processes=True,
-                          dashboard_address=None)
+                          dashboard_address=":0")
     return Client(lc), lc
 
 
