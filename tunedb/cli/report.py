@@ -35,7 +35,7 @@ def report(
     against the roofline floor, XGBoost vs the roofline and random baselines, a data summary.
 
     Every prediction comes from a model that never saw the workload (GroupKFold by workload).
-    Opens the database read-only. Progress goes to stderr. With --json, prints the numbers
+    Opens the database read-only. Progress goes to stderr (on a terminal). With --json, prints the numbers
     behind the page.
 
     Example: tunedb report --db h200.duckdb --model models/nvidia-h200/fusion --out report.html

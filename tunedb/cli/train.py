@@ -73,9 +73,13 @@ def _print(metrics: dict[str, Any], where: Path) -> None:
 
 
 def progress_printer() -> Any:
-    """Phase lines on stderr with the seconds since the start (training takes minutes)."""
+    """Phase lines on stderr with the seconds since the start (training takes minutes), when
+    stderr is a terminal; ``None`` otherwise (logs and pipes get the result alone)."""
+    import sys
     import time
 
+    if not sys.stderr.isatty():
+        return None
     t0 = time.monotonic()
     return lambda msg: typer.echo(f"[{time.monotonic() - t0:6.1f}s] {msg}", err=True)
 
@@ -112,7 +116,7 @@ def train(
     model is saved as OUT/<device>/<kind>/model.ubj with card.json, and recorded in the
     database's models table. Several boards of one GPU model (name, compute capability, SM
     count) train one model; held-out pairs never compare measurements of two boards. Progress
-    goes to stderr. With --json, prints one JSON object: by_workload, leave_op_out,
+    goes to stderr (on a terminal). With --json, prints one JSON object: by_workload, leave_op_out,
     leave_shape_out and leave_family_out, each with top1_score, top1_within_2pct,
     decisive_pair_accuracy, pairwise_accuracy (mean over workloads), pairwise_accuracy_pooled,
     top5_score, spearman and mape; the by_workload ones also at the top level; baselines
