@@ -262,7 +262,7 @@ def test_plan_json_refers_to_the_model_instead_of_carrying_weights(tmp_path: Pat
 # -- defaults that destroy ------------------------------------------------------------------------
 def test_failed_import_leaves_no_new_database_nor_folders(tmp_path: Path) -> None:
     target = tmp_path / "new" / "dir" / "t.duckdb"
-    refused(tunedb("db", "import", tmp_path / "nothing", "--db", target, cwd=tmp_path), "does not exist")
+    refused(tunedb("db", "import", tmp_path / "nothing", "--db", target, cwd=tmp_path), "nothing", code=1)
     assert not (tmp_path / "new").exists()
 
 
