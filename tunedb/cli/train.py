@@ -139,6 +139,16 @@ def train(
     if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
         usage_error(f"database {path} is not writable (train records the model in it)")
     root = writable_dir(out if out is not None else default_out())
+    if kind == "packing":  # its own features and trainer (tunedb.costmodel.packing), same splits
+        from tunedb.costmodel.packing import train_on_store as train_packing
+
+        metrics = train_packing(path, out_root=root, device_id=device_id, folds=folds, lofo=lofo,
+                                seed=seed, progress=progress_printer())
+        if json_out:
+            print_json(metrics)
+        else:
+            _print(metrics, Path(metrics["model_dir"]))
+        return
     result = train_on_store(path, out_root=root, kind=kind, device_id=device_id, boards=boards,
                             folds=folds, lofo=lofo, objective=objective, device=device, seed=seed,
                             progress=progress_printer())

@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.costmodel.errors import TrainError
+from tunedb.costmodel.metrics import all_metrics
 from tunedb.kernels.packing import (
     BACKENDS,
     DTYPES,
@@ -36,6 +39,8 @@ from tunedb.kernels.packing import (
     candidate_waste,
     done_macs,
 )
+from tunedb.records import canonical_json, sha256_hex
+from tunedb.store import BUSY_WAIT_S, TuningStore
 
 FEATURE_SCHEMA = "packing/1"
 SMS, TILE = 132, 128
@@ -105,9 +110,10 @@ FEATURES: tuple[str, ...] = _feature_names()
 
 
 # -- data ------------------------------------------------------------------------------------------
-def load_frame(data: Path) -> dict[str, Any]:
+def load_frame(data: Path, device_ids: Sequence[str] | None = None) -> dict[str, Any]:
     """Rows of a packing export (``tunedb db export`` folder): features, median µs, workload
-    hash and family per ok measurement (several runs of one candidate: the median of medians)."""
+    hash and family per ok measurement (several runs of one candidate: the median of medians);
+    with ``device_ids``, measurements of those boards only."""
     import pyarrow.parquet as pq
 
     ws = {r["hash"]: r for r in pq.read_table(data / "workloads.parquet").to_pylist()}
@@ -115,7 +121,8 @@ def load_frame(data: Path) -> dict[str, Any]:
              if r["kind"] == "packing"}
     times: dict[str, list[float]] = defaultdict(list)
     for r in pq.read_table(data / "measurements.parquet").to_pylist():
-        if r["status"] == "ok" and r["candidate_hash"] in cands and r["samples_us"]:
+        if r["status"] == "ok" and r["candidate_hash"] in cands and r["samples_us"] \
+                and (device_ids is None or r["device_id"] in device_ids):
             times[r["candidate_hash"]].append(float(np.median(r["samples_us"])))
     parsed: dict[str, PackingWorkload] = {}
     X, y, groups, fams, names = [], [], [], [], []
@@ -194,9 +201,10 @@ def _summary(r: dict[str, list[float]]) -> dict[str, float]:
 
 
 def evaluate(frame: dict[str, Any], folds: int = 5, seed: int = 0,
-             splits: Sequence[str] = ("by_workload", "by_scenario")) -> dict[str, Any]:
+             splits: Sequence[str] = ("by_workload", "by_scenario"), keep_predictions: bool = False
+             ) -> dict[str, Any]:
     """Held-out scores by workload (``folds`` folds of whole workloads) and by scenario (each
-    family held out in turn)."""
+    family held out in turn); ``keep_predictions``: each split's held-out µs per row too."""
     X, y, groups, fams, names = (frame[k] for k in ("X", "y", "groups", "families", "names"))
     uniq = np.unique(groups)
     rng = np.random.default_rng(seed)
@@ -207,15 +215,16 @@ def evaluate(frame: dict[str, Any], folds: int = 5, seed: int = 0,
         if split not in splits:
             continue
         acc: dict[str, list[float]] = defaultdict(list)
+        full = np.empty(len(y))
         for key in np.unique(keys):
             test, train = np.flatnonzero(keys == key), np.flatnonzero(keys != key)
             booster = fit(X[train], y[train])
-            pred = predict_us(booster, X[test])
-            full = np.empty(len(y))
-            full[test] = pred
+            full[test] = predict_us(booster, X[test])
             for k2, v in _score(y, full, groups, names, test).items():
                 acc[k2] += v
         res[split] = _summary(acc)
+        if keep_predictions:
+            res[split]["predicted_us"] = full
     return res
 
 
@@ -251,6 +260,79 @@ def load_predictor(path: Path) -> Any:
         X = np.asarray([[f[k] for k in FEATURES] for f in (features(w, c) for c in cands)], np.float32)
         return predict_us(booster, X)
     return predict
+
+
+def _device_ids(data: Path, devices: Sequence[Any], device_id: str | None) -> tuple[list[str], str]:
+    """Boards of the one GPU model (name, compute capability, SMs) whose packing measurements to
+    learn: ``device_id`` (a board id or device name), else the only model with data."""
+    import pyarrow.parquet as pq
+
+    cands = {r["hash"] for r in pq.read_table(data / "candidates.parquet").to_pylist()
+             if r["kind"] == "packing"}
+    with_data = {r["device_id"] for r in pq.read_table(data / "measurements.parquet").to_pylist()
+                 if r["candidate_hash"] in cands and r["status"] == "ok"}
+    models: dict[tuple, list[Any]] = defaultdict(list)
+    for d in devices:
+        models[(d.name, d.compute_capability, d.sm_count)].append(d)
+    if device_id is not None:
+        keys = [k for k, ds in models.items() if any(device_id in (d.id, d.name) for d in ds)]
+    else:
+        keys = [k for k, ds in models.items() if any(d.id in with_data for d in ds)]
+    if len(keys) != 1:
+        what = f"--device-id {device_id!r} matches" if device_id else "packing measurements come from"
+        raise TrainError(f"{what} {len(keys)} device models; name one with --device-id")
+    return [d.id for d in models[keys[0]]], keys[0][0]
+
+
+def _choice_baselines(y: np.ndarray, groups: np.ndarray, names: np.ndarray, seed: int) -> dict[str, Any]:
+    rule = np.ones(len(y))
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        rule[idx[rule_choice(names[idx])]] = 0.0
+    rng = np.random.default_rng(seed)
+    return {"rule": all_metrics(y, rule, groups, seed=seed, with_mape=False),
+            "random": all_metrics(y, rng.random(len(y)), groups, seed=seed, with_mape=False)}
+
+
+def train_on_store(db: Path, *, out_root: Path, device_id: str | None = None, folds: int = 5,
+                   lofo: bool = True, seed: int = 0, progress: Any = None) -> dict[str, Any]:
+    """``tunedb train --kind packing``: the database's packing measurements of one GPU model,
+    held out by workload (``folds`` folds) and, with ``lofo``, by scenario (each family in turn,
+    reported as ``leave_family_out``, the fusion kind's key), scored with the fusion kind's
+    metrics plus the packing choice scores; saved to ``OUT/<device>/packing/`` (model.json,
+    card.json) and recorded in the database's models table."""
+    from tunedb.costmodel.registry import model_dir
+
+    say = progress or (lambda _msg: None)
+    with TuningStore.open(db, read_only=True, wait_s=BUSY_WAIT_S) as store, \
+            tempfile.TemporaryDirectory() as tmp:
+        store.export_parquet(tmp)
+        ids, name = _device_ids(Path(tmp), store.devices(), device_id)
+        try:
+            frame = load_frame(Path(tmp), ids)
+        except ValueError as e:
+            raise TrainError(str(e).replace(tmp, str(db))) from None
+    say(f"{len(frame['y'])} rows, {len(np.unique(frame['groups']))} workloads; held-out evaluation")
+    y, groups = frame["y"], frame["groups"]
+    several = lofo and len(np.unique(frame["families"])) > 1
+    splits = ("by_workload", "by_scenario") if several else ("by_workload",)
+    scores = evaluate(frame, folds=folds, seed=seed, splits=splits, keep_predictions=True)
+    metrics: dict[str, Any] = {}
+    for split, key in (("by_workload", "by_workload"), ("by_scenario", "leave_family_out")):
+        if split in scores:
+            pred = scores[split].pop("predicted_us")
+            metrics[key] = {**all_metrics(y, pred, groups, seed=seed), **scores[split]}
+    say("fitting on every row")
+    where = save(fit(frame["X"], y), model_dir(out_root, name, "packing"), frame, metrics)
+    card_json = canonical_json(json.loads((where / "card.json").read_text()))
+    model_id = sha256_hex(card_json)[:16]
+    with TuningStore.open(db, wait_s=BUSY_WAIT_S) as store:
+        store.add_model(model_id, "packing", name, str(where.resolve()), card_json)
+    base = _choice_baselines(y, groups, frame["names"], seed)
+    return {**metrics["by_workload"], **metrics, "baselines": base, "objective": PARAMS["objective"],
+            "folds": folds, "rows": int(len(y)),
+            "workloads": int(len(np.unique(groups))), "boards": ids, "model_dir": str(where.resolve()),
+            "model_id": model_id, "device_name": name}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
