@@ -239,6 +239,7 @@ def test_evaluate_splits_scores_every_split_and_each_family(frame, data):
     assert sum(v["rows"] for v in fams.values()) == keep.sum()
 
 
+@pytest.mark.slow  # the module's fitted model (15 s of training) is built for these three
 def test_fit_saves_card_and_booster(fitted, frame):
     model, metrics, where, root = fitted
     assert where == model_dir(root, "NVIDIA H200", "fusion") == root / "nvidia-h200" / "fusion"
@@ -261,6 +262,7 @@ def test_fit_saves_card_and_booster(fitted, frame):
     assert list_models(root) == [where]
 
 
+@pytest.mark.slow
 def test_save_load_round_trip_gives_identical_predictions(fitted, frame, data, tmp_path):
     model, _, where, root = fitted
     X = data[0]
@@ -278,6 +280,7 @@ def test_save_load_round_trip_gives_identical_predictions(fitted, frame, data, t
     assert np.array_equal(load_model(again).predict(X), model.predict(X))
 
 
+@pytest.mark.slow
 def test_load_refuses_other_feature_schema(fitted, tmp_path):
     model, _, _, _ = fitted
     old = CostModel(model.booster, {**model.card, "feature_schema_version": FEATURE_SCHEMA_VERSION - 1})

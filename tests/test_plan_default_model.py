@@ -47,6 +47,7 @@ def test_without_a_model_the_plan_uses_the_shipped_one(shipped_default):
     assert _fused(compile(g, device=A100)).cost_source == "roofline"
 
 
+@pytest.mark.slow
 def test_default_picks_are_near_the_best_measured_schedule(shipped_default):
     # every anchor's default pick against the best of its schedules as timed on the H200
     # (data/bench/fusion_h200.json: each case's whole space, one board). The model learnt from

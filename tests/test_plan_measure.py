@@ -194,6 +194,7 @@ def _cli(*args: str, tmp_path: Path):
     return CliRunner().invoke(app, list(args), env=env)
 
 
+@pytest.mark.slow
 def test_cli_plan_measure_top_reports_what_it_stored(tmp_path):
     model = tmp_path / "proj_softmax.json"
     model.write_text(json.dumps(projected_softmax().to_json()))

@@ -33,6 +33,7 @@ def test_a_stage_row_names_what_runs_not_where():
     assert w3.hash == w1.hash and c3.hash != c1.hash  # same members, other grouping
 
 
+@pytest.mark.slow
 def test_stored_stages_are_exact_hits_for_the_next_search(tmp_path):
     plan = _plan()
     keys = StageKeys(plan.steps)
