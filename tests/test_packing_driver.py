@@ -203,3 +203,25 @@ def test_pack_plans_packs_the_tenants_ready_layers():
 def test_plan_pack_record_refuses_an_unknown_source():
     with pytest.raises(ValueError, match="pack source"):
         PlanPack((0, 1), "{}", source="guess")
+
+
+def grouped_pays(w, cands):
+    """A packing model that says one grouped call takes a third of serial's time."""
+    return [100.0 if c.name == "whole:serial" else 33.0 if c.name == "whole:grouped" else 99.0
+            for c in cands]
+
+
+def test_grouped_packs_plain_gemms_only():
+    plan = _plan(attention(), pack_model=grouped_pays)
+    (pk,) = plan.packs
+    assert pk.label == "whole:grouped"
+    lane, last, layout = pack_layout(plan)
+    assert set(lane.values()) == {0} and layout == [[("grouped", [list(pk.steps)])]]
+    # convolutions are not plain GEMMs: a grouped call is not offered, so nothing pays
+    assert _plan(branches(), pack_model=grouped_pays).packs == ()
+    conv = _plan(branches(), pack_model=streams_pay)
+    d = json.loads(conv.dumps())
+    d["packs"][0]["candidate"] = {"partition": "whole", "clusters": [
+        {"members": [0, 1, 2], "backend": "grouped"}]}
+    with pytest.raises(PlanError, match="backend grouped does not run in a plan"):
+        Plan.from_json(d)

@@ -95,3 +95,22 @@ def test_tenants_pack_runs_verified():
             v = plans[t].steps[k].outputs[0]
             want = (x.astype(np.float64) @ wt.astype(np.float64))[0]
             assert np.allclose(outs[t][v], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grouped_qkv_matches_the_unpacked_plan(dtype):
+    from test_packing_driver import grouped_pays
+
+    graph = attention(dtype)
+    packed = compile(graph, device="cuda", pack_model=grouped_pays)
+    assert packed.packs[0].label == "whole:grouped"
+    _run_both(packed, compile(graph, device="cuda", pack=False))
+
+
+def test_bert_layer_qkv_grouped():
+    from test_packing_driver import grouped_pays
+
+    model = str(GRAPHS / "bert_layer.onnx")
+    packed = compile(model, device="cuda", pack_model=grouped_pays)
+    assert packed.packs[0].label == "whole:grouped"
+    _run_both(packed, compile(model, device="cuda", pack=False), seed=4)

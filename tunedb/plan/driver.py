@@ -210,7 +210,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             if predictor is not None or times is not None:
                 steps, packs = pack_plan_steps(graph, steps, model=predictor, times=times)
     buffers = plan_buffers(graph, steps)
-    packs = runnable_packs(steps, buffers, packs)
+    packs = runnable_packs(graph, steps, buffers, packs)
     search = {**part.stats, **counts, "plan_s": round(time.perf_counter() - t0, 4),
               "cost_model": type(model_obj).__name__ if model_obj is not None else "",
               "db": bool(store is not None)}

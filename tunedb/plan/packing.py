@@ -146,9 +146,9 @@ def choose(w: PackingWorkload, model: Any = None, min_gain: float = 0.05
 
 # -- packs inside a plan ---------------------------------------------------------------------------
 # Backends a plan runs with the plan's own buffers (tunedb.runtime.pack_exec): one call per member,
-# on one stream or on forked streams. The batched backends need operands restacked, copies the
-# database did not time; a plan does not choose them.
-PLAN_BACKENDS = ("serial", "streams")
+# on one stream or on forked streams, or one grouped call over plain GEMM members' own arrays. The
+# padded/pointer/concat backends need operands restacked, copies the database did not time.
+PLAN_BACKENDS = ("serial", "streams", "grouped")
 PACK_STEP_KINDS = ("matmul", "gemm", "conv2d")
 PACK_SOURCES = ("model", "db")
 
@@ -240,16 +240,29 @@ def check_packs(plan: Any) -> None:
         got = sorted(i for c in cand.clusters for i in c.members)
         if got != list(range(len(st))):
             raise ValueError(f"pack {p}: its clusters do not partition its {len(st)} members")
-        bad = [c.backend for c in cand.clusters if c.backend not in PLAN_BACKENDS]
+        g = plan.graph if any(c.backend == "grouped" for c in cand.clusters) else None
+        bad = [c.backend for c in cand.clusters if c.backend not in PLAN_BACKENDS or (
+            c.backend == "grouped" and not all(plain_gemm(g, g.nodes[steps[i].nodes[0]]) for i in c.members))]
         if bad or cand.concurrent != 1:
             what = (bad or ["concurrent clusters"])[0]
             raise ValueError(f"pack {p}: backend {what} does not run in a plan")
 
 
-def plan_candidates(w: PackingWorkload) -> list[Candidate]:
-    """The candidates of ``w`` a plan can run (``PLAN_BACKENDS``, clusters one after another)."""
-    return [c for c in candidates(w)
-            if c.concurrent == 1 and all(cl.backend in PLAN_BACKENDS for cl in c.clusters)]
+def plain_gemm(graph: Graph, node: Node) -> bool:
+    """A node a grouped GEMM computes as is: a matmul (2-D weight or equal batch) or a gemm
+    without C, trans_a or alpha."""
+    if node.op == "gemm":
+        attrs = canonical_attrs(node, [graph.type_map[v] for v in node.inputs])
+        if len(node.inputs) > 2 or attrs["trans_a"] or attrs["alpha"] != 1.0:
+            return False
+    return node.op in ("matmul", "gemm") and gemm_member(graph, node) is not None
+
+
+def plan_candidates(w: PackingWorkload, grouped: bool = True) -> list[Candidate]:
+    """The candidates of ``w`` a plan can run (``PLAN_BACKENDS``, clusters one after another;
+    ``grouped`` only when every member is a ``plain_gemm``)."""
+    ok = PLAN_BACKENDS if grouped else tuple(b for b in PLAN_BACKENDS if b != "grouped")
+    return [c for c in candidates(w) if c.concurrent == 1 and all(cl.backend in ok for cl in c.clusters)]
 
 
 def store_times(store: Any, device_ids: Sequence[str] | None) -> Any:
@@ -271,12 +284,12 @@ def store_times(store: Any, device_ids: Sequence[str] | None) -> Any:
     return times
 
 
-def decide(w: PackingWorkload, *, model: Any = None, times: Any = None, min_gain: float = 0.05
-           ) -> tuple[Candidate, float, float, str] | None:
+def decide(w: PackingWorkload, *, model: Any = None, times: Any = None, min_gain: float = 0.05,
+           grouped: bool = True) -> tuple[Candidate, float, float, str] | None:
     """The plan candidate to run for ``w`` with its µs, serial's µs and the evidence (``db``:
     measured serial and a faster candidate; else ``model``), or None when the evidence does not
     say a pack beats serial by ``min_gain`` (or there is none: a plan never packs on a guess)."""
-    cands = plan_candidates(w)
+    cands = plan_candidates(w, grouped)
     by_name = {c.name: c for c in cands}
     measured = {k: v for k, v in (times(w) if times is not None else {}).items() if k in by_name}
     if "whole:serial" in measured and len(measured) > 1:
@@ -318,7 +331,8 @@ def pack_plan_steps(graph: Graph, steps: Sequence[Any], *, model: Any = None, ti
                 continue
             w = PackingWorkload(f"{graph.name or 'graph'}.{pairs[0][1].label}.{dt}", "graphs",
                                 tuple(mb for _, mb in pairs))
-            got = decide(w, model=model, times=times, min_gain=min_gain)
+            plain = all(plain_gemm(graph, graph.nodes[s.nodes[0]]) for s, _ in pairs)
+            got = decide(w, model=model, times=times, min_gain=min_gain, grouped=plain)
             if got is None:
                 continue
             members = [s for s, _ in pairs]
@@ -355,13 +369,15 @@ def _gather(steps: list[Any], members: list[Any]) -> list[Any] | None:
     return rest[:after] + ordered + rest[after:]
 
 
-def runnable_packs(steps: Sequence[Any], buffers: Any, packs: Sequence[PlanPack]) -> list[PlanPack]:
+def runnable_packs(graph: Graph, steps: Sequence[Any], buffers: Any, packs: Sequence[PlanPack]
+                   ) -> list[PlanPack]:
     """The packs that pass ``check_packs`` with this buffer plan (one whose members' outputs
     the buffer plan put over other members' inputs is dropped: it would run unpacked)."""
     out = []
     for p in packs:
         try:
-            check_packs(SimpleNamespace(steps=tuple(steps), buffers=buffers, packs=(p,), stages=()))
+            check_packs(SimpleNamespace(graph=graph, steps=tuple(steps), buffers=buffers, packs=(p,),
+                                        stages=()))
         except ValueError:
             continue
         out.append(p)
@@ -391,12 +407,7 @@ def ready_layer(plan: Any) -> list[int]:
     for k, s in enumerate(plan.steps):
         if s.kind not in ("matmul", "gemm") or len(s.nodes) != 1 or not set(s.inputs) <= ready:
             continue
-        node = g.nodes[s.nodes[0]]
-        if node.op == "gemm":
-            attrs = canonical_attrs(node, [g.type_map[v] for v in node.inputs])
-            if len(node.inputs) > 2 or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
-                continue
-        if gemm_member(g, node) is not None:
+        if plain_gemm(g, g.nodes[s.nodes[0]]):
             out.append(k)
     return out
 

@@ -5,9 +5,11 @@ GEMM/conv steps; ``tunedb.plan.packing.PlanPack``) by its clusters, one after an
 ``serial`` cluster's members on the executor's stream in order; a ``streams`` cluster's members
 spread (longest predicted first) over ``k`` streams of a ``StreamPool``, forked from and joined
 back into the executor's stream, so that the captured plan is one CUDA graph with parallel
-branches. Each branch stream has its own cuBLAS handle and workspace and its own scratch buffer
-(im2col convolutions never share memory). Members read and write the plan's own buffers: no
-copies, the same kernels as the unpacked plan, only launched side by side.
+branches; a ``grouped`` cluster as one ``cublasGemmGroupedBatchedEx`` over the members' own
+arrays (plain GEMMs only: pointers into the plan's fixed buffers). Each branch stream has its
+own cuBLAS handle, workspace and scratch buffer (im2col convolutions never share memory).
+Members read and write the plan's own buffers: no copies; serial and streams clusters run the
+unpacked plan's kernels, only side by side.
 
 ``pack_layout(plan)`` is the CPU part (which stream each member runs on, where each pack
 launches); the runtime reads the plan's packs by their attributes and does not import the
@@ -16,6 +18,8 @@ planner.
 
 from __future__ import annotations
 
+import ctypes
+import math
 import os
 import weakref
 from collections.abc import Mapping
@@ -23,12 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.graph.ops import canonical_attrs
+from tunedb.runtime.blas import DATA_TYPES, OP_N, OP_T, check, library
 from tunedb.runtime.device import import_cupy
 from tunedb.runtime.executor import ExecutorError, PlanExecutor
 from tunedb.runtime.executor_ops import ComputeOps
 from tunedb.runtime.streams import StreamPool, record_forked
 
-RUNNABLE = ("serial", "streams")
+RUNNABLE = ("serial", "streams", "grouped")
 
 
 def _lpt(members: list[int], cost: Mapping[int, float], k: int) -> list[list[int]]:
@@ -56,14 +62,43 @@ def pack_layout(plan: Any) -> tuple[dict[int, int], dict[int, int], list[list[tu
             if cl.backend not in RUNNABLE:
                 raise ExecutorError(f"pack {p}: backend {cl.backend!r} does not run inside a plan")
             members = sorted(cl.members)
-            branches = [members] if cl.backend == "serial" else _lpt(members, cost, max(1, cl.streams))
+            forked = cl.backend == "streams"
+            branches = _lpt(members, cost, max(1, cl.streams)) if forked else [members]
             for b, part in enumerate(branches):
                 for i in part:
-                    lane[i] = 0 if cl.backend == "serial" else b + 1
+                    lane[i] = b + 1 if forked else 0
             segs.append((cl.backend, branches))
         last[max(pack.steps)] = p
         layout.append(segs)
     return lane, last, layout
+
+
+def _gemm_problem(graph: Any, step: Any, env: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """``(x, weight, out, m, n, k, batch, weight_transposed, dtype)`` of a step that is one plain
+    GEMM (matmul with a 2-D weight or an equal batch; gemm without C, trans_a or alpha) over
+    C-contiguous arrays, else None."""
+    node = graph.nodes[step.nodes[0]]
+    types = graph.type_map
+    dtype = types[node.outputs[0]].dtype
+    if dtype not in DATA_TYPES or node.op not in ("matmul", "gemm") or len(node.inputs) != 2:
+        return None
+    x, wt, out = env[node.inputs[0]], env[node.inputs[1]], env[node.outputs[0]]
+    if not all(a.flags.c_contiguous and a.dtype == x.dtype for a in (x, wt, out)):
+        return None
+    xs, ws = types[node.inputs[0]].shape, types[node.inputs[1]].shape
+    if node.op == "gemm":
+        attrs = canonical_attrs(node, [types[v] for v in node.inputs])
+        if attrs["trans_a"] or attrs["alpha"] != 1.0:
+            return None
+        nt = bool(attrs["trans_b"])
+        return x, wt, out, xs[0], ws[0] if nt else ws[1], xs[1], 1, nt, dtype
+    if len(xs) < 2 or len(ws) < 2:
+        return None
+    if len(ws) == 2:
+        return x, wt, out, math.prod(xs[:-1]), ws[1], ws[0], 1, False, dtype
+    if xs[:-2] != ws[:-2]:
+        return None
+    return x, wt, out, xs[-2], ws[-1], xs[-1], math.prod(xs[:-2]), False, dtype
 
 
 class PackExecutor(PlanExecutor):
@@ -82,6 +117,8 @@ class PackExecutor(PlanExecutor):
         self._pk_cur = 0
         self._pk_need: dict[int, int] = {}
         self._pk_scratch: dict[int, Any] = {}
+        self._pk_grouped: dict[tuple[int, int], Any] = {}
+        self._pk_keep: list[Any] = []
         super().__init__(plan, capture=capture, verify_capture=verify_capture, sm_count=sm_count)
 
     # -- building: members with the cuBLAS handle and scratch of their lane -----------------------
@@ -136,13 +173,62 @@ class PackExecutor(PlanExecutor):
 
     def _enqueue_pack(self, p: int) -> None:
         """The pack's clusters in order on the current (the executor's) stream; a streams
-        cluster forks its branches onto the pool's streams and joins them back."""
-        for backend, branches in self._pk_layout[p]:
-            if backend == "serial":
+        cluster forks its branches onto the pool's streams and joins them back; a grouped
+        cluster is one cuBLAS grouped call over the members' own buffers."""
+        for c, (backend, branches) in enumerate(self._pk_layout[p]):
+            if backend == "grouped":
+                self._grouped(p, c, branches[0])()
+            elif backend == "serial":
                 self._run_steps(branches[0])
             else:
                 record_forked(self.stream, [lambda i, part=part: self._run_steps(part) for part in branches],
                               self._pk_pool)
+
+    def _grouped(self, p: int, c: int, steps: list[int]) -> Any:
+        """The launch of a grouped cluster, made on first use (the first, eager run): one
+        ``cublasGemmGroupedBatchedEx`` reading and writing the plan's arrays in place, members
+        of one shape in one group. Members that are not plain row-major GEMMs over contiguous
+        arrays run one after another instead (a fallback, reported)."""
+        key = (p, c)
+        fn = self._pk_grouped.get(key)
+        if fn is None:
+            problems = [_gemm_problem(self.graph, self.plan.steps[k], self.env) for k in steps]
+            if any(x is None for x in problems) or not hasattr(library(), "cublasGemmGroupedBatchedEx"):
+                self.fallbacks.append(f"pack {p}: grouped cluster ran one member after another "
+                                      "(an operand is not a contiguous row-major GEMM operand, or "
+                                      "this cuBLAS has no grouped GEMM)")
+                fn = lambda: self._run_steps(steps)  # noqa: E731
+            else:
+                fn = self._grouped_call(problems)
+            self._pk_grouped[key] = fn
+        return fn
+
+    def _grouped_call(self, problems: list[tuple[Any, ...]]) -> Any:
+        # cuBLAS is column-major: out^T = w^T x^T, so A is the weight, B the input (as pack.py).
+        groups: dict[tuple, list[tuple[int, int, int]]] = {}
+        for x, wt, out, m, n, k, batch, nt, _ in problems:
+            isz = x.dtype.itemsize
+            gkey = (OP_T if nt else OP_N, n, m, k, k if nt else n)
+            groups.setdefault(gkey, []).extend(
+                (wt.data.ptr + b * n * k * isz, x.data.ptr + b * m * k * isz, out.data.ptr + b * m * n * isz)
+                for b in range(batch))
+        keys = sorted(groups)
+        G = len(keys)
+        ints = ctypes.c_int * G
+        ta, tb = ints(*(g[0] for g in keys)), ints(*([OP_N] * G))
+        m_, n_, k_ = ints(*(g[1] for g in keys)), ints(*(g[2] for g in keys)), ints(*(g[3] for g in keys))
+        lda, ldb, ldc = ints(*(g[4] for g in keys)), ints(*(g[3] for g in keys)), ints(*(g[1] for g in keys))
+        sizes = ints(*(len(groups[g]) for g in keys))
+        alpha, beta = (ctypes.c_float * G)(*([1.0] * G)), (ctypes.c_float * G)(*([0.0] * G))
+        ptrs = [q for g in keys for q in groups[g]]
+        table = self.cp.asarray(np.array(ptrs, dtype=np.uint64).T.copy())
+        t = DATA_TYPES[problems[0][-1]]
+        lib, blas = library(), self.blas
+        args = (blas.handle, ta, tb, m_, n_, k_, alpha, table[0].data.ptr, t, lda, table[1].data.ptr, t,
+                ldb, beta, table[2].data.ptr, t, ldc, G, sizes, blas.compute)
+        self._pk_keep.append((table, args))
+        what = f"cublasGemmGroupedBatchedEx ({len(ptrs)} problems, {G} groups)"
+        return lambda: check(lib.cublasGemmGroupedBatchedEx(*args), what)
 
     def close_streams(self) -> None:
         """Give back the pool's cuBLAS handles (the executor's graph stops being valid)."""
