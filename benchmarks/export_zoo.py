@@ -185,7 +185,7 @@ def check_file(path: Path, seed: int = 0) -> dict:
 def one(name: str, dynamo: bool, dtype: str, out: Path) -> dict:
     torch.manual_seed(0)
     model, args, names, cfg = MODELS[name]()
-    model = _FirstOutput(model.eval(), names if "input_ids" in names else None)
+    model = _FirstOutput(model, names if "input_ids" in names else None).eval()
     if dtype != "float32":
         low = getattr(torch, dtype)
         model = model.to(low)

@@ -202,6 +202,41 @@ def test_zoo_model_matches_onnxruntime(file):
     assert np.abs(ref - got).max() <= 1e-5 * np.abs(ref).max()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_bert_exported_on_the_fly_imports_and_plans(dynamo, tmp_path):
+    # Where the exporters are installed (not in CI): BERT from transformers, exported now, the
+    # way issue 24 found every BERT import failing (at GatherElements / node_gather).
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    bert = transformers.BertModel(transformers.BertConfig(num_hidden_layers=2)).eval()
+
+    class Hidden(torch.nn.Module):  # a tensor out, inputs by keyword (as benchmarks/export_zoo.py)
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    model = Hidden().eval()  # export restores the mode it found, recursively
+    ids = torch.randint(0, 1000, (1, 128))
+    mask = torch.ones(1, 128, dtype=torch.int64)
+    path = tmp_path / "bert.onnx"
+    with torch.no_grad():
+        torch.onnx.export(model, (ids, mask), str(path), input_names=["input_ids", "attention_mask"],
+                          dynamo=dynamo, opset_version=18 if dynamo else 17)
+    full = onnx.load(str(path))
+    graph = import_onnx(full)
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    got = run_reference(graph, feeds)[graph.outputs[0]]
+    want = model(ids, mask).detach().numpy()
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert tunedb.compile(graph, cost_model=False).steps
+
+
 # -- torch.compile backend (needs PyTorch, which tunedb does not depend on) ------------------
 @pytest.mark.slow
 def test_torch_backend_plans_fx_graph_and_matches_eager():
