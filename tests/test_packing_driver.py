@@ -225,3 +225,14 @@ def test_grouped_packs_plain_gemms_only():
         {"members": [0, 1, 2], "backend": "grouped"}]}
     with pytest.raises(PlanError, match="backend grouped does not run in a plan"):
         Plan.from_json(d)
+
+
+def test_plans_bench_arguments_and_forced_predictor(capsys):
+    from tunedb.bench.packing_plans import forced, main
+
+    assert main(["--force", "grouped", "--data", "x"]) == 2
+    assert "exactly one of" in capsys.readouterr().err
+    plan = _plan(attention(), pack_model=forced("grouped"))
+    assert plan.packs[0].label == "whole:grouped"
+    plan = _plan(attention(), pack_model=forced("streams"))
+    assert plan.packs[0].label == "whole:streams2"  # three members: 2 streams is the most offered
