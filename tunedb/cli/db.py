@@ -143,8 +143,16 @@ def db_export(
     _print_counts(f"exported to {out_dir}", manifest["counts"], json_out)
 
 
+def _sum_counts(parts: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in parts:
+        for table, n in part.items():
+            total[table] = total.get(table, 0) + n
+    return total
+
+
 def db_import(
-    path: Annotated[Path, typer.Argument(help="Export directory, or one table's Parquet file.")],
+    paths: Annotated[list[Path], typer.Argument(help="Export directories, or tables' Parquet files.")],
     db: DbOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -154,16 +162,25 @@ def db_import(
     key is already stored, so importing the same export twice adds nothing. A row that differs
     from the stored row of the same key is refused. Prints new rows and the database written.
 
+    Several paths (one per host) go in one after another, each in its own transaction; all must
+    exist before anything is written. Prints new rows (summed over the paths) and the database.
+
     Example: tunedb db import shards/h200-run7 --db all.duckdb
     """
     target = db_path(db)
+    for path in paths:
+        if not path.exists():
+            fail(f"{path} does not exist")
+    parts = []
     with _no_new_empty_db(target), open_store(target) as store:
-        added = _with_progress(lambda: _export_rows(path), lambda cb: store.import_parquet(path, progress=cb))
-    _print_counts(f"new rows from {path} in {target}", added, json_out)
+        for path in paths:
+            parts.append(_with_progress(lambda p=path: _export_rows(p),
+                                        lambda cb, p=path: store.import_parquet(p, progress=cb)))
+    _print_counts(f"new rows from {', '.join(map(str, paths))} in {target}", _sum_counts(parts), json_out)
 
 
 def db_merge(
-    other_db: Annotated[Path, typer.Argument(help="Another tunedb database file (read only).")],
+    other_dbs: Annotated[list[Path], typer.Argument(help="Other tunedb database files (read only).")],
     db: DbOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -172,19 +189,28 @@ def db_merge(
     Works like import: one transaction, duplicates skipped, conflicting rows refused, the other
     file opened read-only and never changed. Prints the number of new rows per table.
 
+    Several files (one per host: tunedb db merge A B C) go in one after another, each in its own
+    transaction; all are checked to exist first. Prints new rows summed over the files.
+
     Example: tunedb db merge gpu3.duckdb --db all.duckdb
     """
     target = db_path(db)
-    if target.exists() and target.resolve() == other_db.resolve():
-        fail(f"cannot merge {other_db} into itself")
+    for other_db in other_dbs:
+        if target.exists() and target.resolve() == other_db.resolve():
+            fail(f"cannot merge {other_db} into itself")
+        if not other_db.exists():
+            fail(f"{other_db} does not exist")
 
-    def total() -> int:
+    def total(other_db: Path) -> int:
         with open_store(other_db, read_only=True) as other:
             return sum(other.counts().values())
 
+    parts = []
     with _no_new_empty_db(target), open_store(target) as store:
-        added = _with_progress(total, lambda cb: store.merge(other_db, progress=cb))
-    _print_counts(f"new rows from {other_db} in {target}", added, json_out)
+        for other_db in other_dbs:
+            parts.append(_with_progress(lambda o=other_db: total(o),
+                                        lambda cb, o=other_db: store.merge(o, progress=cb)))
+    _print_counts(f"new rows from {', '.join(map(str, other_dbs))} in {target}", _sum_counts(parts), json_out)
 
 
 def _export_rows(path: Path) -> int:
