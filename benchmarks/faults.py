@@ -41,7 +41,7 @@ from collectors.fusion import FusionCollector  # noqa: E402
 from tunedb.collect.dask_backend import open_client, run_cluster  # noqa: E402
 from tunedb.collect.engine import git_sha  # noqa: E402
 from tunedb.runtime import ReplayDevice  # noqa: E402
-from tunedb.store import SharedWriter, StoreError, TuningStore  # noqa: E402
+from tunedb.store import SharedWriter, TuningStore  # noqa: E402
 
 SHIPPED = ROOT / "data" / "fusion_h200_v2"
 ROW_QUERY = ("SELECT m.candidate_hash, m.device_id, m.status, c.source_hash FROM measurements m "
@@ -107,7 +107,8 @@ def _start_client(cmd: list[str]) -> subprocess.Popen:
 
 
 def client_kill_trial(seed: int, addr: str, source: Path, tmp: Path, expected: list[tuple],
-                      suite: str = "quick", n: int = 4, pace_s: float = 0.02, window_s: float = 2.0) -> dict:
+                      suite: str = "quick", n: int = 4, pace_s: float = 0.02, window_s: float = 2.0,
+                      client: Any = None) -> dict:
     """Kill a client at a seeded point of its run, run it again: nothing committed lost, no duplicates."""
     db = tmp / f"client_kill_{seed}.duckdb"
     db.unlink(missing_ok=True)
@@ -118,7 +119,10 @@ def client_kill_trial(seed: int, addr: str, source: Path, tmp: Path, expected: l
     p.send_signal(signal.SIGKILL)
     p.wait()
     committed = set(rows(db)) if db.exists() else set()
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=300)
+    if client is None:
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=300)
+    else:  # the resume in this process: the same code, without a second interpreter's start-up
+        cluster_collect(client, db, source, suite, n, pace_s=pace_s)
     final = rows(db)
     return {"seed": seed, "kill_after_s": round(delay, 3), "committed_at_kill": len(committed),
             "lost": len(committed - set(final)), "duplicates": duplicates(final),
@@ -159,24 +163,38 @@ def worker_kill_trial(seed: int, client: Any, source: Path, tmp: Path, expected:
 
 
 def two_collectors_trial(seed: int, addr: str, source: Path, tmp: Path, expected: list[tuple],
-                         suite: str = "quick", n: int = 4, pace_s: float = 0.05,
-                         window_s: float = 1.5) -> dict:
+                         suite: str = "quick", n: int = 4, pace_s: float = 0.2,
+                         window_s: float = 3.0) -> dict:
     """A second collector opens the database while the first is collecting."""
     db = tmp / f"two_{seed}.duckdb"
     db.unlink(missing_ok=True)
     delay = random.Random(seed).uniform(0.0, window_s)
-    p = _start_client(_client_cmd(addr, source, db, suite, n, pace_s))
+    started, finished = threading.Event(), threading.Event()
+
+    def first() -> None:
+        from distributed import Client
+
+        with Client(addr, timeout="30s") as c, SharedWriter(db) as store:
+            started.set()
+            coll = FirstWorkloads()
+            coll.n = n
+            run_cluster(coll, store, c, f"replay:{source}", suite, chunk=16, pace_s=pace_s)
+        finished.set()
+
+    t = threading.Thread(target=first, daemon=True)
+    t.start()
+    started.wait(120)
     time.sleep(delay)
-    error = ""
-    try:
-        SharedWriter(db, wait_s=1.0).close()
-    except StoreError as e:
-        error = str(e)
-    running = p.poll() is None
-    p.wait(timeout=300)
+    running = not finished.is_set()
+    second = subprocess.run([str(Path(sys.executable).with_name("tunedb")), "collect", "--suite", suite,
+                             "--db", str(db), "--device", f"replay:{source}", "--budget", "1", "--json"],
+                            capture_output=True, text=True, timeout=300)
+    error = second.stderr.strip() if second.returncode != 0 else ""
+    running = running and not finished.is_set()  # the first still held the file after the second
+    t.join(300)
     final = rows(db)
     return {"seed": seed, "second_after_s": round(delay, 3), "first_running": running,
-            "refused": bool(error), "one_line": "\n" not in error, "error": error,
+            "refused": bool(error), "one_line": bool(error) and "\n" not in error, "error": error,
             "lost": len(set(expected) - set(final)), "duplicates": duplicates(final),
             "equal": sorted(set(final)) == sorted(expected)}
 
@@ -254,26 +272,31 @@ def main(argv: list[str] | None = None) -> dict:
         cluster_collect(client, clean, source, a.suite, a.workloads)
         got = rows(clean)
         result["distributed_equals_single"] = {"rows": len(got), "equal": got == expected}
-        ck = [client_kill_trial(s, addr, source, tmp, expected, a.suite, a.workloads, a.pace)
-              for s in range(a.trials)]
+        _save(a.json, result)
         wk = [worker_kill_trial(s, client, source, tmp, expected, a.suite, a.workloads, a.pace)
               for s in range(a.trials)]
+        result["worker_sigkill"] = {"trials": len(wk), **_summary(wk, ["lost", "duplicates", "equal",
+                                                                       "given_up_batches", "during_run"]),
+                                    "detail": wk}
+        _save(a.json, result)
         tc = [two_collectors_trial(s, addr, source, tmp, expected, a.suite, a.workloads)
               for s in range(a.trials)]
+        keys = ["refused", "one_line", "lost", "duplicates", "equal", "first_running"]
+        result["two_collectors"] = {"trials": len(tc), **_summary(tc, keys),
+                                    "errors": sorted({t["error"].replace(str(tmp), "<tmp>")
+                                                      for t in tc if t["error"]}),
+                                    "detail": [{k: v for k, v in t.items() if k != "error"} for t in tc]}
+        _save(a.json, result)
+        ck = [client_kill_trial(s, addr, source, tmp, expected, a.suite, a.workloads, a.pace, client=client)
+              for s in range(a.trials)]
+        result["client_sigkill"] = {"trials": len(ck), **_summary(ck, ["lost", "duplicates", "equal"]),
+                                    "killed_mid_run": sum(0 < t["committed_at_kill"] < len(expected)
+                                                          for t in ck),
+                                    "detail": ck}
+        _save(a.json, result)
     finally:
         client.close()
         lc.close()
-    result["client_sigkill"] = {"trials": len(ck), **_summary(ck, ["lost", "duplicates", "equal"]),
-                                "killed_mid_run": sum(0 < t["committed_at_kill"] < len(expected) for t in ck),
-                                "detail": ck}
-    result["worker_sigkill"] = {"trials": len(wk), **_summary(wk, ["lost", "duplicates", "equal",
-                                                                   "given_up_batches", "during_run"]),
-                                "detail": wk}
-    result["two_collectors"] = {"trials": len(tc), **_summary(tc, ["refused", "one_line", "lost",
-                                                                   "duplicates", "equal", "first_running"]),
-                                "errors": sorted({t["error"].replace(str(tmp), "<tmp>")
-                                                  for t in tc if t["error"]}),
-                                "detail": [{k: v for k, v in t.items() if k != "error"} for t in tc]}
     v2 = json.loads((ROOT / "data" / "fusion_h200_v2_collect_summary.json").read_text())
     per_candidate = v2["elapsed_s"] / v2["measured"]  # one H200's collector, wall time per candidate
     if a.scale:
@@ -291,10 +314,15 @@ def main(argv: list[str] | None = None) -> dict:
           f"{t['refused']} refused with a one-line error ({t['first_running']} while the first ran)")
     for r in result.get("scaling", {}).get("curve", []):
         print(f"scaling: {r['workers']} workers {r['rate_per_s']:.1f} candidates/s ({r['speedup']}x)")
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=1) + "\n")
+    _save(a.json, result)
     return result
+
+
+def _save(path: Path | None, result: dict) -> None:
+    """Written after every section: a long run cut short keeps what it measured."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
