@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tunedb._version import __version__
-from tunedb.collect.engine import Collector, _Writer, git_sha, now_iso
+from tunedb.collect.engine import Collector, _Writer, git_sha, load_collector, now_iso
 from tunedb.collect.jobs import CollectError, Job, Summary, Task
 from tunedb.records import Candidate, DeviceInfo, Protocol, Run, Workload, canonical_json
+from tunedb.runtime import open_device
 from tunedb.runtime.results import MeasureRequest, MeasureResult
 
 ALLOWED_FAILURES = 1  # a batch that was running on 2 workers that died is given up
@@ -45,8 +46,6 @@ class ClusterError(CollectError):
 def _worker_device(spec: str) -> Any:
     dev = _DEVICES.get(spec)
     if dev is None:
-        from tunedb.runtime import open_device
-
         dev = _DEVICES[spec] = open_device(spec)
     return dev
 
@@ -82,8 +81,6 @@ def build_and_measure_batch(spec: str, collector: str, workload_json: str, confi
                             pace_s: float = 0.0, kill_workloads: tuple[str, ...] = ()) -> str:
     """``measure_batch`` with code generation on the worker (its host's CPUs, not the client's):
     the collector plugin rebuilds each candidate's spec from its config (``spec_from_config``)."""
-    from tunedb.collect.engine import load_collector
-
     coll = _COLLECTORS.get(collector)
     if coll is None:
         coll = _COLLECTORS[collector] = load_collector(collector)
