@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--pace", type=float, default=0.02, help="seconds per candidate on a worker")
     ap.add_argument("--scale", default="1,2,4,8", help="worker counts of the scaling curve ('' skips)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--sections", default="worker,two,client",
+                    help="fault sections to run (worker, two, client), e.g. to spread them over processes")
     ap.add_argument("--scheduler", default="")
     ap.add_argument("--source", type=Path, default=None)
     ap.add_argument("--db", type=Path, default=None)
@@ -273,14 +275,16 @@ def main(argv: list[str] | None = None) -> dict:
         got = rows(clean)
         result["distributed_equals_single"] = {"rows": len(got), "equal": got == expected}
         _save(a.json, result)
+        sections = set(a.sections.split(","))
+        trials = range(a.trials)
         wk = [worker_kill_trial(s, client, source, tmp, expected, a.suite, a.workloads, a.pace)
-              for s in range(a.trials)]
+              for s in trials if "worker" in sections]
         result["worker_sigkill"] = {"trials": len(wk), **_summary(wk, ["lost", "duplicates", "equal",
                                                                        "given_up_batches", "during_run"]),
                                     "detail": wk}
         _save(a.json, result)
         tc = [two_collectors_trial(s, addr, source, tmp, expected, a.suite, a.workloads)
-              for s in range(a.trials)]
+              for s in trials if "two" in sections]
         keys = ["refused", "one_line", "lost", "duplicates", "equal", "first_running"]
         result["two_collectors"] = {"trials": len(tc), **_summary(tc, keys),
                                     "errors": sorted({t["error"].replace(str(tmp), "<tmp>")
@@ -288,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
                                     "detail": [{k: v for k, v in t.items() if k != "error"} for t in tc]}
         _save(a.json, result)
         ck = [client_kill_trial(s, addr, source, tmp, expected, a.suite, a.workloads, a.pace, client=client)
-              for s in range(a.trials)]
+              for s in trials if "client" in sections]
         result["client_sigkill"] = {"trials": len(ck), **_summary(ck, ["lost", "duplicates", "equal"]),
                                     "killed_mid_run": sum(0 < t["committed_at_kill"] < len(expected)
                                                           for t in ck),
@@ -304,6 +308,13 @@ def main(argv: list[str] | None = None) -> dict:
                              "single_gpu_rate_per_s": v2["rate_per_s"],
                              "curve": scaling(source, tmp, [int(w) for w in a.scale.split(",")],
                                               per_candidate, a.suite, a.workloads)}
+    print_table(result)
+    _save(a.json, result)
+    return result
+
+
+def print_table(result: dict) -> None:
+    """The figures of a result (also of one merged from runs of separate sections)."""
     print(f"{'fault':<16}{'trials':>7}{'lost':>6}{'dups':>6}{'equal':>7}  notes")
     c, w, t = result["client_sigkill"], result["worker_sigkill"], result["two_collectors"]
     print(f"{'client SIGKILL':<16}{c['trials']:>7}{c['lost']:>6}{c['duplicates']:>6}{c['equal']:>7}  "
@@ -314,8 +325,6 @@ def main(argv: list[str] | None = None) -> dict:
           f"{t['refused']} refused with a one-line error ({t['first_running']} while the first ran)")
     for r in result.get("scaling", {}).get("curve", []):
         print(f"scaling: {r['workers']} workers {r['rate_per_s']:.1f} candidates/s ({r['speedup']}x)")
-    _save(a.json, result)
-    return result
 
 
 def _save(path: Path | None, result: dict) -> None:
