@@ -168,13 +168,7 @@ def _batches(coll: Collector, jobs: list[Job], measured: set[str], chunk: int,
                     yield job, tasks
                     tasks = []
                 continue
-            try:
-                source_hash, plan = coll.build(job.workload, spec)
-                request = MeasureRequest(cand.hash, plan)
-            except Exception as e:  # noqa: BLE001 - a generator bug is this candidate's failure
-                source_hash = ""
-                request = MeasureRequest(cand.hash, error=f"code generation failed: {type(e).__name__}: {e}")
-            tasks.append(Task(Candidate(job.workload.hash, coll.kind, config, source_hash), request))
+            tasks.append(coll.task(job.workload, config, spec))
             if left is not None:
                 left -= 1
             if len(tasks) >= chunk:

@@ -117,6 +117,17 @@ class Collector:
         """``(source_hash, wire plan)`` for one spec; raise to record a ``compile_error``."""
         raise NotImplementedError
 
+    def task(self, workload: Workload, config: dict, spec: Any) -> Task:
+        """One candidate ready for the device: its plan built (``build``), or a request that
+        records a code-generation failure as the candidate's ``compile_error``."""
+        cand = Candidate(workload.hash, self.kind, config)
+        try:
+            source_hash, plan = self.build(workload, spec)
+        except Exception as e:  # noqa: BLE001 - a generator bug is this candidate's failure
+            error = f"code generation failed: {type(e).__name__}: {e}"
+            return Task(cand, MeasureRequest(cand.hash, error=error))
+        return Task(Candidate(workload.hash, self.kind, config, source_hash), MeasureRequest(cand.hash, plan))
+
     def candidates(self, suite: str) -> Iterator[Candidate]:
         """Every legal candidate of the suite (without code generation: no source hash)."""
         for job in self.jobs(suite):
@@ -255,15 +266,8 @@ class Collector:
                         continue
                     if left is not None and len(tasks) >= left:
                         break
-                    try:
-                        source_hash, plan = self.build(job.workload, spec)
-                        request = MeasureRequest(cand.hash, plan)
-                    except Exception as e:  # noqa: BLE001 - a generator bug is this candidate's failure
-                        source_hash = ""
-                        request = MeasureRequest(cand.hash, error=f"code generation failed: "
-                                                                  f"{type(e).__name__}: {e}")
                     measured.add(cand.hash)  # also dedupes specs that map to the same config
-                    tasks.append(Task(Candidate(job.workload.hash, self.kind, config, source_hash), request))
+                    tasks.append(self.task(job.workload, config, spec))
                 if not tasks:
                     continue
                 if left is not None:
