@@ -171,6 +171,7 @@ def test_import_of_a_null_in_a_not_null_column(tmp_path: Path, export: Path) -> 
     assert rows(target) == snapshot
 
 
+@pytest.mark.slow
 def test_plan_json_with_non_numeric_fields(tmp_path: Path) -> None:
     plan = json.loads(tunedb("plan", _graph_json(tmp_path / "g.json", [4, 8]), "--device", "generic",
                              "--model", "none", "--json", cwd=tmp_path).stdout)
@@ -248,6 +249,7 @@ def test_edited_plan_step_is_refused(tmp_path: Path) -> None:
     refused(tunedb("plan-check", tmp_path / "edited.json", cwd=tmp_path), "sub-graph differs", code=1)
 
 
+@pytest.mark.slow
 def test_plan_json_refers_to_the_model_instead_of_carrying_weights(tmp_path: Path) -> None:
     shutil.copy(GRAPH, tmp_path / "m.onnx")
     r = tunedb("plan", tmp_path / "m.onnx", "--device", "generic", "--model", "none", "--json", cwd=tmp_path)

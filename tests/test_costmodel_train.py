@@ -295,6 +295,7 @@ def test_load_refuses_other_feature_schema(fitted, tmp_path):
         load_model(d2)
 
 
+@pytest.mark.slow
 def test_load_errors_are_one_line(fitted, tmp_path):
     model, _, where, _ = fitted
     with pytest.raises(CostModelError, match="no model card"):
