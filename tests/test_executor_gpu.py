@@ -92,7 +92,7 @@ def test_fusion_subgraph_plan_matches_the_reference(graph):
 
 
 def test_op_by_op_steps_and_layout_copies_run_too():
-    """bfloat16 GEMM and argmax (no direct kernel), pad / slice / concat copies, gather."""
+    """bfloat16 GEMM (cuBLAS on the bits), argmax (no direct kernel), pad / slice / concat copies, gather."""
     from tunedb.runtime.executor import PlanExecutor
 
     b = GraphBuilder("mixed")

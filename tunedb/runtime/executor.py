@@ -62,7 +62,8 @@ from tunedb.runtime.launch import kernel_function, launcher
 ALIGN = 256
 # Single ops with a direct implementation, and the stored dtypes it takes.
 COMPUTE_DIRECT: dict[str, frozenset[str]] = {
-    "matmul": frozenset(("float32", "float16")), "gemm": frozenset(("float32", "float16")),
+    "matmul": frozenset(("float32", "float16", "bfloat16")),
+    "gemm": frozenset(("float32", "float16", "bfloat16")),
     "conv2d": frozenset(("float32",)), "max_pool2d": frozenset(("float32",)),
     "avg_pool2d": frozenset(("float32",)), "global_avg_pool": frozenset(("float32",)),
     "global_max_pool": frozenset(("float32",)),
@@ -550,3 +551,4 @@ def execute_plan(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     cp = import_cupy()
     outs = executor_for(plan).run(inputs)
     return {k: cp.asnumpy(v) for k, v in outs.items()}
+

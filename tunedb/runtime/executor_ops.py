@@ -421,7 +421,9 @@ class ComputeOps:
         raise NotImplementedError(op)
 
     def _matmul(self, x: Any, y: Any, out: Any, alpha: float = 1.0, beta: float = 0.0) -> Launch:
-        return self.blas.gemm(x, y, out, alpha=alpha, beta=beta)
+        # bfloat16 is stored as its uint16 bits: cuBLAS is told the type (fp32 accumulation).
+        bf16 = "bfloat16" if out.dtype == np.uint16 else None
+        return self.blas.gemm(x, y, out, alpha=alpha, beta=beta, dtype=bf16)
 
     def _gemm(self, ins: list[Any], out: Any, a: dict) -> tuple[list[Launch], int, str]:
         cp = self.cp
@@ -513,7 +515,7 @@ def compute_launch(cp: Any, ops: ComputeOps, node: Node, a: dict, dtypes: list[s
     """A single compute node straight on its stored arrays, when their dtype allows it
     (float32; float16 for the cuBLAS ops); ``None``: run it through the ``Evaluator``."""
     op = node.op
-    direct = {"float32"} | ({"float16"} if op in ("matmul", "gemm") else set())
+    direct = {"float32"} | ({"float16", "bfloat16"} if op in ("matmul", "gemm") else set())
     if op in ("global_avg_pool", "global_max_pool"):
         direct = {"float32"}
     if op in ("matmul", "gemm", "conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool",
