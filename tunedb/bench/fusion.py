@@ -242,7 +242,7 @@ def scrub_l2(state: dict) -> None:
     normal lines, so whatever the previous work left in L2 stays there for thousands of
     launches. On the H200 one compiled rmsnorm streaming plan ran 66.4 µs after its plain twin
     (67.2 µs) had left the case's own rows there, and 69.4 µs after the verify step's temporaries
-    (data/bench/stream_l2_history_h200.json). Plans with normal accesses are not affected."""
+    (docs/investigations.md, L2 history). Plans with normal accesses are not affected."""
     flush = state["flush"]
     flush.data.memset_async(0, flush.nbytes, state["stream"])
 
