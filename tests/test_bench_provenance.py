@@ -43,6 +43,20 @@ def test_outside_a_checkout_is_none_or_the_named_commit(tmp_path: Path, monkeypa
 def test_argv_defaults_to_the_process_and_takes_a_main_argv() -> None:
     import sys
 
-    assert provenance()["argv"] == sys.argv
+    from tunedb.bench.provenance import portable_argv
+
+    assert provenance()["argv"] == portable_argv(sys.argv)
     p = provenance(["tunedb", "bench", "fusion", "--out", "x.json"])
     assert p["argv"] == ["tunedb", "bench", "fusion", "--out", "x.json"] and "git_commit" in p
+
+
+def test_recorded_argv_names_no_folder_of_the_machine(tmp_path: Path) -> None:
+    """``python -m tunedb`` is recorded as ``tunedb``; absolute paths become relative to the
+    working folder, or their file name when outside it."""
+    from tunedb.bench.provenance import portable_argv
+
+    argv = [str(ROOT / "tunedb" / "__main__.py"), "bench", "fusion", "--out",
+            str(tmp_path / "out" / "fusion.json"), "--db", "/elsewhere/h200.duckdb", "rel/x.onnx"]
+    got = portable_argv(argv, cwd=tmp_path)
+    assert got == ["tunedb", "bench", "fusion", "--out", "out/fusion.json", "--db", "h200.duckdb",
+                   "rel/x.onnx"]

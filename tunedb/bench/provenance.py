@@ -35,7 +35,27 @@ def git_commit(where: Path | None = None) -> str | None:
     return commit + "-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else commit
 
 
+def portable_argv(argv: Sequence[str], cwd: Path | None = None) -> list[str]:
+    """The command line as someone else could type it: ``python -m tunedb`` as ``tunedb``, and
+    absolute paths relative to the working folder (or by their file name when outside it), so a
+    shipped result names no folder of the machine that ran it."""
+    here = (cwd or Path.cwd()).resolve()
+    out = []
+    for i, arg in enumerate(argv):
+        path = Path(arg)
+        if i == 0 and path.name == "__main__.py":
+            out.append(path.parent.name)
+        elif path.is_absolute():
+            try:
+                out.append(str(path.resolve().relative_to(here)))
+            except ValueError:
+                out.append(path.name)
+        else:
+            out.append(arg)
+    return out
+
+
 def provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """``{"argv": ..., "git_commit": ...}`` for a result file; ``argv`` defaults to ``sys.argv``
     (pass the arguments a ``main(argv)`` was called with when they are not the process's)."""
-    return {"argv": list(sys.argv if argv is None else argv), "git_commit": git_commit()}
+    return {"argv": portable_argv(sys.argv if argv is None else argv), "git_commit": git_commit()}
