@@ -319,9 +319,11 @@ def test_help_keeps_the_workers_default(tmp_path: Path) -> None:
 
 
 def _replay_collect(db: Path, cwd: Path) -> subprocess.Popen:
+    """The whole standard suite from the replay device: long enough (about a minute on an idle
+    2-core machine) that the callers' checks happen while it runs; they all stop it early."""
     data = ROOT / "data" / "fusion_h200_v2"
     return subprocess.Popen([sys.executable, "-m", "tunedb", "collect", "--suite", "standard", "--device",
-                             f"replay:{data}", "--db", str(db), "--budget", "20000", "--json"],
+                             f"replay:{data}", "--db", str(db), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=_env())
 
 
@@ -346,13 +348,11 @@ def test_db_info_works_while_collect_runs_and_ctrl_c_is_one_line(tmp_path: Path)
     proc = _replay_collect(db, tmp_path)
     try:
         _wait_for_measurements(db, proc)
-        seen = []
-        for _ in range(3):
-            r = tunedb("db", "info", "--db", db, "--json", cwd=tmp_path, TUNEDB_BUSY_TIMEOUT="30")
-            assert r.returncode == 0, r.stderr
-            seen.append(json.loads(r.stdout)["counts"]["measurements"])
-        assert proc.poll() is None  # all while the collection ran
-        assert seen[-1] >= seen[0] > 0
+        r = tunedb("db", "info", "--db", db, "--json", cwd=tmp_path, TUNEDB_BUSY_TIMEOUT="30")
+        assert proc.poll() is None  # db info came back while the collection ran
+        assert r.returncode == 0, r.stderr
+        seen = [json.loads(r.stdout)["counts"]["measurements"]]
+        assert seen[0] > 0
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
