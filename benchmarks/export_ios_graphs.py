@@ -1,7 +1,7 @@
 """Export the torchvision graphs of the stage-scheduling benchmark (not run in CI; needs PyTorch
 and torchvision; offline, random weights, no downloads).
 
-    PYTHONPATH=. python data/graphs/export_ios_graphs.py [OUT_DIR]   # default: data/graphs/ios
+    PYTHONPATH=. python benchmarks/export_ios_graphs.py [OUT_DIR]   # default: data/graphs/ios
 
 Writes ``inception_v3_b1.onnx`` (torchvision Inception V3, no aux head, 299x299, batch 1) and
 ``squeezenet1_1_b1.onnx`` / ``squeezenet1_1_b16.onnx`` (224x224): TorchScript exporter, opset 17,
@@ -43,4 +43,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "ios")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "data" / "graphs" / "ios")
