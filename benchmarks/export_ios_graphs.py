@@ -43,4 +43,5 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "data" / "graphs" / "ios")
+    default = Path(__file__).resolve().parents[1] / "data" / "graphs" / "ios"
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else default)
