@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,10 +24,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tunedb.bench.provenance import provenance as _provenance
 from tunedb.costmodel.evaluate import SPLITS, evaluate_splits
 from tunedb.costmodel.features import DeviceFacts, featurize_frame
 from tunedb.costmodel.fit import clean_frame, frame_labels
-from tunedb.costmodel.metrics import METRIC_KEYS
+from tunedb.costmodel.metrics import METRIC_KEYS, METRIC_SHORT_NAMES
 from tunedb.costmodel.train import TrainParams
 from tunedb.store import TuningStore
 
@@ -38,17 +38,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rank_pairwise": {"objective": "rank:pairwise"},
     "rank_ndcg": {"objective": "rank:ndcg"},
 }
-SHORT = {"top1_score": "top1", "top1_within_2pct": "top1<2%", "decisive_pair_accuracy": "decisive",
-         "pairwise_accuracy": "pairwise", "pairwise_accuracy_pooled": "pw pooled", "top5_score": "top5",
-         "spearman": "spearman", "mape": "MAPE"}
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+SHORT = METRIC_SHORT_NAMES
 
 
 def load(export: Path) -> tuple[np.ndarray, np.ndarray, Any, str]:
@@ -94,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             m = results[name].get(split, {})
             print(f"{name:<15}" + "".join(f"{m.get(k, float('nan')):>10.4f}" for k in METRIC_KEYS))
     if args.out:
-        args.out.write_text(json.dumps({"argv": sys.argv, "commit": _commit(), "export": str(args.export),
+        args.out.write_text(json.dumps({**_provenance(), "export": str(args.export),
                                         "board": board, "rows": int(len(y)), "results": results},
                                        indent=1) + "\n")
     return 0

@@ -15,28 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import duckdb
 
+from tunedb.bench.provenance import provenance as _provenance
 from tunedb.costmodel.ceiling import consensus_ceiling, remeasurement_ceiling
-from tunedb.costmodel.metrics import METRIC_KEYS
+from tunedb.costmodel.metrics import METRIC_KEYS, METRIC_SHORT_NAMES
 from tunedb.store import TuningStore
 
-SHORT = {"top1_score": "top1", "top1_within_2pct": "top1<2%", "decisive_pair_accuracy": "decisive",
-         "pairwise_accuracy": "pairwise", "pairwise_accuracy_pooled": "pw pooled", "top5_score": "top5",
-         "spearman": "spearman", "mape": "MAPE"}
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+SHORT = METRIC_SHORT_NAMES
 
 
 def _protocols(path: Path) -> dict[tuple[str, str], str]:
@@ -81,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             cells = "".join(f"{c[what][k]:>10.4f}" for k in keys)
             print(f"{label:<36}{c['candidates']:>7}{c['workloads']:>5}{cells}")
     if args.out:
-        args.out.write_text(json.dumps({"argv": sys.argv, "commit": _commit(),
+        args.out.write_text(json.dumps({**_provenance(),
                                         "exports": [str(e) for e in args.exports], "pairs": rows,
                                         "consensus": consensus},
                                        indent=1) + "\n")

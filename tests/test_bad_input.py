@@ -7,6 +7,7 @@ The cases follow issue 18 (tracebacks, silent acceptance, destructive defaults, 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -342,12 +344,24 @@ def _wait_for_measurements(db: Path, proc: subprocess.Popen, timeout: float = 24
     raise AssertionError("the collection measured nothing in time")
 
 
+@contextlib.contextmanager
+def _collecting(db: Path, cwd: Path) -> Iterator[subprocess.Popen]:
+    """A replay collect into ``db`` that has committed measurements; killed on the way out if the
+    caller left it running."""
+    proc = _replay_collect(db, cwd)
+    try:
+        _wait_for_measurements(db, proc)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.slow
 def test_db_info_works_while_collect_runs_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
     db = tmp_path / "c.duckdb"
-    proc = _replay_collect(db, tmp_path)
-    try:
-        _wait_for_measurements(db, proc)
+    with _collecting(db, tmp_path) as proc:
         r = tunedb("db", "info", "--db", db, "--json", cwd=tmp_path, TUNEDB_BUSY_TIMEOUT="30")
         assert proc.poll() is None  # db info came back while the collection ran
         assert r.returncode == 0, r.stderr
@@ -355,10 +369,6 @@ def test_db_info_works_while_collect_runs_and_ctrl_c_is_one_line(tmp_path: Path)
         assert seen[0] > 0
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130
     assert err.splitlines() == [err.splitlines()[0]] and err.startswith("error: interrupted")
     with TuningStore.open(db, read_only=True) as store:
@@ -370,14 +380,9 @@ def test_db_info_works_while_collect_runs_and_ctrl_c_is_one_line(tmp_path: Path)
 @pytest.mark.slow
 def test_a_collect_that_measures_nothing_adds_no_run_and_kill_9_runs_are_closed(tmp_path: Path) -> None:
     db = tmp_path / "c.duckdb"
-    proc = _replay_collect(db, tmp_path)
-    try:
-        _wait_for_measurements(db, proc)
+    with _collecting(db, tmp_path) as proc:
         proc.kill()  # kill -9: the run stays open
         proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     with TuningStore.open(db, read_only=True) as store:
         assert [r.finished_at for r in store.runs()] == [""]
         counted = store.counts()

@@ -5,12 +5,11 @@ benchmarks/faults.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_scripts import load_script
 from cli_apps import collect_app
 from typer.testing import CliRunner
 
@@ -21,12 +20,7 @@ N_WORKLOADS = 3
 
 
 def _faults() -> ModuleType:
-    if "faults" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("faults", ROOT / "benchmarks" / "faults.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules["faults"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["faults"])
-    return sys.modules["faults"]
+    return load_script("faults")
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,11 @@ of several exports, de-duplicating on natural keys (a copy of a host's file adds
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
+from bench_scripts import load_script
 from typer.testing import CliRunner
 
 from tunedb.cli import app
@@ -18,12 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _faults():
-    if "faults" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("faults", ROOT / "benchmarks" / "faults.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules["faults"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["faults"])
-    return sys.modules["faults"]
+    return load_script("faults")
 
 
 def _counts(db: Path) -> dict[str, int]:

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from plan_checks import check_outputs
 
 from tunedb.graph.builder import GraphBuilder
-from tunedb.graph.reference import run_reference
 from tunedb.runtime.inputs import make_inputs
-from tunedb.runtime.tolerance import check_host, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -31,15 +30,6 @@ def _compile(model):
     return compile(model, device="cuda")
 
 
-def _check(plan, outs, ref_in):
-    g = plan.graph
-    refs = run_reference(g, ref_in)
-    for v in g.outputs:
-        tol = tolerance(g, g.type_of(v).dtype)
-        ok, err = check_host(np.asarray(outs[v]), refs[v], tol)
-        assert ok, f"{g.name} output {v!r}: max abs error {err:.3g} ({tol})"
-
-
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_graph_plan_matches_the_reference(name):
     from tunedb.runtime.executor import executor_for
@@ -47,7 +37,7 @@ def test_shipped_graph_plan_matches_the_reference(name):
     plan = _compile(str(GRAPHS / name))
     dev, ref_in = make_inputs(plan.graph, 11)
     outs = plan.run(dev)
-    _check(plan, outs, ref_in)
+    check_outputs(plan, outs, ref_in)
     ex = executor_for(plan)  # the one Plan.run built (cached by plan identity)
     assert ex.graph_capture, ex.capture_error
     assert not ex.fallbacks
@@ -64,7 +54,7 @@ def test_dynamic_batch_graph_plans_match_the_reference(name):
     plan = compile(str(GRAPHS / "dynamic" / name), device="cuda", bindings={"batch": 3})
     assert plan.graph.type_of(plan.graph.inputs[0]).shape[0] == 3
     dev, ref_in = make_inputs(plan.graph, 5)
-    _check(plan, plan.run(dev), ref_in)
+    check_outputs(plan, plan.run(dev), ref_in)
 
 
 def _fusion_cases():
@@ -88,7 +78,7 @@ def test_fusion_subgraph_plan_matches_the_reference(graph):
     assert ex.graph_capture, ex.capture_error
     dev, ref_in = make_inputs(plan.graph, 2)
     outs = {k: v.get() for k, v in ex.run(dev).items()}
-    _check(plan, outs, ref_in)
+    check_outputs(plan, outs, ref_in)
 
 
 def test_op_by_op_steps_and_layout_copies_run_too():
@@ -106,7 +96,7 @@ def test_op_by_op_steps_and_layout_copies_run_too():
     plan = _compile(b.build([p, b.argmax(x, axis=1), c]))
     ex = PlanExecutor(plan)
     dev, ref_in = make_inputs(plan.graph, 4)
-    _check(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
     assert ex.graph_capture, ex.capture_error
 
 
@@ -195,7 +185,7 @@ def test_a_small_attention_plan_runs_as_one_cuda_graph():
     plan = _compile(b.build([s, g]))
     ex = PlanExecutor(plan)
     dev, ref_in = make_inputs(plan.graph, 0)
-    _check(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
     assert ex.graph_capture, ex.capture_error
 
 

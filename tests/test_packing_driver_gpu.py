@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from plan_checks import check_outputs
 from test_packing_driver import attention, branches, streams_pay
 
-from tunedb.graph.reference import run_reference
 from tunedb.plan import compile
 from tunedb.plan.packing import pack_plans, run_tenant_pack, tenant_inputs
 from tunedb.plan.record import Plan
@@ -21,15 +21,6 @@ from tunedb.runtime.tolerance import check_host, tolerance
 pytestmark = pytest.mark.gpu
 
 GRAPHS = Path(__file__).resolve().parents[1] / "data" / "graphs"
-
-
-def _check(plan, outs, ref_in):
-    g = plan.graph
-    refs = run_reference(g, ref_in)
-    for v in g.outputs:
-        tol = tolerance(g, g.type_of(v).dtype)
-        ok, err = check_host(np.asarray(outs[v]), refs[v], tol)
-        assert ok, f"{g.name} output {v!r}: max abs error {err:.3g} ({tol})"
 
 
 def _packed_and_plain(graph):
@@ -48,7 +39,7 @@ def _run_both(packed, plain, seed=5):
     got = {k: v.get() for k, v in ex.run(dev).items()}
     assert ex.graph_capture, ex.capture_error
     assert not ex.fallbacks and ex.summary()["packs"] == len(packed.packs)
-    _check(packed, got, ref_in)
+    check_outputs(packed, got, ref_in)
     base = {k: v.get() for k, v in PlanExecutor(plain).run(dev).items()}
     g = packed.graph
     for v in g.outputs:  # the same kernels, only launched side by side
@@ -73,7 +64,7 @@ def test_bert_layer_qkv_packed_through_plan_run():
     packed, plain = _packed_and_plain(str(GRAPHS / "bert_layer.onnx"))
     assert [packed.steps[i].kind for i in packed.packs[0].steps] == ["matmul"] * 3
     dev, ref_in = make_inputs(packed.graph, 2)
-    _check(packed, packed.run(dev), ref_in)  # Plan.run hands a packed plan to pack_exec
+    check_outputs(packed, packed.run(dev), ref_in)  # Plan.run hands a packed plan to pack_exec
     _run_both(packed, plain, seed=2)
 
 

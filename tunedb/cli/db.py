@@ -171,12 +171,19 @@ def db_import(
     for path in paths:
         if not path.exists():
             fail(f"{path} does not exist")
+    _ingest_all(target, paths, _export_rows, lambda store, p, cb: store.import_parquet(p, progress=cb),
+                json_out)
+
+
+def _ingest_all(target: Path, sources: list[Path], count: Callable[[Path], int],
+                ingest: Callable[[Any, Path, Any], dict], json_out: bool) -> None:
+    """Each source into ``target`` in its own transaction with a progress bar; prints the new
+    rows summed over the sources. A failure leaves no new empty database behind."""
     parts = []
     with _no_new_empty_db(target), open_store(target) as store:
-        for path in paths:
-            parts.append(_with_progress(lambda p=path: _export_rows(p),
-                                        lambda cb, p=path: store.import_parquet(p, progress=cb)))
-    _print_counts(f"new rows from {', '.join(map(str, paths))} in {target}", _sum_counts(parts), json_out)
+        for src in sources:
+            parts.append(_with_progress(lambda s=src: count(s), lambda cb, s=src: ingest(store, s, cb)))
+    _print_counts(f"new rows from {', '.join(map(str, sources))} in {target}", _sum_counts(parts), json_out)
 
 
 def db_merge(
@@ -205,12 +212,7 @@ def db_merge(
         with open_store(other_db, read_only=True) as other:
             return sum(other.counts().values())
 
-    parts = []
-    with _no_new_empty_db(target), open_store(target) as store:
-        for other_db in other_dbs:
-            parts.append(_with_progress(lambda o=other_db: total(o),
-                                        lambda cb, o=other_db: store.merge(o, progress=cb)))
-    _print_counts(f"new rows from {', '.join(map(str, other_dbs))} in {target}", _sum_counts(parts), json_out)
+    _ingest_all(target, other_dbs, total, lambda store, o, cb: store.merge(o, progress=cb), json_out)
 
 
 def _export_rows(path: Path) -> int:

@@ -18,6 +18,11 @@ import numpy as np
 METRIC_KEYS: tuple[str, ...] = (
     "top1_score", "top1_within_2pct", "decisive_pair_accuracy", "pairwise_accuracy",
     "pairwise_accuracy_pooled", "top5_score", "spearman", "mape")
+# Column heads for tables of those metrics.
+METRIC_SHORT_NAMES: dict[str, str] = {
+    "top1_score": "top1", "top1_within_2pct": "top1<2%", "decisive_pair_accuracy": "decisive",
+    "pairwise_accuracy": "pairwise", "pairwise_accuracy_pooled": "pw pooled", "top5_score": "top5",
+    "spearman": "spearman", "mape": "MAPE"}
 # A pair is decisive when its medians differ by more than this fraction (and, with spreads, by
 # more than both candidates' p20-p80 bands); ``top1_within_2pct`` uses the same tolerance.
 DECISIVE_GAP = 0.02

@@ -16,11 +16,9 @@ apart (no reuse), so that members of any candidate stage can run at once.
 
 from __future__ import annotations
 
-import gc
 import os
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,21 +26,9 @@ import numpy as np
 from tunedb.runtime.device import current_stream, import_cupy
 from tunedb.runtime.executor import ExecutorError, PlanExecutor
 from tunedb.runtime.executor_ops import ComputeOps
-from tunedb.runtime.streams import StreamPool
+from tunedb.runtime.streams import StreamPool, gc_paused
 
 Groups = Sequence[Sequence[int]]
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    # A finalizer that frees device memory or destroys a handle would break a capture.
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 class StagedExecutor(PlanExecutor):
@@ -177,7 +163,7 @@ class StagedExecutor(PlanExecutor):
         main = self.stream
         graph = None
         alloc = self._ios_pool.memory_pool.malloc
-        with _gc_paused(), current_stream(cp, main), cp.cuda.using_allocator(alloc):
+        with gc_paused(), current_stream(cp, main), cp.cuda.using_allocator(alloc):
             main.begin_capture()
             try:
                 for _ in range(copies):
