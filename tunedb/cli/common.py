@@ -163,15 +163,29 @@ def _is_known(exc: BaseException) -> bool:
     return False
 
 
+def _interrupted(exc: BaseException | None) -> bool:
+    """Ctrl-C that DuckDB caught inside a query: it raises its own "Query interrupted" error (an
+    InterruptException, or a RuntimeError in some versions), not KeyboardInterrupt."""
+    while exc is not None:
+        if type(exc).__name__ == "InterruptException" or (
+                isinstance(exc, RuntimeError) and "Query interrupted" in str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 @contextmanager
 def cli_errors() -> Iterator[None]:
+    interrupted = "interrupted; every committed measurement is kept (run the command again to resume)"
     try:
         yield
     except KeyboardInterrupt:
-        fail("interrupted; every committed measurement is kept (run the command again to resume)", 130)
+        fail(interrupted, 130)
     except BrokenPipeError:
         raise typer.Exit(141) from None
     except Exception as e:
+        if _interrupted(e):
+            fail(interrupted, 130)
         if not _is_known(e):
             raise
         fail(str(e))
