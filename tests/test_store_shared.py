@@ -3,6 +3,7 @@ housekeeping of tunedb.store.runs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -22,7 +23,8 @@ def test_one_writer_and_readers_between_commits(tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
     with SharedWriter(path, linger_s=0.05) as w:
         fill(w, make_data(n_workloads=2, configs=3))
-        with pytest.raises(StoreError, match="being written by another tunedb process"):
+        holder = rf"being written by another tunedb process \(pid {os.getpid()} on "
+        with pytest.raises(StoreError, match=holder):  # the refusal names the holder
             SharedWriter(path)
         time.sleep(0.3)  # past the linger: the file is free for another process
         code = ("import sys\nfrom tunedb.store import TuningStore\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +41,13 @@ class SharedWriter:
         except OSError:
             os.close(self._fd)
             self._fd = None
-            raise StoreError(f"database {self._path} is being written by another tunedb process; "
-                             "tunedb allows one writer per file") from None
+            raise StoreError(f"database {self._path} is being written by another tunedb process"
+                             f"{_holder(self._path)}; tunedb allows one writer per file") from None
+        # flock cannot say who holds it: the writer leaves its pid and host beside the file.
+        try:
+            _holder_file(self._path).write_text(f"{os.getpid()} {socket.gethostname()}\n")
+        except OSError:
+            pass  # a read-only folder: the refusal then names no holder
 
     def apply(self, func: Callable[..., Any], *args: Any) -> Any:
         """``func(store, *args)`` on the open file (for functions of ``tunedb.store.runs``)."""
@@ -95,6 +101,7 @@ class SharedWriter:
                 self._timer = None
         self._release()
         if self._fd is not None:
+            _holder_file(self._path).unlink(missing_ok=True)
             os.close(self._fd)  # releases the flock
             self._fd = None
 
@@ -103,3 +110,16 @@ class SharedWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _holder_file(path: Path) -> Path:
+    return path.with_name(path.name + ".writer")
+
+
+def _holder(path: Path) -> str:
+    """`` (pid N on HOST)`` from the holder's note, or nothing when there is none to read."""
+    try:
+        pid, _, host = _holder_file(path).read_text().strip().partition(" ")
+    except OSError:
+        return ""
+    return f" (pid {pid} on {host})" if pid.isdigit() else ""
