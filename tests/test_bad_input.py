@@ -369,7 +369,7 @@ def test_db_info_works_while_collect_runs_and_ctrl_c_is_one_line(tmp_path: Path)
         assert seen[0] > 0
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     assert err.splitlines() == [err.splitlines()[0]] and err.startswith("error: interrupted")
     with TuningStore.open(db, read_only=True) as store:
         runs = store.runs()
@@ -400,3 +400,18 @@ def test_a_collect_that_measures_nothing_adds_no_run_and_kill_9_runs_are_closed(
         runs = store.runs()
         assert counted["runs"] == 1 and all(r.finished_at for r in runs)
         assert len(runs) == 1 + (json.loads(proc.stdout)["measured"] > 0)
+
+
+def test_errors_raised_while_ctrl_c_unwinds_count_as_the_interrupt() -> None:
+    """DuckDB's own interrupt error and clean-up failing during Ctrl-C exit 130, not 1."""
+    from tunedb.cli.common import _interrupted
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise OSError("flush failed") from None
+    except OSError as e:
+        assert _interrupted(e)  # `from None` hides the cause, the context still holds it
+    assert _interrupted(RuntimeError("INTERRUPT Error: Query interrupted"))
+    assert not _interrupted(RuntimeError("disk full"))

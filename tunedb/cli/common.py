@@ -164,10 +164,11 @@ def _is_known(exc: BaseException) -> bool:
 
 
 def _interrupted(exc: BaseException | None) -> bool:
-    """Ctrl-C that DuckDB caught inside a query: it raises its own "Query interrupted" error (an
-    InterruptException, or a RuntimeError in some versions), not KeyboardInterrupt."""
+    """Ctrl-C, seen as another error: DuckDB raises its own "Query interrupted" (an
+    InterruptException, or a RuntimeError in some versions) instead of KeyboardInterrupt, and
+    clean-up that fails while Ctrl-C unwinds raises an error whose context is the interrupt."""
     while exc is not None:
-        if type(exc).__name__ == "InterruptException" or (
+        if isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "InterruptException" or (
                 isinstance(exc, RuntimeError) and "Query interrupted" in str(exc)):
             return True
         exc = exc.__cause__ or exc.__context__

@@ -195,8 +195,10 @@ class Collector:
                 remaining = summary.total - summary.already - summary.measured - summary.missing
                 summary.stopped = "budget" if remaining > 0 else ""
         finally:
-            ctx.writer.flush()
-            store.finish_run(run.id, now_iso(), canonical_json(device.clocks()))
+            try:
+                ctx.writer.flush()
+            finally:  # a flush that fails (Ctrl-C inside a commit) still closes the run
+                store.finish_run(run.id, now_iso(), canonical_json(device.clocks()))
             summary.elapsed_s = time.monotonic() - t0
         return summary
 
