@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tunedb.bench.active import curves, first_reach, load_dataset, main, run_experiment, write_synthetic
+from tunedb.bench.provenance import portable_argv
 
 
 @pytest.mark.slow
@@ -63,7 +64,7 @@ def test_bench_cli_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
     assert (data / "manifest.json").exists()
     res = json.loads(out.read_text())
     assert set(res["strategies"]) == {"exhaustive", "random", "model"} and res["workloads"] == 5
-    assert res["argv"][1:3] == ["--data", str(data)] and "git_commit" in res
+    assert res["argv"][1:3] == portable_argv(["--data", str(data)]) and "git_commit" in res
     for s in res["strategies"].values():
         assert s["total_measured"] == 60 and s["measurements"] == [10, 20, 30, 40, 50, 60]
         assert set(s["to_target"]) == {"0.9", "1"}
