@@ -529,13 +529,13 @@ _CACHE: dict[int, tuple[Any, PlanExecutor]] = {}
 _CACHE_SIZE = 4
 
 
-def executor_for(plan: Any) -> PlanExecutor:
+def executor_for(plan: Any, kind: type[PlanExecutor] = PlanExecutor) -> PlanExecutor:
     """A cached executor of ``plan`` (by identity; a few kept, so repeated ``Plan.run`` calls
-    neither recompile nor reallocate)."""
+    neither recompile nor reallocate); ``kind``: the executor class (staged, packed)."""
     hit = _CACHE.get(id(plan))
-    if hit is not None and hit[0]() is plan:
+    if hit is not None and hit[0]() is plan and type(hit[1]) is kind:
         return hit[1]
-    ex = PlanExecutor(plan)
+    ex = kind(plan)
     while len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
     try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +29,7 @@ import numpy as np
 from tunedb.graph.ops import canonical_attrs
 from tunedb.runtime.blas import DATA_TYPES, OP_N, OP_T, check, library
 from tunedb.runtime.device import import_cupy
-from tunedb.runtime.executor import ExecutorError, PlanExecutor
+from tunedb.runtime.executor import ExecutorError, PlanExecutor, executor_for
 from tunedb.runtime.executor_ops import ComputeOps
 from tunedb.runtime.streams import StreamPool, record_forked
 
@@ -243,23 +242,8 @@ class PackExecutor(PlanExecutor):
 
 
 # -- Plan.run(backend="cuda") for plans with packs -----------------------------------------------
-_CACHE: dict[int, tuple[Any, PackExecutor]] = {}
-_CACHE_SIZE = 4
-
-
 def execute_plan(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Run a plan with packs on ``inputs`` on the GPU; NumPy outputs. A few executors are kept by
-    plan identity (as ``executor.executor_for`` does), so repeated calls do not rebuild."""
+    """Run a plan with packs on ``inputs`` on the GPU; NumPy outputs (executors cached by plan
+    identity through ``executor.executor_for``)."""
     cp = import_cupy()
-    hit = _CACHE.get(id(plan))
-    if hit is not None and hit[0]() is plan:
-        ex = hit[1]
-    else:
-        ex = PackExecutor(plan)
-        while len(_CACHE) >= _CACHE_SIZE:
-            _CACHE.pop(next(iter(_CACHE)))
-        try:
-            _CACHE[id(plan)] = (weakref.ref(plan), ex)
-        except TypeError:
-            pass
-    return {k: cp.asnumpy(v) for k, v in ex.run(inputs).items()}
+    return {k: cp.asnumpy(v) for k, v in executor_for(plan, PackExecutor).run(inputs).items()}

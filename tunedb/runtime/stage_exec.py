@@ -17,14 +17,13 @@ apart (no reuse), so that members of any candidate stage can run at once.
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tunedb.runtime.device import current_stream, import_cupy
-from tunedb.runtime.executor import ExecutorError, PlanExecutor
+from tunedb.runtime.executor import ExecutorError, PlanExecutor, executor_for
 from tunedb.runtime.executor_ops import ComputeOps
 from tunedb.runtime.streams import StreamPool, gc_paused
 
@@ -196,23 +195,8 @@ class StagedExecutor(PlanExecutor):
 
 
 # -- Plan.run(backend="cuda") for plans with stages ----------------------------------------------
-_CACHE: dict[int, tuple[Any, StagedExecutor]] = {}
-_CACHE_SIZE = 4
-
-
 def execute_plan(plan: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Run a plan with stages on ``inputs`` on the GPU; NumPy outputs. A few executors are kept
-    by plan identity (as ``executor.executor_for`` does), so repeated calls do not rebuild."""
+    """Run a plan with stages on ``inputs`` on the GPU; NumPy outputs (executors cached by plan
+    identity through ``executor.executor_for``)."""
     cp = import_cupy()
-    hit = _CACHE.get(id(plan))
-    if hit is not None and hit[0]() is plan:
-        ex = hit[1]
-    else:
-        ex = StagedExecutor(plan)
-        while len(_CACHE) >= _CACHE_SIZE:
-            _CACHE.pop(next(iter(_CACHE)))
-        try:
-            _CACHE[id(plan)] = (weakref.ref(plan), ex)
-        except TypeError:
-            pass
-    return {k: cp.asnumpy(v) for k, v in ex.run(inputs).items()}
+    return {k: cp.asnumpy(v) for k, v in executor_for(plan, StagedExecutor).run(inputs).items()}
