@@ -267,12 +267,17 @@ def test_bcol_through_expand_and_its_q():
 
 
 def test_unsupported_broadcasts_say_why():
-    # a per-head mask [1, H, 1, S] over [B, H, S, S] broadcasts over two separate row blocks
+    # a per-head mask [1, H, 1, S] over [B, H, S, S] broadcasts over two separate row blocks:
+    # an input is read through an index map, a computed value is refused
     b = GraphBuilder("per_head")
     x = b.input("x", (2, 3, 16, 16))
-    g = b.build([b.softmax(b.add(x, b.input("m", (1, 3, 1, 16))))])
-    with pytest.raises(UnsupportedFusion, match="per-column of a block of rows nor scalar"):
-        analyze(g)
+    a = analyze(b.build([b.softmax(b.add(x, b.input("m", (1, 3, 1, 16))))]))
+    assert a.cls["m"] == "idx" and dict(a.idx_maps)["m"] == ((256, 3, 16), (1, 16, 1))
+    b = GraphBuilder("per_head_computed")
+    x = b.input("x", (2, 3, 16, 16))
+    m = b.mul(b.input("m", (1, 3, 1, 16)), 2.0)
+    with pytest.raises(UnsupportedFusion, match="not a graph input that an index map could read"):
+        analyze(b.build([b.softmax(b.add(x, m))]))
     # a bcol value as an output of a reduction kernel
     b = GraphBuilder("bcol_out")
     x = b.input("x", (2, 3, 16, 16))

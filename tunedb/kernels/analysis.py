@@ -33,14 +33,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tunedb.graph.ir import Graph, GraphError, Node
+from tunedb.graph.ir import Graph, Node
 from tunedb.graph.ops import canonical_attrs
+from tunedb.kernels.domain import (  # noqa: F401  (class names and the error, re-exported)
+    BCOL,
+    COL,
+    FULL,
+    IDX,
+    REDUCE_OPS,
+    ROW,
+    SCALAR,
+    TRANS,
+    IndexMap,
+    UnsupportedFusion,
+    batched_transpose,
+    broadcast_class,
+    domains,
+    index_map,
+    split_at,
+)
 
-FULL, ROW, COL, SCALAR, TRANS, BCOL = "full", "row", "col", "scalar", "trans", "bcol"
 PATTERNS = ("elementwise", "row_reduce", "col_reduce", "transpose", "multi")
 
 ALIAS_OPS = frozenset(("reshape", "squeeze", "unsqueeze", "expand", "identity"))
-REDUCE_OPS = frozenset(("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"))
 COMPUTE_UNARY = frozenset((
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
     "relu", "erf", "floor", "ceil", "sign", "not", "gelu", "clip", "cast", "leaky_relu"))
@@ -48,10 +63,6 @@ COMPUTE_BINARY = frozenset((
     "add", "sub", "mul", "div", "pow", "max", "min", "mod",
     "eq", "ne", "lt", "le", "gt", "ge", "and", "or"))
 TRANSCENDENTAL = frozenset(("exp", "log", "sin", "cos", "tanh", "sigmoid", "erf", "gelu", "pow"))
-
-
-class UnsupportedFusion(ValueError):
-    """The subgraph is outside what the fused-kernel generator handles; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,10 @@ class Analysis:
     # transposed input -> its rows per batch index, where a batch prefix is kept (period < R):
     # domain row r reads batch r // period, row r % period of that batch's [C, period] matrix
     trans_periods: tuple[tuple[str, int], ...] = ()
+    # idx leaf -> its index map (``tunedb.kernels.domain.index_map``): broadcasts that fit no
+    # simpler class (a per-channel scale of a group norm's [N*G, C/G*H*W] domain), read element
+    # by element at offset map(r * C + c)
+    idx_maps: tuple[tuple[str, IndexMap], ...] = ()
 
     @property
     def q(self) -> dict[str, int]:
@@ -144,67 +159,6 @@ class Analysis:
                 "transcendentals": sum(n.op in TRANSCENDENTAL for n in self.nodes)}
 
 
-def _split_at(shape: tuple[int, ...], R: int) -> int | None:
-    """The first q with prod(shape[:q]) == R (rows | columns split of a full-size shape)."""
-    p = 1
-    for q in range(len(shape) + 1):
-        if p == R:
-            return q
-        if q < len(shape):
-            p *= shape[q]
-    return None
-
-
-def _broadcast_class(si: tuple[int, ...], so: tuple[int, ...], R: int,
-                     what: str) -> tuple[str, tuple[int, int] | None]:
-    """Class of an operand of shape ``si`` broadcast to the full-size output shape ``so``, and
-    (Q, P) where the class is bcol."""
-    q = _split_at(so, R)
-    if q is None:
-        raise UnsupportedFusion(f"{what}: broadcast to {so} does not split into rows of {R}")
-    si = (1,) * (len(so) - len(si)) + tuple(si)
-    rows_full = all(si[i] == so[i] for i in range(q))
-    rows_one = all(si[i] == 1 for i in range(q))
-    cols_full = all(si[i] == so[i] for i in range(q, len(so)))
-    cols_one = all(si[i] == 1 for i in range(q, len(so)))
-    if rows_full and cols_full:
-        return FULL, None
-    if rows_one and cols_full:
-        return COL, None
-    if rows_full and cols_one:
-        return ROW, None
-    if rows_one and cols_one:
-        return SCALAR, None
-    j = 0
-    while j < q and si[j] == so[j]:
-        j += 1
-    k = q
-    while k > j and si[k - 1] == so[k - 1]:
-        k -= 1
-    if cols_full and all(si[i] == 1 for i in range(j, k)):
-        # row dims so[:j] kept, so[j:k] broadcast, so[k:q] kept: value[(r // Q) * P + r % P, c]
-        return BCOL, (math.prod(so[j:q]), math.prod(so[k:q]))
-    raise UnsupportedFusion(f"{what}: operand of shape {si} broadcast to {so} is neither per-row, "
-                            f"per-column, per-column of a block of rows nor scalar in the "
-                            f"[{R}, {math.prod(so) // R}] domain")
-
-
-def _batched_transpose(perm: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, int, int] | None:
-    """(B, P, C) if ``perm`` (size-1 dims ignored) keeps a prefix of batch dims in place and
-    block-swaps the rest: the result is B matrices [P, C] read from [C, P]; else None."""
-    keep = [p for p in perm if shape[p] != 1]
-    order = sorted(keep)
-    for nb in range(len(keep) - 1):
-        if keep[:nb] != order[:nb]:
-            break
-        rest, rest_order = keep[nb:], order[nb:]
-        for i in range(1, len(rest_order)):
-            if rest == rest_order[i:] + rest_order[:i]:
-                size = lambda dims: math.prod(shape[d] for d in dims)  # noqa: E731
-                return size(keep[:nb]), size(rest_order[i:]), size(rest_order[:i])
-    return None
-
-
 class _Classifier:
     def __init__(self, graph: Graph, R: int, C: int) -> None:
         self.g, self.R, self.C, self.N = graph, R, C, R * C
@@ -217,6 +171,7 @@ class _Classifier:
         self.bqp: dict[str, set[tuple[int, int]]] = {}  # bcol value -> (Q, P) of its broadcasts
         self.leaves = set(graph.inputs) | set(graph.constant_map)
         self.periods: dict[str, int] = {}  # transposed input -> rows per batch index
+        self.imaps: dict[str, IndexMap] = {}  # idx leaf -> its index map
 
     def resolve(self, v: str) -> str:
         while v in self.alias:
@@ -248,7 +203,7 @@ class _Classifier:
             return COL
         if n == self.R:
             return ROW if t.rank >= 2 and t.shape[-1] == 1 else COL
-        if n % self.C == 0 and self.R % (n // self.C) == 0 and _split_at(t.shape, n // self.C) is not None:
+        if n % self.C == 0 and self.R % (n // self.C) == 0 and split_at(t.shape, n // self.C) is not None:
             return BCOL  # [P, C] with P | R: confirmed (or refused) where it is broadcast
         raise UnsupportedFusion(f"value {v!r} {t} does not fit the [{self.R}, {self.C}] domain")
 
@@ -260,9 +215,11 @@ class _Classifier:
                 # an expand alias stands for its (smaller) source, classified at the expand
                 k = FULL if self.numel(rv) == self.N else self.cls[rv]
             else:
-                k, qp = _broadcast_class(si, out_shape, self.R, what)
+                k, qp = broadcast_class(si, out_shape, self.R, what)
                 if qp is not None:
                     self.bqp.setdefault(rv, set()).add(qp)
+                if k == IDX:
+                    self.index_mapped(rv, index_map(si, out_shape), si, out_shape, what)
         elif self.numel(v) == 1:
             k = SCALAR
         elif self.numel(v) == math.prod(out_shape):
@@ -274,6 +231,15 @@ class _Classifier:
             self.assign(rv, k, what)
         elif known != k and SCALAR not in (known, k) and not (known == TRANS and k == FULL):
             raise UnsupportedFusion(f"{what}: value {rv!r} is {known} but used as {k}")
+
+    def index_mapped(self, rv: str, m: IndexMap, si: tuple[int, ...], so: tuple[int, ...], what: str) -> None:
+        if rv not in self.leaves:
+            raise UnsupportedFusion(
+                f"{what}: operand of shape {si} broadcast to {so} is neither per-row, per-column, "
+                f"per-column of a block of rows nor scalar in the [{self.R}, {self.N // self.R}] "
+                f"domain, and not a graph input that an index map could read")
+        if self.imaps.setdefault(rv, m) != m:
+            raise UnsupportedFusion(f"{what}: {rv!r} is broadcast in two different ways")
 
     def elementwise(self, node: Node) -> None:
         out = node.outputs[0]
@@ -331,7 +297,7 @@ class _Classifier:
             return
         if self.resolve(src) not in self.leaves or self.numel(src) != self.N:
             raise UnsupportedFusion(f"{what}: only full-size graph inputs can be read transposed")
-        split = _batched_transpose(perm, shape)
+        split = batched_transpose(perm, shape)
         if split is None or split[0] * split[1] != self.R or split[2] != self.C:
             raise UnsupportedFusion(f"{what}: perm {perm} of {shape} is not a (batched) 2-D transpose "
                                     f"onto the [{self.R}, {self.C}] domain")
@@ -481,44 +447,10 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     bq = tuple(sorted((v, q) for v, (q, _) in blocks.items()))
     bp = tuple(sorted((v, p) for v, (_, p) in blocks.items() if p > 1))
     periods = tuple(sorted((v, p) for v, p in k.periods.items() if p != R))
+    imaps = tuple(sorted((v, m) for v, m in k.imaps.items() if k.cls.get(v) == IDX))
     return Analysis(graph, R, C, pattern, tuple(sorted(k.cls.items())), tuple(sorted(k.dep.items())),
-                    tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq, bp, periods)
-
-
-def _domains(graph: Graph) -> list[tuple[int, int]]:
-    """Candidate (R, C) splits, most natural first: reductions and transposes fix the split;
-    otherwise C is the innermost dim of the largest value, then wider column blocks."""
-    types = graph.type_map
-    big = max((t.numel for t in types.values()), default=0)
-    out: list[tuple[int, int]] = []
-
-    def add(R: int, C: int) -> None:
-        if R * C == big and (R, C) not in out and C >= 1 and R >= 1:
-            out.append((R, C))
-
-    for n in graph.nodes:
-        t = types[n.inputs[0]] if n.inputs else None
-        if t is None or t.numel != big:
-            continue
-        try:
-            attrs = canonical_attrs(n, [types[v] for v in n.inputs])
-        except GraphError:
-            continue
-        if n.op in REDUCE_OPS and attrs["axes"]:
-            ax = attrs["axes"]
-            if ax[-1] == t.rank - 1:
-                add(math.prod(t.shape[:ax[0]]), math.prod(t.shape[ax[0]:]))
-            if ax[0] == 0:
-                add(math.prod(t.shape[:ax[-1] + 1]), math.prod(t.shape[ax[-1] + 1:]))
-        if n.op == "transpose":
-            split = _batched_transpose(tuple(attrs["perm"]), t.shape)
-            if split is not None:
-                add(split[0] * split[1], split[2])
-    for t in sorted({t.shape for t in types.values() if t.numel == big}, key=lambda s: (-len(s), s)):
-        for q in range(len(t) - 1, 0, -1):
-            add(math.prod(t[:q]), math.prod(t[q:]))
-        add(1, big)
-    return out
+                    tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq, bp, periods,
+                    imaps)
 
 
 def analyze(graph: Graph) -> Analysis:
@@ -534,7 +466,7 @@ def analyze(graph: Graph) -> Analysis:
             raise UnsupportedFusion(f"value {v!r} has {t.numel} elements; the limit is 2^31 - 1")
     first: UnsupportedFusion | None = None
     inner: Analysis | None = None
-    for R, C in _domains(graph):
+    for R, C in domains(graph):
         try:
             a = _analyze_with(graph, R, C)
         except UnsupportedFusion as e:

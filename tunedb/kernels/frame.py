@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from tunedb.graph.ir import DTYPE_BYTES
-from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, SCALAR, TRANS, Analysis, UnsupportedFusion
+from tunedb.kernels.analysis import BCOL, COL, FULL, IDX, ROW, SCALAR, TRANS, Analysis, UnsupportedFusion
+from tunedb.kernels.domain import index_expr
 from tunedb.kernels.expr import (
     COMPUTE,
     STORAGE,
@@ -110,7 +111,7 @@ class Frame:
         return env
 
     def leaf_classes(self, leaves: list[str]) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {FULL: [], ROW: [], COL: [], TRANS: [], SCALAR: [], BCOL: []}
+        out: dict[str, list[str]] = {FULL: [], ROW: [], COL: [], TRANS: [], SCALAR: [], BCOL: [], IDX: []}
         for v in leaves:
             k = self.cls.get(v)
             if k not in out:
@@ -150,8 +151,14 @@ class Frame:
         (V divides C, so a vector stays inside one row of the [R/Q, C] array). A leaf wider than
         the full-size data (an int64 mask next to float scores) does not cap the kernel's vector
         width: where V of its elements exceed 16 bytes it is read element by element (it is
-        small and stays in cache)."""
+        small and stays in cache). Index-mapped leaves (``idx``) are read element by element at
+        offset map(row * C + col + k)."""
+        imaps = dict(self.a.idx_maps)
         for v in leaves:
+            if v in imaps:
+                flat = f"{row if row.isidentifier() else f'({row})'} * {self.C}LL + {col} + k"
+                env[v] = self.conv(v, f"{self.param[v]}[{index_expr(imaps[v], flat, self.R * self.C)}]")
+                continue
             idx = self.bcol_index(v, row, col)
             if V * DTYPE_BYTES[self.dtype(v)] > 16:
                 lines.append(f"const long long bo_{self.n(v)} = {idx};")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import BCOL, FULL, ROW
+from tunedb.kernels.analysis import BCOL, FULL, IDX, ROW
 from tunedb.kernels.expr import red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 from tunedb.kernels.gen_cols import (
@@ -51,7 +51,7 @@ def _pass(f: Frame, env: dict[str, str], cached: list[str], first: bool, reds: l
     for v in lc[ROW]:
         inner.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[r]')};")
         e[v] = f.n(v, "r")
-    f.bcol_loads(lc[BCOL], "r", "col", V, inner, e)
+    f.bcol_loads(lc[BCOL] + lc[IDX], "r", "col", V, inner, e)
     for v in lc[FULL]:
         e[v] = f.conv(v, f"ld_{f.n(v)}[j].v[k]")
     if not first:

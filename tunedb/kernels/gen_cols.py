@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, Reduction
+from tunedb.kernels.analysis import BCOL, COL, FULL, IDX, ROW, Reduction
 from tunedb.kernels.expr import RED_INIT, emit_nodes, flit, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 
@@ -83,7 +83,7 @@ def _sweep(f: Frame, env: dict[str, str], targets: list[str], reds: list[Reducti
     for v in lc[ROW]:
         inner.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[r]')};")
         ee[v] = f.n(v, "r")
-    f.bcol_loads(lc[BCOL], "r", "col", V, inner, ee)
+    f.bcol_loads(lc[BCOL] + lc[IDX], "r", "col", V, inner, ee)
     for v in lc[FULL]:
         ee[v] = f.conv(v, f"ld_{f.n(v)}[u].v[k]")
     inner += [f"{f.ct(v)} res_{f.n(v)}[{V}];" for v in outs]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import BCOL, COL, FULL, ROW
+from tunedb.kernels.analysis import BCOL, COL, FULL, IDX, ROW
+from tunedb.kernels.domain import index_expr
 from tunedb.kernels.expr import RCP, RED_INIT, RED_WARP, emit_nodes, flit, reciprocals, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 from tunedb.kernels.gen_cols import gen_col_finish
@@ -139,6 +140,9 @@ class _Row:
                 e[v] = f.conv(v, f"{f.param[v]}[{gi}]")
             elif k == BCOL:
                 e[v] = f.conv(v, f"{f.param[v]}[{f.bcol_index(v, 'rv ? row : 0LL', gi)}]")
+            elif k == IDX:
+                flat = f"(rv ? row : 0LL) * {C}LL + {gi}"
+                e[v] = f.conv(v, f"{f.param[v]}[{index_expr(dict(a.idx_maps)[v], flat, a.R * C)}]")
         emit_nodes(a, f.names, nodes, e, body, self.s.fast_math, prefix=f"g{f.names.idx[out]}_")
         body.append(f"{name} = {e[data]};")
         lines += indent(body)
@@ -190,7 +194,7 @@ class _Row:
                 inner.append(f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {ld};")
         for v in lc[COL]:
             inner.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
-        f.bcol_loads(lc[BCOL], "row", "col", V, inner, e)
+        f.bcol_loads(lc[BCOL] + lc[IDX], "row", "col", V, inner, e)
         for v in outs:
             inner.append(f"{f.ct(v)} res_{f.n(v)}[{V}];")
         el: list[str] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import BCOL, COL, FULL, ROW, TRANS
+from tunedb.kernels.analysis import BCOL, COL, FULL, IDX, ROW, TRANS
 from tunedb.kernels.expr import emit_nodes
 from tunedb.kernels.frame import Frame, KText, indent
 
@@ -40,7 +40,7 @@ def _side_loads(f: Frame, lc: dict[str, list[str]], V: int, lines: list[str],
         env[v] = f.n(v, "r")
     for v in lc[COL]:
         lines.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
-    f.bcol_loads(lc[BCOL], "row", "col", V, lines, env)
+    f.bcol_loads(lc[BCOL] + lc[IDX], "row", "col", V, lines, env)
     return {v: f.conv(v, f"cl_{f.n(v)}.v[k]") for v in lc[COL]}
 
 
@@ -53,7 +53,7 @@ def gen_elementwise(f: Frame) -> list[KText]:
     env = f.prologue(lines)
     nodes, leaves = f.leaves_of(f.full_outputs(), set(env))
     lc = f.leaf_classes(leaves)
-    need_rc = bool(lc[ROW] or lc[COL] or lc[TRANS] or lc[BCOL])
+    need_rc = bool(lc[ROW] or lc[COL] or lc[TRANS] or lc[BCOL] or lc[IDX])
     lines.append(f"constexpr long long NV = {NV}LL;")
     lines.append(f"for (long long base = (long long)blockIdx.x * {B * U} + threadIdx.x; base < NV; "
                  f"base += (long long)gridDim.x * {B * U}) {{")

@@ -1,0 +1,151 @@
+"""The [R, C] domain of a fusion subgraph: candidate splits, the class of a broadcast operand,
+batched transposes, and index maps (the offsets of operands no simpler class reads).
+
+Split out of ``tunedb.kernels.analysis`` (which re-exports the class names and
+``UnsupportedFusion``), so that module stays about classifying values.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tunedb.graph.ir import Graph, GraphError
+from tunedb.graph.ops import canonical_attrs
+
+FULL, ROW, COL, SCALAR, TRANS, BCOL, IDX = "full", "row", "col", "scalar", "trans", "bcol", "idx"
+REDUCE_OPS = frozenset(("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"))
+# An index map: offset of flat domain element i = sum of ((i / div) % mod) * stride over its terms.
+IndexMap = tuple[tuple[int, int, int], ...]
+
+
+class UnsupportedFusion(ValueError):
+    """The subgraph is outside what the fused-kernel generator handles; the message says why."""
+
+
+def split_at(shape: tuple[int, ...], R: int) -> int | None:
+    """The first q with prod(shape[:q]) == R (rows | columns split of a full-size shape)."""
+    p = 1
+    for q in range(len(shape) + 1):
+        if p == R:
+            return q
+        if q < len(shape):
+            p *= shape[q]
+    return None
+
+
+def broadcast_class(si: tuple[int, ...], so: tuple[int, ...], R: int,
+                     what: str) -> tuple[str, tuple[int, int] | None]:
+    """Class of an operand of shape ``si`` broadcast to the full-size output shape ``so``, and
+    (Q, P) where the class is bcol; ``idx`` where no simpler class reads it (an index map,
+    ``index_map``, which only graph inputs and constants may take)."""
+    q = split_at(so, R)
+    if q is None:
+        return IDX, None  # the rows of the domain cut through a dim: only an index map reads it
+    si = (1,) * (len(so) - len(si)) + tuple(si)
+    rows_full = all(si[i] == so[i] for i in range(q))
+    rows_one = all(si[i] == 1 for i in range(q))
+    cols_full = all(si[i] == so[i] for i in range(q, len(so)))
+    cols_one = all(si[i] == 1 for i in range(q, len(so)))
+    if rows_full and cols_full:
+        return FULL, None
+    if rows_one and cols_full:
+        return COL, None
+    if rows_full and cols_one:
+        return ROW, None
+    if rows_one and cols_one:
+        return SCALAR, None
+    j = 0
+    while j < q and si[j] == so[j]:
+        j += 1
+    k = q
+    while k > j and si[k - 1] == so[k - 1]:
+        k -= 1
+    if cols_full and all(si[i] == 1 for i in range(j, k)):
+        # row dims so[:j] kept, so[j:k] broadcast, so[k:q] kept: value[(r // Q) * P + r % P, c]
+        return BCOL, (math.prod(so[j:q]), math.prod(so[k:q]))
+    return IDX, None
+
+
+def batched_transpose(perm: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(B, P, C) if ``perm`` (size-1 dims ignored) keeps a prefix of batch dims in place and
+    block-swaps the rest: the result is B matrices [P, C] read from [C, P]; else None."""
+    keep = [p for p in perm if shape[p] != 1]
+    order = sorted(keep)
+    for nb in range(len(keep) - 1):
+        if keep[:nb] != order[:nb]:
+            break
+        rest, rest_order = keep[nb:], order[nb:]
+        for i in range(1, len(rest_order)):
+            if rest == rest_order[i:] + rest_order[:i]:
+                size = lambda dims: math.prod(shape[d] for d in dims)  # noqa: E731
+                return size(keep[:nb]), size(rest_order[i:]), size(rest_order[:i])
+    return None
+
+
+
+def domains(graph: Graph) -> list[tuple[int, int]]:
+    """Candidate (R, C) splits, most natural first: reductions and transposes fix the split;
+    otherwise C is the innermost dim of the largest value, then wider column blocks."""
+    types = graph.type_map
+    big = max((t.numel for t in types.values()), default=0)
+    out: list[tuple[int, int]] = []
+
+    def add(R: int, C: int) -> None:
+        if R * C == big and (R, C) not in out and C >= 1 and R >= 1:
+            out.append((R, C))
+
+    for n in graph.nodes:
+        t = types[n.inputs[0]] if n.inputs else None
+        if t is None or t.numel != big:
+            continue
+        try:
+            attrs = canonical_attrs(n, [types[v] for v in n.inputs])
+        except GraphError:
+            continue
+        if n.op in REDUCE_OPS and attrs["axes"]:
+            ax = attrs["axes"]
+            if ax[-1] == t.rank - 1:
+                add(math.prod(t.shape[:ax[0]]), math.prod(t.shape[ax[0]:]))
+            if ax[0] == 0 or tuple(ax) == tuple(range(ax[0], ax[-1] + 1)):
+                # leading axes: a column reduction; a middle block: one per block of rows
+                add(math.prod(t.shape[:ax[-1] + 1]), math.prod(t.shape[ax[-1] + 1:]))
+        if n.op == "transpose":
+            split = batched_transpose(tuple(attrs["perm"]), t.shape)
+            if split is not None:
+                add(split[0] * split[1], split[2])
+    for t in sorted({t.shape for t in types.values() if t.numel == big}, key=lambda s: (-len(s), s)):
+        for q in range(len(t) - 1, 0, -1):
+            add(math.prod(t[:q]), math.prod(t[q:]))
+        add(1, big)
+    return out
+
+
+
+def index_map(si: tuple[int, ...], so: tuple[int, ...]) -> IndexMap:
+    """Where element i (row-major flat index) of the broadcast ``si -> so`` lives in the operand:
+    one (div, mod, stride) term per run of kept dims that step as one (a [64, 1, 1] scale of
+    [8, 64, 56, 56] is the single term (3136, 64, 1): offset (i / 3136) % 64)."""
+    si = (1,) * (len(so) - len(si)) + tuple(si)
+    terms: list[tuple[int, int, int]] = []
+    inner, stride = 1, 1
+    for d in reversed(range(len(so))):
+        if si[d] == so[d] and so[d] > 1:
+            if terms and terms[-1][0] * terms[-1][1] == inner and terms[-1][2] * terms[-1][1] == stride:
+                div, mod, st = terms[-1]
+                terms[-1] = (div, mod * so[d], st)   # contiguous with the dim inside it
+            else:
+                terms.append((inner, so[d], stride))
+            stride *= si[d]
+        inner *= so[d]
+    return tuple(reversed(terms))
+
+
+def index_expr(m: IndexMap, flat: str, numel: int) -> str:
+    """C expression of the offset ``m`` gives for the flat index expression ``flat``."""
+    parts = []
+    for div, mod, st in m:
+        x = f"({flat})" if div == 1 else f"({flat}) / {div}LL"
+        if div * mod < numel:
+            x = f"({x}) % {mod}LL"
+        parts.append(x if st == 1 else f"({x}) * {st}LL")
+    return " + ".join(parts) or "0LL"
