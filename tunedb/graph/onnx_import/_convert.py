@@ -29,6 +29,7 @@ from tunedb.graph.onnx_import._model import (
     one_line,
 )
 from tunedb.graph.onnx_import._ops import BINARY, FOLD_ONLY, UNARY, OpHandlers
+from tunedb.graph.onnx_import._ops_ext import MoreOpHandlers
 from tunedb.graph.reference import run_reference
 
 _log = logging.getLogger(__name__)
@@ -40,14 +41,14 @@ _NO_FOLD = frozenset(("Bernoulli", "Multinomial", "If", "Loop", "Scan"))
 
 def supported_ops() -> tuple[str, ...]:
     """ONNX op types ``import_onnx`` maps (default domain)."""
-    handled = {m[4:] for m in dir(OpHandlers) if m.startswith("_op_")}
+    handled = {m[4:] for m in dir(Importer) if m.startswith("_op_")}
     return tuple(sorted(set(UNARY) | set(BINARY) | handled))
 
 
 # The opsets whose op semantics the handlers implement (the package docstring says the same).
 MIN_OPSET, MAX_OPSET = 11, 23
 
-class Importer(OpHandlers):
+class Importer(OpHandlers, MoreOpHandlers):
     def __init__(self, model: onnx.ModelProto, bindings: dict[str, int]) -> None:
         self.model = model
         self.bindings = bindings

@@ -92,15 +92,23 @@ def load_model(path_or_model: str | os.PathLike | onnx.ModelProto) -> onnx.Model
 
 def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model as the checker should see it: ORT's SimplifiedLayerNormalization lives in the
-    default domain there but has no ONNX schema, so the check runs on a copy that moves it to
-    the ``com.microsoft`` domain, where the checker skips unknown ops."""
-    if not any(n.op_type == "SimplifiedLayerNormalization" and n.domain in ("", "ai.onnx")
-               for n in model.graph.node):
+    default domain there but has no ONNX schema, and onnx >= 1.20 refuses GroupNormalization in
+    opsets 18-20 as deprecated (opset 21 changed its affine) though exporters write it and
+    onnxruntime runs it. The check runs on a copy that moves those nodes to the
+    ``com.microsoft`` domain, where the checker skips unknown ops."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+    def unchecked(n: onnx.NodeProto) -> bool:
+        return n.domain in ("", "ai.onnx") and (
+            n.op_type == "SimplifiedLayerNormalization"
+            or n.op_type == "GroupNormalization" and 18 <= opset < 21)
+
+    if not any(unchecked(n) for n in model.graph.node):
         return model
     m = onnx.ModelProto()
     m.CopyFrom(model)
     for n in m.graph.node:
-        if n.op_type == "SimplifiedLayerNormalization":
+        if unchecked(n):
             n.domain = "com.microsoft"
     if not any(o.domain == "com.microsoft" for o in m.opset_import):
         m.opset_import.append(helper.make_opsetid("com.microsoft", 1))

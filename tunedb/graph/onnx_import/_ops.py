@@ -18,7 +18,7 @@ UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
          "Sign": "sign", "Not": "not"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "And": "and",
           "Or": "or", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
-          "GreaterOrEqual": "ge"}
+          "GreaterOrEqual": "ge", "Xor": "ne"}
 # Ops that only ever produce constants here: shape/data computations with constant inputs.
 FOLD_ONLY = frozenset(("Constant", "ConstantOfShape", "Range"))
 
