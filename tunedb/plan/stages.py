@@ -36,6 +36,8 @@ GEMM_TILE = 128 * 128          # output elements per CTA a cuBLAS kernel is assu
 THREADS_TO_FILL_SM = 1024      # resident threads per SM that saturate a memory-bound kernel
 MIN_KERNEL_US = 2.0
 FORK_US = 1.0                  # per extra stream of a stage: the fork/join edges of the graph
+HEAD_KINDS = COMPUTE_KINDS + ("pool",)   # operators whose elementwise epilogue joins them in the DP
+EPILOGUE_KINDS = ("fused", "layout_view")
 
 Groups = tuple[tuple[int, ...], ...]
 
@@ -322,12 +324,34 @@ def _dp_block(block: Sequence[int], preds: Sequence[set[int]], succs: Sequence[s
     return total, stages
 
 
+def operator_units(steps: Sequence[Any], preds: Sequence[set[int]],
+                   succs: Sequence[set[int]]) -> list[tuple[int, ...]]:
+    """The steps grouped into the DP's operators, in step order: a compute or pool step together
+    with the chain of elementwise steps that only it feeds and that feed only each other (conv ->
+    ReLU is one operator, as in IOS, where r counts conv-bn-relu as one). Every other step is an
+    operator of its own."""
+    head = list(range(len(steps)))
+    for i, st in enumerate(steps):
+        if st.kind not in EPILOGUE_KINDS or len(preds[i]) != 1:
+            continue
+        (p,) = preds[i]
+        if succs[p] == {i} and steps[head[p]].kind in HEAD_KINDS:
+            head[i] = head[p]
+    units: dict[int, list[int]] = {}
+    for i, h in enumerate(head):
+        units.setdefault(h, []).append(i)
+    return [tuple(units[h]) for h in sorted(units)]
+
+
 def ios_search(steps: Sequence[Any], cost: Callable[[Groups], float], *, r: int = 3, s: int = 8,
                max_block: int = 40, cut_width: int = 1, max_states: int = 3000,
-               max_endings: int = 4000, cache: dict | None = None) -> tuple[float, list[Groups], SearchStats]:
+               max_endings: int = 4000, cache: dict | None = None,
+               contract: bool = True) -> tuple[float, list[Groups], SearchStats]:
     """The least-latency partition of ``steps`` (plan order, a topological order) into stages:
     (total µs, stages as groups of step indices, statistics). ``cache``: a dict kept between
-    searches of the same steps with other costs (the refinement loop) to reuse their DAG work."""
+    searches of the same steps with other costs (the refinement loop) to reuse their DAG work.
+    ``contract``: the DP runs over operators (``operator_units``: a conv and its ReLU are one),
+    so ``r`` counts operators and an epilogue never runs in another stage than its producer."""
     cache = {} if cache is None else cache
     if r < 1 or s < 1:
         raise PlanError(f"IOS pruning needs r >= 1 and s >= 1, got r={r} s={s}")
@@ -336,17 +360,36 @@ def ios_search(steps: Sequence[Any], cost: Callable[[Groups], float], *, r: int 
     for j, p in enumerate(preds):
         if any(i > j for i in p):
             raise PlanError(f"step {j} reads a value of a later step: the steps are not in order")
-    kernel = [st.kind != "layout_view" for st in steps]
+    # Views of graph inputs (a bias reshaped for its epilogue) launch nothing and wait for
+    # nothing: they form a first stage and leave the DP.
+    sources = [i for i, st in enumerate(steps) if contract and st.kind == "layout_view" and not preds[i]]
+    if sources:
+        gone = set(sources)
+        preds = [p - gone for p in preds]
+        succs = [set() if i in gone else q for i, q in enumerate(succs)]
+    units = (operator_units(steps, preds, succs) if contract else [(i,) for i in range(len(steps))])
+    units = [m for m in units if m[0] not in sources]
+    unit_of = {i: u for u, members in enumerate(units) for i in members}
+    upreds = [{unit_of[j] for i in m for j in preds[i]} - {u} for u, m in enumerate(units)]
+    usuccs = [{unit_of[j] for i in m for j in succs[i]} - {u} for u, m in enumerate(units)]
+    kernel = [any(steps[i].kind != "layout_view" for i in m) for m in units]
+
+    def expand(groups: Groups) -> Groups:
+        return tuple(tuple(sorted(i for u in g for i in units[u])) for g in groups)
+
+    def unit_cost(groups: Groups) -> float:
+        return cost(expand(groups))
+
     stats = SearchStats()
-    total, stages = 0.0, []
-    for block in split_blocks(len(steps), succs, preds, max_block, cut_width, max_states):
+    total, stages = 0.0, [(tuple(sources),)] if sources else []
+    for block in split_blocks(len(units), usuccs, upreds, max_block, cut_width, max_states):
         stats.blocks += 1
         stats.largest_block = max(stats.largest_block, len(block))
-        key = (block.start, block.stop, r, s, max_endings)
-        c, st = _dp_block(list(block), preds, succs, kernel, cost, r, s, max_endings, stats,
+        key = (block.start, block.stop, r, s, max_endings, contract)
+        c, st = _dp_block(list(block), upreds, usuccs, kernel, unit_cost, r, s, max_endings, stats,
                           cache.setdefault(key, {}))
         total += c
-        stages += st
+        stages += [expand(g) for g in st]
     stats.seconds = time.perf_counter() - t0
     return total, stages, stats
 

@@ -88,6 +88,30 @@ extern "C" __global__ void tdbx_im2col_f32(const float* __restrict__ x, float* _
     cols[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * W + iw] : 0.0f;
   }
 }
+
+extern "C" __global__ void tdbx_dwconv2d_f32(const float* __restrict__ x, const float* __restrict__ w,
+    const float* __restrict__ b, float* __restrict__ y, long long total, long long C, long long H,
+    long long W, long long OH, long long OW, long long KH, long long KW, long long SH, long long SW,
+    long long PT, long long PL, long long DH, long long DW, long long has_bias) {
+  // Depthwise convolution (groups = in = out channels), bias included: one output per thread.
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long ow = i % OW, t = i / OW;
+    long long oh = t % OH, nc = t / OH;
+    const float* xp = x + nc * H * W;
+    const float* wp = w + (nc % C) * KH * KW;
+    float acc = has_bias ? b[nc % C] : 0.0f;
+    for (long long kh = 0; kh < KH; ++kh) {
+      long long ih = oh * SH - PT + kh * DH;
+      if (ih < 0 || ih >= H) continue;
+      for (long long kw = 0; kw < KW; ++kw) {
+        long long iw = ow * SW - PL + kw * DW;
+        if (iw >= 0 && iw < W) acc += xp[ih * W + iw] * wp[kh * KW + kw];
+      }
+    }
+    y[i] = acc;
+  }
+}
 """ + "".join(_POOL.replace("@T@", t).replace("@N@", n).replace("@NEGINF@", inf) for t, n, inf in (
     ("float", "f32", "-__int_as_float(0x7f800000)"),
     ("double", "f64", "-__longlong_as_double(0x7ff0000000000000LL)")))
@@ -464,6 +488,11 @@ class ComputeOps:
             w2, x3, y3 = w.reshape(o, c), x.reshape(n, c, h * wd), out.reshape(n, o, oh * ow)
             steps.append(self._matmul(w2, x3, y3))
             path = "cublas (1x1 conv as GEMM)"
+        elif g == c == o and x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous:
+            bias = ins[2] if len(ins) == 3 else w
+            tail = (n * o * oh * ow, c, h, wd, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, len(ins) == 3)
+            launch = self.k.launch("tdbx_dwconv2d_f32", tail[0], (x, w, bias, out) + tail)
+            return [launch], 1, "depthwise kernel"
         else:
             K, P = cg * kh * kw, oh * ow
             total = n * c * kh * kw * P

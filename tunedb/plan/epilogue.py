@@ -1,0 +1,46 @@
+"""Graph rewrite: a convolution's bias joins the elementwise kernel after it.
+
+The executor runs a convolution as cuBLAS (after an im2col kernel unless 1x1) and then adds the
+bias in a kernel of its own; the ReLU after it is another kernel. ``split_conv_bias`` rewrites
+``conv2d(x, w, b)`` as ``add(conv2d(x, w), reshape(b, [C, 1, 1]))``, so that the fusion search
+puts the bias add into the fused kernel of what follows (``add + relu``): one kernel fewer per
+convolution, and the reshape is a view.
+"""
+
+from __future__ import annotations
+
+from tunedb.graph.ir import Graph, Node, TensorType
+from tunedb.graph.ops import infer_graph
+
+
+def split_conv_bias(graph: Graph) -> Graph:
+    """``graph`` with every biased ``conv2d`` split into the convolution and a broadcast add."""
+    types = dict(graph.types)
+    taken = set(types)
+    nodes: list[Node] = []
+
+    def fresh(base: str) -> str:
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}{k}"
+        taken.add(name)
+        return name
+
+    changed = False
+    for n in graph.nodes:
+        if n.op != "conv2d" or len(n.inputs) < 3 or not n.inputs[2]:
+            nodes.append(n)
+            continue
+        changed = True
+        y = n.outputs[0]
+        raw, bias = fresh(f"{y}.nobias"), fresh(f"{y}.bias")
+        channels = types[y].shape[1]
+        nodes.append(Node("conv2d", n.inputs[:2], (raw,), n.attrs))
+        nodes.append(Node("reshape", (n.inputs[2],), (bias,), {"shape": (channels, 1, 1)}))
+        nodes.append(Node("add", (raw, bias), (y,)))
+        types[raw] = types[y]
+        types[bias] = TensorType((channels, 1, 1), types[n.inputs[2]].dtype)
+    if not changed:
+        return graph
+    return infer_graph(Graph(graph.inputs, graph.outputs, nodes, types, graph.constants, graph.name))
