@@ -1,4 +1,4 @@
-"""collectors/packing.py: bench-packing results into a real DuckDB store."""
+"""collectors/packing.py (the engine plugin) and packing_ingest.py (bench JSON) into real DuckDB stores."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.packing import ingest, main
+from collectors.packing_ingest import ingest, main
 from tunedb.store.core import TuningStore
 
 BENCH = Path(__file__).resolve().parent.parent / "data" / "bench" / "packing_h200.json"
@@ -44,14 +44,14 @@ def test_bad_files_are_refused_in_one_line_and_keep_the_store(tmp_path, capsys):
     before.close()
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"bench": "fusion"}))
-    assert main(["ingest", "--db", str(db), str(other)]) == 1
+    assert main(["--db", str(db), str(other)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a bench-packing JSON" in err
     doc = json.loads(BENCH.read_text())
     doc["results"][0]["workload"]["members"][0]["m"] += 1  # the stored hash no longer matches
     stale = tmp_path / "stale.json"
     stale.write_text(json.dumps(doc))
-    assert main(["ingest", "--db", str(db), str(stale)]) == 1
+    assert main(["--db", str(db), str(stale)]) == 1
     assert "hash" in capsys.readouterr().err
     with TuningStore.open(db) as store:
         assert store.counts() == n
@@ -59,5 +59,56 @@ def test_bad_files_are_refused_in_one_line_and_keep_the_store(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", ["missing.json"])
 def test_missing_file(tmp_path, bad, capsys):
-    assert main(["ingest", "--db", str(tmp_path / "p.duckdb"), str(tmp_path / bad)]) == 1
+    assert main(["--db", str(tmp_path / "p.duckdb"), str(tmp_path / bad)]) == 1
     assert "No such file" in capsys.readouterr().err
+
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "packing_h200"
+
+
+def test_the_plugin_replays_stored_packing_rows_through_the_engine(tmp_path):
+    from collectors.packing import PackingCollector
+    from tunedb.collect import load_collector
+    from tunedb.runtime.replay import ReplayDevice
+
+    coll = load_collector("packing")
+    assert isinstance(coll, PackingCollector) and coll.kind == "packing"
+    dev = coll.open_device(f"replay:{DATA}")
+    assert isinstance(dev, ReplayDevice)
+    jobs = list(coll.jobs("standard"))
+    assert len(jobs) >= 200 and {j.workload.family for j in jobs} >= {"replicas", "moe", "lora", "zoo"}
+    with TuningStore.open(tmp_path / "r.duckdb") as store:
+        first = coll.run(store, dev, "standard")
+        # the plugin's configs hash like the stored ones: every stored row is found again
+        assert first.measured == len(dev) and first.ok == first.measured and first.missing > 0
+        again = coll.run(store, dev, "standard")
+        assert again.measured == 0 and again.already == first.measured
+        assert len(store.candidates(kind="packing")) == first.total
+
+
+def test_the_plugin_refuses_emulation_and_unknown_suites(tmp_path):
+    from collectors.packing import PackingCollector
+    from tunedb.collect import CollectError
+    from tunedb.runtime.replay import ReplayDevice
+
+    coll = PackingCollector()
+    with pytest.raises(ValueError, match="no CPU emulation"):
+        coll.open_device("emu")
+    with TuningStore.open(tmp_path / "r.duckdb") as store, pytest.raises(CollectError, match="packing suite"):
+        coll.run(store, ReplayDevice(DATA), "nonesuch")
+
+
+def test_worker_results_keep_failures_as_rows():
+    from tunedb.records import Measurement
+    from tunedb.runtime.pack_device import PROTOCOL, result_of
+    from tunedb.runtime.results import MeasureResult
+
+    ok = MeasureResult.from_wire(result_of({"status": "ok", "samples_us": [3.0, 2.0]}))
+    assert ok.status == "ok" and ok.samples_us == (3.0, 2.0)
+    bad = MeasureResult.from_wire(result_of({"status": "incorrect", "error": 7.5}))
+    assert bad.status == "incorrect" and "7.5" in bad.error and not bad.samples_us
+    oom = MeasureResult.from_wire(result_of({"status": "error", "message": "OutOfMemoryError: 9 GiB"}))
+    assert oom.status == "runtime_error" and oom.error.startswith("OutOfMemoryError")
+    m = oom.to_measurement("c", "d", "r", PROTOCOL)
+    assert isinstance(m, Measurement) and m.status == "runtime_error"
+    assert '"flush_l2":false' in m.protocol_json

@@ -155,7 +155,7 @@ def test_conv_branches_pack(tmp_path):
 
 
 def test_an_exact_database_hit_decides(tmp_path):
-    from collectors.packing import store_results
+    from collectors.packing_ingest import store_results
     from tunedb.plan.packing import graph_workloads
     from tunedb.records import DeviceInfo
 

@@ -10,7 +10,7 @@ import pytest
 from test_packing_driver import attention
 from typer.testing import CliRunner
 
-from collectors.packing import ingest
+from collectors.packing_ingest import ingest
 from tunedb.cli import app
 from tunedb.costmodel.metrics import METRIC_KEYS
 from tunedb.costmodel.packing import load_predictor
@@ -39,7 +39,7 @@ def test_train_packing_kind(tmp_path):
     folder = Path(m["model_dir"])
     assert folder == (out / "nvidia-h200" / "packing").resolve()
     card = json.loads((folder / "card.json").read_text())
-    assert card["kind"] == "packing" and card["feature_schema"] == "packing/1"
+    assert card["kind"] == "packing" and card["feature_schema"] == "packing/2"
     with TuningStore.open(db) as store:
         assert [r["kind"] for r in store.models()] == ["packing"]
     predict = load_predictor(folder)  # what tunedb.compile(pack_model=...) loads

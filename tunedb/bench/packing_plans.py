@@ -120,19 +120,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         predictor = (forced(args.force) if args.force else load_predictor(args.model) if args.model
                      else trained_predictor(args.data))
-        rows = []
+        rows: list[dict[str, Any]] = []
+        failed: list[dict[str, str]] = []
         for name in args.graph or GRAPHS:
             path = args.graphs / name
             if not path.is_file():
                 print(f"skip {name}: no such graph", file=sys.stderr)
                 continue
-            rows.append(run_graph(path, predictor, reps=args.reps, samples=args.samples))
+            try:
+                rows.append(run_graph(path, predictor, reps=args.reps, samples=args.samples))
+            except (ValueError, RuntimeError) as e:  # one graph's failure is its row, not the run's
+                print(f"{name}: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr, flush=True)
+                failed.append({"graph": name, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+                continue
             print(render(rows[-1:]).splitlines()[-1], flush=True)
     except (OSError, ValueError) as e:
         print(f"error: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
         return 1
     print(render(rows))
-    args.out.write_text(json.dumps({"bench": "packing_plans", "force": args.force, "rows": rows}, indent=1))
+    args.out.write_text(json.dumps({"bench": "packing_plans", "force": args.force, "rows": rows,
+                                         "failed": failed}, indent=1))
     return 0
 
 

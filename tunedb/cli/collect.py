@@ -68,7 +68,6 @@ def collect(
     Example: tunedb collect --suite quick --db h200.duckdb
     """
     from tunedb.collect import load_collector, make_strategy
-    from tunedb.runtime import open_device
 
     try:
         coll = load_collector(collector)
@@ -79,7 +78,7 @@ def collect(
         _collect_on_cluster(coll, db, cluster, device, suite, budget, workers, strategy, json_out)
         return
     try:
-        dev = open_device(device, workers=workers, timeout_s=timeout)
+        dev = coll.open_device(device, workers=workers, timeout_s=timeout)
     except ValueError as e:
         usage_error(str(e))
     from tunedb.store.runs import close_abandoned_runs, drop_run_if_empty

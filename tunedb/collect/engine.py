@@ -21,6 +21,7 @@ one recorded Run.
 from __future__ import annotations
 
 import importlib
+import os
 import queue
 import socket
 import subprocess
@@ -41,7 +42,8 @@ from tunedb.records import Candidate, Measurement, Run, Workload, canonical_json
 from tunedb.runtime.results import MeasureRequest
 
 # Plugins of this source tree, for a checkout used without installing it (no entry points).
-BUILTIN_COLLECTORS = {"fusion": "collectors.fusion:FusionCollector"}
+BUILTIN_COLLECTORS = {"fusion": "collectors.fusion:FusionCollector",
+                      "packing": "collectors.packing:PackingCollector"}
 
 
 def now_iso() -> str:
@@ -49,6 +51,9 @@ def now_iso() -> str:
 
 
 def git_sha() -> str:
+    named = os.environ.get("TUNEDB_GIT_COMMIT", "").strip()
+    if named:  # a copy of the tree shipped to another machine: its .git may be stale
+        return named
     try:
         r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                            cwd=Path(__file__).resolve().parent, check=False)
@@ -127,6 +132,13 @@ class Collector:
             error = f"code generation failed: {type(e).__name__}: {e}"
             return Task(cand, MeasureRequest(cand.hash, error=error))
         return Task(Candidate(workload.hash, self.kind, config, source_hash), MeasureRequest(cand.hash, plan))
+
+    def open_device(self, spec: str, **kw: Any) -> Any:
+        """The device this kind measures on (``tunedb.runtime.open_device``'s ``spec`` and keywords);
+        a plugin whose candidates are not generated kernels returns its own for ``cuda``."""
+        from tunedb.runtime import open_device
+
+        return open_device(spec, **kw)
 
     def candidates(self, suite: str) -> Iterator[Candidate]:
         """Every legal candidate of the suite (without code generation: no source hash)."""

@@ -42,7 +42,7 @@ from tunedb.kernels.packing import (
 from tunedb.records import canonical_json, sha256_hex
 from tunedb.store import BUSY_WAIT_S, TuningStore
 
-FEATURE_SCHEMA = "packing/1"
+FEATURE_SCHEMA = "packing/2"  # 2: share_padded_t
 SMS, TILE = 132, 128
 PEAK_FLOPS = {"float32": 60e12, "bfloat16": 800e12, "float16": 800e12}  # attainable, not datasheet
 PEAK_BYTES = 4.0e12

@@ -12,7 +12,9 @@ A ``Candidate`` partitions the members into clusters and gives each cluster a ba
 * ``serial``: one cuBLAS call per member, one after another (all candidates replay as one graph);
 * ``streams``: the members spread over ``k`` streams forked and joined inside the graph;
 * ``padded``: every problem zero-padded to the cluster's largest ``m``, ``n``, ``k`` and stacked,
-  one strided-batched GEMM;
+  one strided-batched GEMM; ``padded_t`` the same with the weight stack kept in the other layout
+  (``[n, k]`` for ``nn`` members, ``[k, n]`` for ``nt``): weights are constants, stacked once,
+  and cuBLAS picks another kernel for the other operand order;
 * ``pointer``: one pointer-array batched GEMM, each problem in its own buffer padded to the
   cluster's largest shape;
 * ``grouped``: one ``cublasGemmGroupedBatchedEx`` call, problems of equal shape in one group,
@@ -37,7 +39,7 @@ SCHEME = "tunedb.packing/1"
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LAYOUTS = ("nn", "nt")
 KINDS = ("gemm", "bgemm", "conv")
-BACKENDS = ("serial", "streams", "padded", "pointer", "grouped", "concat")
+BACKENDS = ("serial", "streams", "padded", "pointer", "grouped", "concat", "padded_t")
 CONCAT_MAX_N = 2048  # concat only thin outputs: its waste grows with every member's columns
 SMS_H200 = 132
 
@@ -209,7 +211,7 @@ def padded_shape(members: Sequence[Member]) -> tuple[int, int, int]:
 
 def done_macs(members: Sequence[Member], backend: str) -> int:
     """Multiply-adds a backend performs for ``members``, padding and cross terms included."""
-    if backend in ("padded", "pointer"):
+    if backend in ("padded", "padded_t", "pointer"):
         M, N, K = padded_shape(members)
         return sum(m.batch for m in members) * M * N * K
     if backend == "concat":
@@ -291,7 +293,7 @@ def candidates(w: PackingWorkload, stream_counts: Iterable[int] = (2, 4, 8, 16),
     if len({m.dtype for m in w.members}) == 1:
         out.append(Candidate("whole", (Cluster(allm, "grouped"),)))
     for pname, parts in partitions(w).items():
-        for backend in ("padded", "pointer"):
+        for backend in ("padded", "pointer", "padded_t"):
             clusters = []
             for p in parts:
                 ms = [w.members[i] for i in p]
@@ -300,7 +302,8 @@ def candidates(w: PackingWorkload, stream_counts: Iterable[int] = (2, 4, 8, 16),
                                         else "serial"))
             if any(c.backend == backend for c in clusters):
                 out.append(Candidate(pname, tuple(clusters)))
-                if len(clusters) >= 2:  # the batched calls of the clusters side by side
+                # the batched calls of the clusters side by side (padded_t: not, fewer candidates)
+                if len(clusters) >= 2 and backend != "padded_t":
                     for k in sorted({min(len(clusters), 4), min(len(clusters), 8)}):
                         out.append(Candidate(pname, tuple(clusters), k))
     by_k = _groups(w, lambda m: (m.dtype, m.layout, m.k))

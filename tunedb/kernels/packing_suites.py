@@ -25,6 +25,37 @@ for _stage, (_hw, _c, _cin) in enumerate([(56, 64, 64), (28, 128, 256), (14, 256
 BERT_BASE = [("q", 768, 768), ("k", 768, 768), ("v", 768, 768), ("attn_out", 768, 768),
              ("ffn_up", 3072, 768), ("ffn_down", 768, 3072)]  # (name, n, k), weights [n, k]
 GPT2 = [("c_attn", 2304, 768), ("c_proj", 768, 768), ("c_fc", 3072, 768), ("mlp_proj", 768, 3072)]
+# The independent GEMMs ``tunedb.compile`` finds in the shipped model zoo (data/graphs/zoo, the
+# dynamo exports; ``tunedb.plan.packing.graph_workloads``): (model.set, dtype, kind, (m, n, k) of
+# each member, each with its own weight), so the driver's exact database hits are these records.
+ZOO_SETS = [
+    ("bert_base_bf16.set0", "bfloat16", "gemm", ((128, 768, 768), (128, 768, 768), (128, 768, 768))),
+    ("bert_base_bf16_b8.set0", "bfloat16", "gemm", ((1024, 768, 768), (1024, 768, 768), (1024, 768, 768))),
+    ("bert_base_fp32.set0", "float32", "gemm", ((128, 768, 768), (128, 768, 768), (128, 768, 768))),
+    ("bert_base_fp32_b8.set0", "float32", "gemm", ((1024, 768, 768), (1024, 768, 768), (1024, 768, 768))),
+    ("clip_text_bf16.set0", "bfloat16", "gemm", ((77, 512, 512), (77, 512, 512), (77, 512, 512))),
+    ("clip_text_fp32.set0", "float32", "gemm", ((77, 512, 512), (77, 512, 512), (77, 512, 512))),
+    ("clip_vision_bf16.set0", "bfloat16", "gemm", ((50, 768, 768), (50, 768, 768), (50, 768, 768))),
+    ("clip_vision_fp32.set0", "float32", "gemm", ((50, 768, 768), (50, 768, 768), (50, 768, 768))),
+    ("llama_small_bf16.set0", "bfloat16", "gemm", ((128, 512, 512), (128, 256, 512), (128, 256, 512))),
+    ("llama_small_bf16.set1", "bfloat16", "gemm", ((128, 1408, 512), (128, 1408, 512))),
+    ("llama_small_fp32.set0", "float32", "gemm", ((128, 512, 512), (128, 256, 512), (128, 256, 512))),
+    ("llama_small_fp32.set1", "float32", "gemm", ((128, 1408, 512), (128, 1408, 512))),
+    ("resnet50_bf16.set0", "bfloat16", "conv", ((3136, 64, 64), (3136, 256, 64))),
+    ("resnet50_bf16.set1", "bfloat16", "conv", ((3136, 128, 256), (784, 512, 256))),
+    ("resnet50_bf16.set2", "bfloat16", "conv", ((784, 256, 512), (196, 1024, 512))),
+    ("resnet50_bf16.set3", "bfloat16", "conv", ((196, 512, 1024), (49, 2048, 1024))),
+    ("resnet50_fp32.set0", "float32", "conv", ((3136, 64, 64), (3136, 256, 64))),
+    ("resnet50_fp32.set1", "float32", "conv", ((3136, 128, 256), (784, 512, 256))),
+    ("resnet50_fp32.set2", "float32", "conv", ((784, 256, 512), (196, 1024, 512))),
+    ("resnet50_fp32.set3", "float32", "conv", ((196, 512, 1024), (49, 2048, 1024))),
+    ("t5_encoder_bf16.set0", "bfloat16", "gemm", ((128, 512, 512), (128, 512, 512), (128, 512, 512))),
+    ("t5_encoder_fp32.set0", "float32", "gemm", ((128, 512, 512), (128, 512, 512), (128, 512, 512))),
+    ("vit_bf16.set0", "bfloat16", "gemm", ((197, 768, 768), (197, 768, 768), (197, 768, 768))),
+    ("vit_fp32.set0", "float32", "gemm", ((197, 768, 768), (197, 768, 768), (197, 768, 768))),
+    ("whisper_encoder_bf16.set0", "bfloat16", "gemm", ((1500, 384, 384), (1500, 384, 384), (1500, 384, 384))),
+    ("whisper_encoder_fp32.set0", "float32", "gemm", ((1500, 384, 384), (1500, 384, 384), (1500, 384, 384))),
+]
 SEQ_MIX = [16, 32, 48, 64, 128, 128, 256, 384]  # eight tenants' sequence lengths
 REPLICA_SHAPE = (256, 128, 1152)  # m, n, k of the issue's R-sweep
 
@@ -76,6 +107,31 @@ def lora(adapters: int, tokens: int, d: int, ranks: tuple[int, ...], dtype: str)
     return PackingWorkload(f"lora_a{adapters}_t{tokens}_d{d}_r{rs}_{dtype}", "lora", ms)
 
 
+def zoo_sets() -> list[PackingWorkload]:
+    return [PackingWorkload(f"zoo_{name}_{dtype}", "zoo", tuple(
+        Member(m, n, k, dtype=dtype, kind=kind, weight=f"w{i}", label=f"{name}.{i}")
+        for i, (m, n, k) in enumerate(mnk))) for name, dtype, kind, mnk in ZOO_SETS]
+
+
+def variety() -> list[PackingWorkload]:
+    """More of each family than ``standard``'s grid: replica counts between its powers of two and
+    other shapes, MoE skews and sizes, LoRA ranks and token counts."""
+    out: list[PackingWorkload] = []
+    for dt in ("bfloat16", "float32"):
+        for shp in (REPLICA_SHAPE, (128, 256, 512), (64, 1024, 256), (2048, 128, 128)):
+            for r in (3, 6, 12, 24, 48, 96):
+                out.append(replicas(r, dt, shp))
+        for e, tok, d, f in ((8, 2048, 1024, 2816), (8, 512, 4096, 1792), (32, 4096, 1024, 1408),
+                             (16, 1024, 1024, 512)):
+            for s in (0.4, 1.2, 2.0):
+                out.append(moe(e, tok, d, f, dt, s))
+        for a, tok, d, ranks in ((64, 4096, 4096, (8, 16, 32, 64)), (8, 512, 4096, (64,)),
+                                 (16, 2048, 2048, (4, 128)), (4, 64, 4096, (16,)),
+                                 (32, 512, 2048, (8,)), (12, 1536, 4096, (16, 32))):
+            out.append(lora(a, tok, d, ranks, dt))
+    return out
+
+
 def bench_cases() -> list[PackingWorkload]:
     """The issue's must-show cases: R-sweep (fp32, bf16), ResNet-18 x4 tenants (bf16), 3 mixes."""
     out = [replicas(r, dt) for dt in ("float32", "bfloat16") for r in (2, 10, 20, 60, 120)]
@@ -87,7 +143,8 @@ def bench_cases() -> list[PackingWorkload]:
 
 
 def suite(name: str) -> list[PackingWorkload]:
-    """``quick`` (the bench cases and a few more) or ``standard`` (>= 200 workloads)."""
+    """``quick`` (the bench cases and a few more) or ``standard`` (the grid below, the model zoo's
+    ready sets and ``variety``: 374 workloads)."""
     if name == "quick":
         return bench_cases() + [resnet_tenants(RESNET50, "resnet50", 2, "bfloat16"),
                                 linear_tenants(GPT2, "gpt2", [64, 128, 256, 512], "bfloat16", ("c_attn",))]
@@ -116,6 +173,7 @@ def suite(name: str) -> list[PackingWorkload]:
         for a, tok, ranks in ((4, 256, (16,)), (16, 1024, (8, 16, 64)), (32, 2048, (16,)),
                               (8, 128, (4, 8))):
             out.append(lora(a, tok, 4096, ranks, dt))
+    out += zoo_sets() + variety()
     unique: dict[str, PackingWorkload] = {}
     for w in out:  # e.g. a skew of 0 over 64 experts equals a replica set: keep the first
         unique.setdefault(w.hash, w)

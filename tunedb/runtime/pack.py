@@ -32,9 +32,7 @@ from tunedb.kernels.packing import (
 from tunedb.runtime.blas import DATA_TYPES, GEMM_DEFAULT, OP_N, OP_T, Blas, BlasError, check, library
 from tunedb.runtime.device import current_stream
 from tunedb.runtime.streams import StreamPool, gc_paused, record_forked
-
-# Largest error allowed, relative to the largest reference value of the member.
-TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
+from tunedb.runtime.tolerance import dtype_tolerance, element_bounds, element_errors
 
 
 # -- host data -------------------------------------------------------------------------------------
@@ -90,15 +88,30 @@ def reference(w: PackingWorkload, inputs: Sequence[tuple[Any, Any]]) -> list[Any
     return refs
 
 
+def member_tolerance(mb: Member) -> Any:
+    """The shared table's tolerance for one member (``tunedb.runtime.tolerance``): its dtype,
+    widened for the ``k`` terms each output element accumulates."""
+    return dtype_tolerance(mb.dtype, terms=mb.k)
+
+
 def worst_error(w: PackingWorkload, got: Sequence[Any], refs: Sequence[Any]) -> float:
-    """Worst member error relative to its tolerance (<= 1 passes); ``got`` and ``refs`` both
-    NumPy or both CuPy float64 arrays."""
-    worst = 0.0
+    """Worst member error over its bound (<= 1 passes; the rule of ``tunedb.runtime.tolerance``:
+    ``|out - ref| <= atol * RMS(ref) + rtol * |ref|``); ``got`` and ``refs`` both NumPy or both
+    CuPy float64 arrays. On the GPU one synchronisation for all members, not two per member."""
+    if not got:
+        return 0.0
+    xp = np if isinstance(refs[0], np.ndarray) else __import__("cupy")
+    ratios = []
     for mb, g, r in zip(w.members, got, refs):
-        scale = max(float(abs(r).max()), 1e-30)
-        err = float(abs(g - r).max()) / scale
-        worst = max(worst, err / TOLERANCE[mb.dtype] if np.isfinite(err) else np.inf)
-    return worst
+        tol = member_tolerance(mb)
+        finite = xp.where(xp.isfinite(r), r, 0.0)
+        scale = xp.sqrt(xp.mean(finite * finite))
+        scale = xp.where(scale > 0, scale, 1.0)
+        err = element_errors(xp, g, r)
+        bound = element_bounds(xp, r, tol.atol * scale, tol.rtol)
+        ratios.append(xp.max(xp.where(err == 0.0, 0.0, err / bound)))
+    worst = float(xp.max(xp.stack(ratios)))
+    return worst if np.isfinite(worst) else float("inf")
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -198,13 +211,19 @@ class PackedRun:
             record_forked(self.main, [lambda j, b=b: b() for b in branches], self.pool)
         return step
 
-    def _build_padded(self, members: list[int], inputs: Any, _k: int) -> Callable[[], None]:
+    def _build_padded_t(self, members: list[int], inputs: Any, k: int) -> Callable[[], None]:
+        return self._build_padded(members, inputs, k, flip=True)
+
+    def _build_padded(self, members: list[int], inputs: Any, _k: int, flip: bool = False
+                      ) -> Callable[[], None]:
+        """``flip``: the weight stack in the other layout than the members' (``padded_t``)."""
         cp = self.cp
         ms = [self.w.members[i] for i in members]
         M, N, K = padded_shape(ms)
         P = sum(m.batch for m in ms)
         st = inputs[members[0]][0].dtype
-        nt = ms[0].layout == "nt"
+        given_nt = ms[0].layout == "nt"
+        nt = given_nt != flip
         X = cp.zeros((P, M, K), dtype=st)
         W = cp.zeros((P, N, K) if nt else (P, K, N), dtype=st)
         O = cp.zeros((P, M, N), dtype=st)
@@ -213,10 +232,13 @@ class PackedRun:
             x, wt = inputs[i]
             b = mb.batch
             X[p:p + b, :mb.m, :mb.k] = cp.asarray(x)
+            wv = cp.asarray(wt)
+            if flip:
+                wv = wv.swapaxes(-1, -2)
             if nt:
-                W[p:p + b, :mb.n, :mb.k] = cp.asarray(wt)
+                W[p:p + b, :mb.n, :mb.k] = wv
             else:
-                W[p:p + b, :mb.k, :mb.n] = cp.asarray(wt)
+                W[p:p + b, :mb.k, :mb.n] = wv
             self.readers[i] = lambda p=p, mb=mb: O[p:p + mb.batch, :mb.m, :mb.n]
             p += b
         self.keep += [X, W, O]
@@ -422,30 +444,35 @@ def measure_row(system: str, variant: str, verify: Callable[[], float], launch: 
     return row
 
 
+def measure_candidate(cp: Any, w: PackingWorkload, cand: Candidate, inputs: Sequence[tuple[Any, Any]],
+                      refs: Sequence[Any], pool: StreamPool, *, reps: int, samples: int,
+                      log: Callable[[str], None] = print) -> dict[str, Any]:
+    """One candidate of ``w``: built, run eagerly and checked, captured, replayed and checked
+    again (outputs zeroed in between), then timed as graph replays. ``inputs``/``refs``: device
+    arrays from ``make_inputs`` / ``reference``. A failure is the row's status and message."""
+    held: dict[str, PackedRun] = {}
+
+    def verify() -> float:
+        run = held["run"] = PackedRun(cp, w, cand, inputs, pool)
+        run.run()
+        e1 = worst_error(w, run.outputs(on_device=True), refs)
+        run.clear_outputs()
+        run.capture()
+        run.replay()
+        return max(e1, worst_error(w, run.outputs(on_device=True), refs))
+
+    row = measure_row("tunedb", cand.name, verify, lambda: held["run"].replay(),
+                      lambda f: time_stream(cp, f, held["run"].main, reps=reps, samples=samples),
+                      log=log, waste=candidate_waste(w, cand), candidate=cand.to_json())
+    if "run" in held:
+        row["launches"] = held["run"].launches
+    held.clear()
+    return row
+
+
 def measure_candidates(cp: Any, w: PackingWorkload, inputs: Sequence[tuple[Any, Any]], refs: Sequence[Any],
                        pool: StreamPool, *, reps: int, samples: int,
                        log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Every candidate of ``w``: built, run eagerly and checked, captured, replayed and checked
-    again (outputs zeroed in between), then timed as graph replays. ``inputs``/``refs``: device
-    arrays from ``make_inputs`` / ``reference``."""
-    rows = []
-    for cand in candidates(w):
-        held: dict[str, PackedRun] = {}
-
-        def verify(cand: Candidate = cand, held: dict = held) -> float:
-            run = held["run"] = PackedRun(cp, w, cand, inputs, pool)
-            run.run()
-            e1 = worst_error(w, run.outputs(on_device=True), refs)
-            run.clear_outputs()
-            run.capture()
-            run.replay()
-            return max(e1, worst_error(w, run.outputs(on_device=True), refs))
-
-        rows.append(measure_row(
-            "tunedb", cand.name, verify, lambda held=held: held["run"].replay(),
-            lambda f, held=held: time_stream(cp, f, held["run"].main, reps=reps, samples=samples),
-            log=log, waste=candidate_waste(w, cand), candidate=cand.to_json()))
-        if "run" in held:
-            rows[-1]["launches"] = held["run"].launches
-        held.clear()
-    return rows
+    """``measure_candidate`` for every candidate of ``w``."""
+    return [measure_candidate(cp, w, cand, inputs, refs, pool, reps=reps, samples=samples, log=log)
+            for cand in candidates(w)]
