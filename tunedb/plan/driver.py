@@ -26,10 +26,12 @@ from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import infer_graph
 from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.cost import Coster, GroupCost, stitch_of
+from tunedb.plan.epilogue import split_conv_bias
 from tunedb.plan.fusion import explore
 from tunedb.plan.measure import Recorder, measure_steps
 from tunedb.plan.packing import pack_plan_steps, runnable_packs, store_times
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
+from tunedb.plan.rewrite import hoist_scalar_scales
 from tunedb.plan.stage_refine import compile_staged
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
@@ -135,7 +137,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             measure_top: int = 0, beam: int = 4, horizontal: bool = True,
             bindings: dict[str, int] | None = None, fill_initializers: bool = True,
             measure_device: str = "cuda", schedule: str = "sequential", pack: bool | str = "auto",
-            pack_model: Any = None) -> Plan:
+            pack_model: Any = None, bias_epilogue: bool = False) -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
@@ -162,7 +164,12 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     exact database hit or the packing model (``pack_model``: a saved model folder or a predictor;
     ``None``: the registry's for the device) says it beats them one after another by 5 %;
     ``"auto"`` packs only with such evidence, ``True`` fails without a model or database,
-    ``False`` never packs. Sequential schedules only."""
+    ``False`` never packs. Sequential schedules only.
+
+    ``bias_epilogue``: a convolution's bias is added in the fused kernel after it, not in a
+    kernel of its own (``tunedb.plan.epilogue``)."""
+    if bias_epilogue:
+        model = split_conv_bias(load_graph(model, bindings, fill_initializers))
     if pack is True and schedule != "sequential":
         raise PlanError("pack=True needs schedule='sequential' (IOS stages and packs do not mix)")
     if schedule != "sequential":
@@ -178,7 +185,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
         if measure_top > 0:
             gpu = open_device(measure_device)  # NoGPUError here, before any planning work
             stack.callback(gpu.close)
-        graph = load_graph(model, bindings, fill_initializers)
+        graph = hoist_scalar_scales(load_graph(model, bindings, fill_initializers))
         store = stack.enter_context(_store(db, write=measure_top > 0))
         info = gpu.info if gpu is not None else resolve_device(device, store)
         facts = DeviceFacts.from_device_info(info) if info is not None else DeviceFacts()
