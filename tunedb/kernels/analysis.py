@@ -94,6 +94,15 @@ class Analysis:
     # simpler class (a per-channel scale of a group norm's [N*G, C/G*H*W] domain), read element
     # by element at offset map(r * C + c)
     idx_maps: tuple[tuple[str, IndexMap], ...] = ()
+    # rows per segment of the column reductions, where they reduce a middle block of axes
+    # (mean over M of [A, M, B]: R = A*M, C = B, segments of M rows, results [A, B] at
+    # row r // M of an [R / M, C] array); 0 where they reduce all R rows
+    col_seg: int = 0
+
+    @property
+    def seg(self) -> int:
+        """Rows per column-reduction segment (R unless ``col_seg``)."""
+        return self.col_seg or self.R
 
     @property
     def q(self) -> dict[str, int]:
@@ -172,6 +181,7 @@ class _Classifier:
         self.leaves = set(graph.inputs) | set(graph.constant_map)
         self.periods: dict[str, int] = {}  # transposed input -> rows per batch index
         self.imaps: dict[str, IndexMap] = {}  # idx leaf -> its index map
+        self.seg = 0  # rows per segment of the column reductions (0: all R)
 
     def resolve(self, v: str) -> str:
         while v in self.alias:
@@ -216,6 +226,8 @@ class _Classifier:
                 k = FULL if self.numel(rv) == self.N else self.cls[rv]
             else:
                 k, qp = broadcast_class(si, out_shape, self.R, what)
+                if qp is not None and self.cls.get(rv) == COL and self.seg and qp == (self.seg, 1):
+                    k, qp = COL, None  # a segmented column result broadcast over its segment
                 if qp is not None:
                     self.bqp.setdefault(rv, set()).add(qp)
                 if k == IDX:
@@ -318,11 +330,21 @@ class _Classifier:
         kind = None
         if axes and axes == tuple(range(axes[0], n)) and math.prod(shape[:axes[0]]) == self.R:
             kind = ROW
-        elif axes and axes == tuple(range(0, axes[-1] + 1)) and math.prod(shape[:axes[-1] + 1]) == self.R:
-            kind = COL
+        elif (axes and axes == tuple(range(axes[0], axes[-1] + 1))
+              and math.prod(shape[:axes[-1] + 1]) == self.R):
+            kind = COL  # leading axes; a middle block reduces each segment of rows on its own
+            seg = math.prod(shape[axes[0]:axes[-1] + 1]) if axes[0] > 0 else self.R
+            if seg != self.R:
+                if self.seg and self.seg != seg:
+                    raise UnsupportedFusion(f"{what}: column reductions over segments of {self.seg} "
+                                            f"and {seg} rows")
+                self.seg = seg
+            elif self.seg:
+                raise UnsupportedFusion(f"{what}: column reductions over all rows and over segments")
         if kind is None:
-            raise UnsupportedFusion(f"{what}: axes {axes} of {shape} are neither the trailing (row) "
-                                    f"nor the leading (column) axes of the [{self.R}, {self.C}] domain")
+            raise UnsupportedFusion(f"{what}: axes {axes} of {shape} are neither the trailing (row), "
+                                    f"the leading (column) nor a middle block (segmented column) "
+                                    f"of axes of the [{self.R}, {self.C}] domain")
         if self.types[src].dtype not in ("float32", "float16", "bfloat16"):
             raise UnsupportedFusion(f"{what}: only floating-point reductions are generated")
         self.assign(rs, FULL, what)
@@ -411,6 +433,9 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     if pattern in ("elementwise", "transpose") and any(c != FULL for c in outs.values()):
         raise UnsupportedFusion("an elementwise subgraph with a non-full-size output")
     colred = {r.value for r in k.reds if r.axis == "col"}
+    if k.seg and pattern != "col_reduce":
+        raise UnsupportedFusion("a middle-axis (segmented) column reduction with a row reduction "
+                                "or transpose in one kernel")
 
     def waits_on_col(v: str, seen: dict[str, bool]) -> bool:
         if v in seen:
@@ -450,7 +475,7 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     imaps = tuple(sorted((v, m) for v, m in k.imaps.items() if k.cls.get(v) == IDX))
     return Analysis(graph, R, C, pattern, tuple(sorted(k.cls.items())), tuple(sorted(k.dep.items())),
                     tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq, bp, periods,
-                    imaps)
+                    imaps, k.seg)
 
 
 def analyze(graph: Graph) -> Analysis:

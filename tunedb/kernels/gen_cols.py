@@ -113,7 +113,7 @@ def _combine(f: Frame, reds: list[Reduction], allreds: list[Reduction], TX: int,
         inner.append(f"for (int t = 1; t < {TY}; ++t) {a} = {part};")
         if dst == "scol":
             if r.op == "reduce_mean":
-                inner.append(f"{a} = {a} * {flit(1.0 / f.R)};")
+                inner.append(f"{a} = {a} * {flit(1.0 / f.a.seg)};")
             inner.append(f"scol[{allreds.index(r) * strip} + tid] = {a};")
         else:
             g = allreds.index(r)
@@ -131,6 +131,7 @@ def _col_outputs(f: Frame, reds: list[Reduction], strip: int, env: dict[str, str
         return
     lines.append(f"if (tid < {strip} && {who}) {{")
     inner = [f"const long long c = (long long)({strip_id}) * {strip} + tid;", f"if (c < {f.C}LL) {{"]
+    at = f"sg * {f.C}LL + c" if f.a.col_seg else "c"  # segment sg's row of the [R / seg, C] results
     e = dict(env)
     for kk, r in enumerate(reds):
         e[r.value] = f"{arr}[{kk * strip} + tid]"
@@ -141,23 +142,32 @@ def _col_outputs(f: Frame, reds: list[Reduction], strip: int, env: dict[str, str
     el: list[str] = []
     emit_nodes(f.a, f.names, nodes, e, el, f.s.fast_math, prefix="o")
     for v in outs:
-        el += f.store_lines(v, "c", e[v])
+        el += f.store_lines(v, at, e[v])
     inner += indent(el)
     inner.append("}")
     lines += indent(inner)
     lines.append("}")
 
 
-def _head(f: Frame, TX: int, V: int, RS: int) -> list[str]:
+def _head(f: Frame, TX: int, V: int, RS: int, S: int = 1) -> list[str]:
+    """Thread coordinates and the block's rows [rbeg, rend): range blockIdx.y of R rows cut in
+    RS; segmented (``col_seg``), range blockIdx.y % S of segment sg = blockIdx.y / S."""
     strip = TX * V
-    return ["extern __shared__ __align__(16) unsigned char tdb_smem[];",
-            "const int tid = threadIdx.x;",
-            f"const int tx = tid % {TX}, ty = tid / {TX};",
-            f"const long long col = (long long)blockIdx.x * {strip} + tx * {V};",
-            f"const bool cok = col < {f.C}LL;",
-            f"const long long rbeg = (long long)blockIdx.y * {RS};",
-            f"const long long rend = rbeg + {RS} < {f.R}LL ? rbeg + {RS} : {f.R}LL;",
-            "(void)tx; (void)ty; (void)cok; (void)rbeg; (void)rend;"]
+    out = ["extern __shared__ __align__(16) unsigned char tdb_smem[];",
+           "const int tid = threadIdx.x;",
+           f"const int tx = tid % {TX}, ty = tid / {TX};",
+           f"const long long col = (long long)blockIdx.x * {strip} + tx * {V};",
+           f"const bool cok = col < {f.C}LL;"]
+    if f.a.col_seg:
+        seg = f.a.col_seg
+        return out + [f"const long long sg = (long long)blockIdx.y / {S};",
+                      f"const long long rbeg = sg * {seg}LL + (long long)(blockIdx.y % {S}) * {RS};",
+                      f"const long long rend = rbeg + {RS} < sg * {seg}LL + {seg}LL ? rbeg + {RS} "
+                      f": sg * {seg}LL + {seg}LL;",
+                      "(void)tx; (void)ty; (void)cok; (void)rbeg; (void)rend; (void)sg;"]
+    return out + [f"const long long rbeg = (long long)blockIdx.y * {RS};",
+                  f"const long long rend = rbeg + {RS} < {f.R}LL ? rbeg + {RS} : {f.R}LL;",
+                  "(void)tx; (void)ty; (void)cok; (void)rbeg; (void)rend;"]
 
 
 def _finished_env(f: Frame, reds: list[Reduction], TX: int, V: int, lines: list[str],
@@ -186,9 +196,10 @@ def gen_col_tiled(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
     fo = f.full_outputs()
     pre = [v for v in fo if dep.get(v, 0) == 0]
     post = [v for v in fo if dep.get(v, 0) > 0]
-    RS = math.ceil(f.R / S)
+    A = f.R // a.seg  # segments (1 unless the reductions are over a middle block of axes)
+    RS = math.ceil(a.seg / S)
     smem = 4 * (len(reds) * TY * strip + len(reds) * strip)
-    lines = _head(f, TX, V, RS)
+    lines = _head(f, TX, V, RS, S)
     senv = f.prologue(lines)
     lines.append("float* sred = reinterpret_cast<float*>(tdb_smem);")
     lines.append(f"float* scol = sred + {len(reds) * TY * strip};")
@@ -204,18 +215,18 @@ def gen_col_tiled(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
             fin = _finished_env(f, reds, TX, V, lines, only=lr)
             env.update(fin)
     if S == 1:
-        _col_outputs(f, reds, strip, senv, lines)
+        _col_outputs(f, reds, strip, senv, lines, who="true" if A > 1 else "blockIdx.y == 0")
     texts = []
     if S == 1:
         if post:
             _sweep(f, env, post, [], post, TX, TY, V, U, True, lines)
         body = f.signature("@K@", [], B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
-        return [KText(body, (GX, 1, 1), (B, 1, 1), smem)], []
+        return [KText(body, (GX, A, 1), (B, 1, 1), smem)], []
     body = f.signature("@K@", ["part"], B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
-    texts.append(KText(body, (GX, S, 1), (B, 1, 1), smem, ("part",)))
+    texts.append(KText(body, (GX, A * S, 1), (B, 1, 1), smem, ("part",)))
     S2 = S if post else 1
     texts.append(_finish(f, reds, "part", S, TX, TY, V, U, S2, post))
-    return texts, [("part", 4 * len(reds) * S * f.C)]
+    return texts, [("part", 4 * len(reds) * A * S * f.C)]
 
 
 def _finish(f: Frame, reds: list[Reduction], src: str, P: int, TX: int, TY: int, V: int, U: int,
@@ -225,31 +236,34 @@ def _finish(f: Frame, reds: list[Reduction], src: str, P: int, TX: int, TY: int,
     B = TX * TY
     strip = TX * V
     GX = math.ceil(f.C / strip)
-    RS = math.ceil(f.R / S2)
-    lines = _head(f, TX, V, RS)
+    A = f.R // f.a.seg
+    RS = math.ceil(f.a.seg / S2)
+    lines = _head(f, TX, V, RS, S2)
     senv = f.prologue(lines)
     lines.append("float* scol = reinterpret_cast<float*>(tdb_smem);")
     lines.append(f"if (tid < {strip}) {{")
     inner = [f"const long long c = (long long)blockIdx.x * {strip} + tid;", f"if (c < {f.C}LL) {{"]
     for kk, r in enumerate(reds):
         a = f"a{f.names.idx[r.value]}"
-        inner.append(f"  float {a} = {src}[{kk}LL * {P} * {f.C}LL + c];")
+        # partial p of segment sg: written by the first kernel's block row y = sg * P + p
+        first = f"({kk}LL * {A} + sg) * {P}" if A > 1 else f"{kk}LL * {P}"
+        inner.append(f"  float {a} = {src}[{first} * {f.C}LL + c];")
         inner.append(f"  for (int p = 1; p < {P}; ++p) "
-                     f"{a} = {red_comb(r.op, a, f'{src}[({kk}LL * {P} + p) * {f.C}LL + c]')};")
+                     f"{a} = {red_comb(r.op, a, f'{src}[({first} + p) * {f.C}LL + c]')};")
         if r.op == "reduce_mean":
-            inner.append(f"  {a} = {a} * {flit(1.0 / f.R)};")
+            inner.append(f"  {a} = {a} * {flit(1.0 / f.a.seg)};")
         inner.append(f"  scol[{kk * strip} + tid] = {a};")
     inner.append("}")
     lines += indent(inner)
     lines.append("}")
     lines.append("__syncthreads();")
-    _col_outputs(f, reds, strip, senv, lines)
+    _col_outputs(f, reds, strip, senv, lines, who=f"blockIdx.y % {S2} == 0" if A > 1 else "blockIdx.y == 0")
     if post:
         env = dict(senv)
         env.update(_finished_env(f, reds, TX, V, lines))
         _sweep(f, env, post, [], post, TX, TY, V, U, True, lines)
     body = f.signature("@K@", [src], B) + " {\n" + "\n".join(indent(lines)) + "\n}\n"
-    return KText(body, (GX, S2, 1), (B, 1, 1), 4 * len(reds) * strip, (src,))
+    return KText(body, (GX, A * S2, 1), (B, 1, 1), 4 * len(reds) * strip, (src,))
 
 
 def gen_col_finish(f: Frame, reds: list[Reduction], P: int) -> KText:

@@ -374,6 +374,8 @@ def check(a: Analysis, s: Schedule) -> str:
             return f"needs {smem} bytes of shared memory > {MAX_SMEM}"
     if m == "col_cluster":
         tx = s.group
+        if a.col_seg:
+            return "col_cluster reduces all R rows; a middle-axis (segmented) reduction needs col_tiled"
         if s.split not in (2, 4, 8):
             return f"col_cluster needs a cluster of 2, 4 or 8 blocks, not {s.split}"
         if tx < 1 or s.block % tx:
@@ -393,7 +395,7 @@ def check(a: Analysis, s: Schedule) -> str:
             return f"{tx} threads across columns does not tile block {s.block}"
         if s.split > 1 and a.col_levels > 1:
             return "row split of chained column reductions needs more than two kernels"
-        if s.split > math.ceil(a.R / (s.block // tx)):
+        if s.split > math.ceil(a.seg / (s.block // tx)):
             return f"split {s.split} leaves row ranges shorter than a block's {s.block // tx} rows"
     return ""
 
@@ -464,8 +466,8 @@ def _candidates(a: Analysis, sm_count: int) -> list[Schedule]:
                                             cache=mode))
         for tx, ty in ((8, 32), (16, 16), (32, 8), (16, 32), (32, 16), (8, 16), (4, 64), (8, 64)):
             for v in (8, 4, 2, 1):
-                strips = math.ceil(a.C / (tx * v))
-                auto = max(1, min(math.ceil(2 * sm_count / strips), math.ceil(a.R / (8 * ty))))
+                strips = math.ceil(a.C / (tx * v)) * (a.R // a.seg)  # blocks of one row range
+                auto = max(1, min(math.ceil(2 * sm_count / strips), math.ceil(a.seg / (8 * ty))))
                 for sp in sorted({1, auto}):
                     for u in (1, 4):
                         out.append(Schedule("col_tiled", block=tx * ty, vec=v, unroll=u, group=tx, split=sp))
