@@ -178,7 +178,8 @@ class Collector:
         measured = store.measured_candidates(info.id)
         prior = None
         if getattr(strategy, "wants_prior", False):  # earlier ok measurements warm-start a model
-            prior = store.training_frame(kind=self.kind, device_id=info.id)
+            # Boards of one model rank schedules alike: a new board starts from the others' data.
+            prior = [store.training_frame(kind=self.kind, device_id=i) for i in store.same_model_ids(info)]
         summary.workloads = len(jobs)
         summary.total = sum(len(j.specs) for j in jobs)
         summary.pruned = sum(j.pruned for j in jobs)

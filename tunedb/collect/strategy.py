@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from tunedb.collect.jobs import Job
@@ -294,8 +295,12 @@ class ModelStrategy(RooflineStrategy):
         self.sigma = np.zeros(len(self.cand_hash))
 
     def _prior_rows(self, prior: Any, fi: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """Earlier ok measurements on this device that are not candidates of this run (other
-        suites, other workloads) warm-start the model; this run's own ones are in ``latency``."""
+        """Earlier ok measurements on this device (and other boards of its model: ``prior`` may be
+        a list of frames) warm-start the model: those of this run's candidates as their labels,
+        the rest (other suites, other workloads) as extra training rows."""
+        if isinstance(prior, (list, tuple)):
+            prior = pa.concat_tables([t for t in prior if t.num_rows]) if any(t.num_rows for t in prior) \
+                else None
         if prior is None or getattr(prior, "num_rows", 0) == 0:
             return None, None
         t = prior

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.ir import Graph
+from tunedb.kernels.suite_breadth import breadth_specs
 
 FAMILIES = ("bias_act", "gated", "norm", "softmax", "xent", "col_reduce", "norm_backward",
             "permute", "broadcast", "eltwise_chain")
-SUITES = ("quick", "standard", "full", "anchors")
+SUITES = ("quick", "standard", "full", "anchors", "breadth")
 
 
 @dataclass(frozen=True)
@@ -303,13 +304,15 @@ def suite(name: str) -> list[SuiteCase]:
         specs = _standard()
     elif name == "full":
         specs = _full()
+    elif name == "breadth":  # off-grid shapes and dtypes (suite_breadth.py), no anchors
+        specs = breadth_specs({fam: variants for fam, (_, variants) in BUILDERS.items()})
     else:
         raise ValueError(f"unknown suite {name!r}; expected one of {', '.join(SUITES)}")
     cases: dict[str, SuiteCase] = {}
     for fam, var, R, C, dt in specs:
         c = case(fam, var, R, C, dt)
         cases.setdefault(c.name, c)
-    if name != "quick":
+    if name not in ("quick", "breadth"):
         for c in _anchor_list():
             cases.setdefault(c.name, c)
     return list(cases.values())
