@@ -31,7 +31,6 @@ from tunedb.plan.fusion import explore
 from tunedb.plan.measure import Recorder, measure_steps
 from tunedb.plan.packing import pack_plan_steps, runnable_packs, store_times
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
-from tunedb.plan.rewrite import hoist_scalar_scales
 from tunedb.plan.stage_refine import compile_staged
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
@@ -185,7 +184,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
         if measure_top > 0:
             gpu = open_device(measure_device)  # NoGPUError here, before any planning work
             stack.callback(gpu.close)
-        graph = hoist_scalar_scales(load_graph(model, bindings, fill_initializers))
+        graph = load_graph(model, bindings, fill_initializers)
         store = stack.enter_context(_store(db, write=measure_top > 0))
         info = gpu.info if gpu is not None else resolve_device(device, store)
         facts = DeviceFacts.from_device_info(info) if info is not None else DeviceFacts()
