@@ -165,3 +165,31 @@ def test_reference_of_the_patterns_is_what_numpy_says():
     xr = x.reshape(2, 4, -1).astype(np.float64)
     y = ((xr - xr.mean(-1, keepdims=True)) / np.sqrt(xr.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
     np.testing.assert_allclose(list(out.values())[0], y * g + bb, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["reduce_mean", "reduce_max", "reduce_sum"])
+@pytest.mark.parametrize("keep", [0, 1])
+def test_non_adjacent_axes_split_into_chains_with_the_same_values(op, keep):
+    from tunedb.graph.reference import example_feeds
+    from tunedb.kernels.split_reduce import axis_blocks, split_reductions
+
+    assert axis_blocks((0, 2, 3)) == [(0,), (2, 3)] and axis_blocks((1,)) == [(1,)]
+    b = GraphBuilder(f"bn_stats_{op}_{keep}")
+    x = b.input("x", (4, 6, 5, 7))
+    r = getattr(b, op)(x, axes=(0, 2, 3), keepdims=keep)
+    g = b.build([b.sub(x, r) if keep else r])
+    s = split_reductions(g)
+    # the block with the most elements first: (2, 3) then (0,), then the original shape back
+    assert [(n.op, n.attr("axes")) for n in s.nodes[:3]] == [(op, (2, 3)), (op, (0,)), ("reshape", None)]
+    assert s.outputs == g.outputs and split_reductions(s) is s
+    feeds = example_feeds(g)
+    want, got = run_reference(g, feeds), run_reference(s, feeds)
+    for v in g.outputs:
+        np.testing.assert_allclose(got[v], want[v], rtol=1e-12)
+
+
+def test_batch_norm_statistics_plan_without_library_steps():
+    b = GraphBuilder("bn_train")
+    x = b.input("x", (32, 64, 28, 28))
+    plan = tunedb.compile(b.build([_norm(b, x, (0, 2, 3))]), cost_model=False, device=None)
+    assert {s.kind for s in plan.steps} == {"fused"}

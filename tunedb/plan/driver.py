@@ -24,6 +24,7 @@ from tunedb.costmodel.features import DeviceFacts
 from tunedb.costmodel.packing import load_predictor
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import infer_graph
+from tunedb.kernels.split_reduce import split_reductions
 from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.cost import Coster, GroupCost, stitch_of
 from tunedb.plan.epilogue import split_conv_bias
@@ -184,7 +185,8 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
         if measure_top > 0:
             gpu = open_device(measure_device)  # NoGPUError here, before any planning work
             stack.callback(gpu.close)
-        graph = load_graph(model, bindings, fill_initializers)
+        # reductions over non-adjacent axes (batch-norm statistics) as chains the generator runs
+        graph = split_reductions(load_graph(model, bindings, fill_initializers))
         store = stack.enter_context(_store(db, write=measure_top > 0))
         info = gpu.info if gpu is not None else resolve_device(device, store)
         facts = DeviceFacts.from_device_info(info) if info is not None else DeviceFacts()
