@@ -161,6 +161,10 @@ class Coster:
     # -- pricing ------------------------------------------------------------------------------
     def group(self, nodes: Sequence[int]) -> GroupCost | None:
         """Cost of running ``nodes`` (sorted indices) as one step; None if they cannot be one."""
+        if all(self.index.view[j] for j in nodes):
+            # Before the cache: a strided view and a copied transpose of the same shapes share
+            # a key (BERT's V and Q transposes), and only the view needs no kernel.
+            return GroupCost("layout_view", 0.0, "none", launches=0)
         key = self.index.key(nodes)
         if key in self._by_key:
             return self._by_key[key]
