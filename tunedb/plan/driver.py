@@ -32,6 +32,7 @@ from tunedb.plan.fusion import explore
 from tunedb.plan.measure import Recorder, measure_steps
 from tunedb.plan.packing import pack_plan_steps, runnable_packs, store_times
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
+from tunedb.plan.rewrite import rewrite_for_plan
 from tunedb.plan.stage_refine import compile_staged
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
@@ -186,7 +187,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             gpu = open_device(measure_device)  # NoGPUError here, before any planning work
             stack.callback(gpu.close)
         # reductions over non-adjacent axes (batch-norm statistics) as chains the generator runs
-        graph = split_reductions(load_graph(model, bindings, fill_initializers))
+        graph = split_reductions(rewrite_for_plan(load_graph(model, bindings, fill_initializers)))
         store = stack.enter_context(_store(db, write=measure_top > 0))
         info = gpu.info if gpu is not None else resolve_device(device, store)
         facts = DeviceFacts.from_device_info(info) if info is not None else DeviceFacts()
