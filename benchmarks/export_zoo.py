@@ -4,6 +4,7 @@ transformers, onnx, onnxscript and onnxruntime).
     PYTHONPATH=. python benchmarks/export_zoo.py [--out DIR] [--only NAME ...]
         [--exporters torchscript,dynamo] [--dtypes float32,bfloat16]   # export
     PYTHONPATH=. python benchmarks/export_zoo.py --check [--only NAME ...]  # numerics
+    PYTHONPATH=. python benchmarks/export_zoo.py --batch 8 --exporters dynamo  # data/graphs/zoo_b8
 
 Every model is built from its library's default config with random weights (no downloads),
 put in eval mode and exported as a user would: by the TorchScript exporter
@@ -42,6 +43,7 @@ from tunedb.graph.reference import run_reference
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "graphs" / "zoo"
 SEQ = 128
+BATCH = 1  # --batch: the inputs' leading dim (the exports have static shapes)
 
 
 def _hf(cls_name: str, cfg_name: str, inputs: str, **cfg: Any):
@@ -53,16 +55,16 @@ def _hf(cls_name: str, cfg_name: str, inputs: str, **cfg: Any):
         model = getattr(transformers, cls_name)(config)
         seq = min(SEQ, getattr(config, "max_position_embeddings", SEQ))  # CLIP text: 77
         if inputs == "ids":
-            ids = torch.randint(0, min(config.vocab_size, 1000), (1, seq))
-            args = (ids, torch.ones(1, seq, dtype=torch.int64))
+            ids = torch.randint(0, min(config.vocab_size, 1000), (BATCH, seq))
+            args = (ids, torch.ones(BATCH, seq, dtype=torch.int64))
             names = ["input_ids", "attention_mask"]
         elif inputs == "ids_only":
-            args, names = (torch.randint(0, min(config.vocab_size, 1000), (1, seq)),), ["input_ids"]
+            args, names = (torch.randint(0, min(config.vocab_size, 1000), (BATCH, seq)),), ["input_ids"]
         elif inputs == "pixels":
             size = getattr(config, "image_size", 224)
-            args, names = (torch.randn(1, 3, size, size),), ["pixel_values"]
+            args, names = (torch.randn(BATCH, 3, size, size),), ["pixel_values"]
         else:  # log-mel features, 30 s of audio
-            args, names = (torch.randn(1, config.num_mel_bins, 3000),), ["input_features"]
+            args, names = (torch.randn(BATCH, config.num_mel_bins, 3000),), ["input_features"]
         return model, args, names, config.to_dict()
     return build
 
@@ -72,7 +74,7 @@ def _tv(fn: str):
         import torchvision
 
         model = getattr(torchvision.models, fn)(weights=None)
-        return model, (torch.randn(1, 3, 224, 224),), ["pixels"], {"torchvision": fn}
+        return model, (torch.randn(BATCH, 3, 224, 224),), ["pixels"], {"torchvision": fn}
     return build
 
 
@@ -191,9 +193,9 @@ def one(name: str, dynamo: bool, dtype: str, out: Path) -> dict:
         model = model.to(low)
         args = tuple(a.to(low) if a.is_floating_point() else a for a in args)
     short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
-    file = f"{name}_{'dynamo' if dynamo else 'ts'}_{short}.onnx"
+    file = f"{name}_{'dynamo' if dynamo else 'ts'}_{short}{f'_b{BATCH}' if BATCH != 1 else ''}.onnx"
     entry = {"file": file, "model": name, "exporter": "dynamo" if dynamo else "torchscript",
-             "opset": 18 if dynamo else 17, "dtype": dtype, "layers": _layers(cfg),
+             "opset": 18 if dynamo else 17, "dtype": dtype, "batch": BATCH, "layers": _layers(cfg),
              "config": {k: v for k, v in cfg.items() if isinstance(v, (int, float, str, bool))
                         and k in _CONFIG_KEYS}}
     t0 = time.perf_counter()
@@ -221,14 +223,21 @@ _CONFIG_KEYS = {"hidden_size", "dim", "d_model", "n_embd", "num_hidden_layers", 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=Path, default=None,
+                   help="default: data/graphs/zoo, or data/graphs/zoo_bN for --batch N > 1")
     p.add_argument("--only", nargs="*", default=None, help="model names (default: all)")
     p.add_argument("--exporters", default="torchscript,dynamo")
     p.add_argument("--dtypes", default="float32,bfloat16",
                    help="float32, bfloat16, float16 (comma-separated)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="batch of the example inputs; files of batch N > 1 end in _bN")
     p.add_argument("--check", action="store_true",
                    help="only compare tunedb's reference with onnxruntime on the fp32 files")
     a = p.parse_args(argv)
+    global BATCH
+    BATCH = a.batch
+    if a.out is None:
+        a.out = OUT if BATCH == 1 else OUT.parent / f"zoo_b{BATCH}"
     a.out.mkdir(parents=True, exist_ok=True)
     manifest_path = a.out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else []

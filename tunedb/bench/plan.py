@@ -229,7 +229,8 @@ def onnxruntime_outputs(model: Any, graph: Graph, dev: dict[str, np.ndarray]) ->
 
 
 # -- one graph on the GPU -------------------------------------------------------------------------
-def _peer(fw: Any, kind: str, graph: Graph, dev: dict, refs: dict) -> dict:
+def _peer(fw: Any, kind: str, graph: Graph, dev: dict, refs: dict,
+          timer: Callable[..., float] = throughput_us) -> dict:
     res: dict[str, Any] = {"us": None, "rel_err": None, "error": None}
     try:
         run, sync = peer_call(fw, kind, graph, dev)
@@ -237,15 +238,16 @@ def _peer(fw: Any, kind: str, graph: Graph, dev: dict, refs: dict) -> dict:
         sync()
         res["rel_err"] = _finite(max(rel_l2(o, refs[v]) for o, v in zip(outs, graph.outputs)))
         del outs
-        res["us"] = _finite(throughput_us(run, sync))
+        res["us"] = _finite(timer(run, sync))
     except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
         res.update(us=None, error=_one_line(e))
     return res
 
 
 def run_entry(entry: Entry, fw: Any, peers: Sequence[str], db: Any, cost_model: Any,
-              say: Callable[[str], None]) -> dict:
-    """Everything for one graph; never raises (failures become ``error`` fields)."""
+              say: Callable[[str], None], timer: Callable[..., float] = throughput_us) -> dict:
+    """Everything for one graph; never raises (failures become ``error`` fields). ``timer``
+    times a ``(run, sync)`` pair (a parallel driver passes one that holds the GPU alone)."""
     rec: dict[str, Any] = {"name": entry.name, "source": entry.source, "batch": entry.batch,
                            "bindings": entry.bindings, "tunedb": {"us": None, "error": None}, "peers": {}}
     if entry.error:
@@ -289,14 +291,14 @@ def run_entry(entry: Entry, fw: Any, peers: Sequence[str], db: Any, cost_model: 
                 rec["verify"]["onnxruntime_vs_reference"] = verify(graph, ort_out, refs, ORT_SLACK)
             except Exception as e:  # noqa: BLE001
                 rec["verify"]["onnxruntime"] = {"ok": None, "error": _one_line(e)}
-        rec["tunedb"]["us"] = _finite(throughput_us(ex.replay, ex.synchronize))
+        rec["tunedb"]["us"] = _finite(timer(ex.replay, ex.synchronize))
     except Exception as e:  # noqa: BLE001 - recorded; the peers still run
         rec["tunedb"]["error"] = _one_line(e)
     finally:
         del ex
         _free(fw)
     for p in peers:  # the same input values (bfloat16 as its bits, as the executor took them)
-        rec["peers"][p] = _peer(fw, p, graph, dev, refs)
+        rec["peers"][p] = _peer(fw, p, graph, dev, refs, timer)
         _free(fw)
     t = rec["tunedb"]["us"]
     rec["speedup"] = {p: _finite(rec["peers"][p]["us"] / t) if t and rec["peers"][p]["us"] else None
