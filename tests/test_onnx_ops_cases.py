@@ -105,6 +105,10 @@ def _cases() -> list[tuple]:
     add("ScatterElements", node("ScatterElements", ["x", "i", "u"], axis=1), {"x": f32(3, 5),
                                                                             "u": f32(3, 2)},
         {"i": ints(1, 3, 0, -1, 4, 2).reshape(3, 2)})
+    add("ScatterElements-computed-one-per-row", node("ScatterElements", ["x", "i", "u"], axis=1),
+        {"x": f32(4, 7), "i": i64(4, 1, lo=-7, hi=7), "u": f32(4, 1)})
+    add("ScatterElements-computed-two-columns", node("ScatterElements", ["x", "i", "u"], axis=0),
+        {"x": f32(5, 3), "i": np.array([[0, 4, 2], [3, 1, 2]], np.int64), "u": f32(2, 3)})
     nchw = {"x": f32(1, 2, 3, 4)}
     for ctm in ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"):
         add(f"Resize-nearest-{ctm}", node("Resize", ["x", "", "s"], coordinate_transformation_mode=ctm,

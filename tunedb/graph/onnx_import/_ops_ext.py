@@ -17,6 +17,7 @@ from tunedb.graph.onnx_import._ops import _prod
 # atan on [-tan(pi/12), tan(pi/12)] by its Taylor series to u**19: error below 1e-12 there.
 _ATAN_TERMS = 10
 _TAN_PI_12 = 2.0 - math.sqrt(3.0)
+_MAX_SCATTER_COLUMNS = 8  # selects chained for ScatterElements at computed indices
 
 
 class MoreOpHandlers:
@@ -394,14 +395,40 @@ class MoreOpHandlers:
     def _op_ScatterElements(self, n, a):
         self._no_reduction(a)
         data = self.shape(n.input[0])
-        idx = np.asarray(self.const(1, "indices"), np.int64)
         axis = self.axis(int(a.get("axis", 0)), len(data))
+        if n.input[1] not in self.consts:
+            self._scatter_computed(n, data, axis)
+            return
+        idx = np.asarray(self.const(1, "indices"), np.int64)
         pos = list(np.indices(idx.shape))
         pos[axis] = idx % data[axis]
         lin = np.ravel_multi_index(tuple(pos), data)
         src = np.full(_prod(data), -1, np.int64)
         src[lin.reshape(-1)] = np.arange(lin.size)
         self.set(0, self._scatter(self.val(n.input[0]), self.val(n.input[2]), src))
+
+    def _scatter_computed(self, n, data: tuple[int, ...], axis: int) -> None:
+        """ScatterElements at computed indices that span ``data`` except along ``axis`` (a
+        loss gradient writes one class per row): a select per index column, iota == index,
+        later columns winning as ONNX's last write does."""
+        ishape = self.shape(n.input[1])
+        k = ishape[axis]
+        if any(i != d for j, (i, d) in enumerate(zip(ishape, data)) if j != axis) or k > _MAX_SCATTER_COLUMNS:
+            raise self.err(f"ScatterElements at computed indices {list(ishape)} into {list(data)} is "
+                           f"supported only when they span the data off axis {axis} and have at most "
+                           f"{_MAX_SCATTER_COLUMNS} entries along it")
+        idx = self.val(n.input[1])
+        if self.dtype(n.input[1]) != "int64":
+            idx = self.b.cast(idx, to="int64")
+        idx = self.b.where(self.b.lt(idx, self._c(0, idx)), self.b.add(idx, self._c(data[axis], idx)), idx)
+        iota = self.iota(data[axis], axis, len(data))
+        y, upd = self.val(n.input[0]), self.val(n.input[2])
+        for j in range(k):
+            ci, cu = ((idx, upd) if k == 1 else
+                      (self.b.slice(v, starts=(j,), ends=(j + 1,), axes=(axis,), steps=(1,))
+                       for v in (idx, upd)))
+            y = self.b.where(self.b.eq(iota, ci), cu, y)
+        self.set(0, y)
 
     def _op_Resize(self, n, a):
         """Nearest and (bi/tri)linear resizing with constant scales or sizes: one gather per

@@ -1,0 +1,114 @@
+"""The fusion generalization suite (issue 21): tunedb graphs written as ONNX and read back,
+the exporter's cut into maximal memory-bound regions, and the shipped suite itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from bench_scripts import load_script
+
+from tunedb.graph.builder import GraphBuilder
+from tunedb.graph.hashing import graph_hash
+from tunedb.graph.onnx_export import graph_to_onnx
+from tunedb.graph.onnx_import import import_onnx
+from tunedb.graph.reference import run_reference
+from tunedb.plan.subgraph import GraphIndex
+
+suite_script = load_script("export_fusion_suite")
+
+
+def _every_op_graph():
+    b = GraphBuilder("every_op")
+    x = b.input("x", (4, 6, 8), "float32")
+    g = b.input("g", (8,), "float32")
+    m = b.input("m", (4, 1, 8), "bool")
+    i = b.input("i", (3,), "int64")
+    y = b.gelu(b.layernorm(x, g, None), approximate="tanh")
+    y = b.where(m, y, b.clip(b.mod(y, 0.7), min=-1.0))
+    s = b.softmax(b.transpose(y, perm=(0, 2, 1)), axis=1)
+    p = b.pad(b.slice(s, starts=(1,), ends=(5,), axes=(2,), steps=(1,)), pads=(0, 0, 1, 0, 0, 1), value=0.5)
+    parts = b.split(b.concat(p, p, axis=1), axis=1, sizes=(3, 13))
+    r = b.reduce_max(b.cast(parts[1], to="float16"), axes=(1,), keepdims=False)
+    ne = b.ne(x, b.leaky_relu(x, alpha=0.1))
+    gathered = b.gather(b.reshape(x, shape=(24, 8)), i, axis=0)
+    pooled = b.max_pool2d(b.unsqueeze(x, axes=(0,)), kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1))
+    am = b.argmax(b.squeeze(pooled, axes=(0,)), axis=2)
+    e = b.rsqrt(b.abs(b.expand(b.unsqueeze(g, axes=(0,)), shape=(3, 8))))
+    return b.build([r, ne, gathered, am, b.sqrt(b.reduce_mean(b.exp(e), axes=None))])
+
+
+def test_graph_to_onnx_reads_back_to_the_same_computation():
+    graph = _every_op_graph()
+    model = graph_to_onnx(graph)
+    back = import_onnx(model)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 6, 8)).astype(np.float32),
+             "g": rng.standard_normal(8).astype(np.float32), "m": rng.random((4, 1, 8)) < 0.5,
+             "i": np.array([0, 23, 5], np.int64)}
+    want = run_reference(graph, feeds)
+    got = run_reference(back, feeds)
+    ort_out = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, bk, o in zip(graph.outputs, back.outputs, ort_out):
+        np.testing.assert_allclose(got[bk], want[a], rtol=1e-12, atol=1e-12)
+        tol = 1e-3 if o.dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(o.astype(np.float64), want[a], rtol=tol, atol=tol)
+    # Read back twice, the same workload: the ONNX spelling is a fixed point.
+    assert graph_hash(import_onnx(graph_to_onnx(back))) == graph_hash(back)
+
+
+def _block():
+    """matmul -> bias+gelu -> matmul -> residual add + layernorm, and a column sum of x."""
+    b = GraphBuilder("block")
+    x = b.input("x", (64, 256), "float32")
+    w1, w2 = b.input("w1", (256, 512), "float32"), b.input("w2", (512, 256), "float32")
+    bias, g = b.input("b", (512,), "float32"), b.input("g", (256,), "float32")
+    h = b.gelu(b.add(b.matmul(x, w1), bias))
+    y = b.layernorm(b.add(b.matmul(h, w2), x), g, None)
+    col = b.reduce_sum(b.mul(x, x), axes=(0,))
+    row = b.reduce_max(x, axes=(1,))
+    return b.build([y, col, row])
+
+
+def test_regions_are_the_memory_bound_work_between_compute_ops():
+    graph = _block()
+    regions = suite_script.memory_bound_regions(graph)
+    ops = [sorted({graph.nodes[j].op for j in r}) for r in regions]
+    assert ["add", "gelu"] in ops  # the bias epilogue of the first matmul
+    # The residual add and the layer norm after the second matmul are one region ...
+    assert any({"add", "reduce_mean", "rsqrt"} <= set(o) for o in ops)
+    # ... and the two reductions of x are one multi-output region (siblings reading x).
+    assert ["mul", "reduce_max", "reduce_sum"] in ops
+    assert sum(len(r) for r in regions) == sum(1 for n in graph.nodes if n.op != "matmul")
+    ix = GraphIndex(graph)
+    for r in regions:  # each is a graph of its own, no matmul inside
+        assert "matmul" not in {n.op for n in ix.cut(r).graph.nodes}
+
+
+def test_depthwise_conv_and_pool_count_as_memory_bound():
+    b = GraphBuilder("dw")
+    x = b.input("x", (2, 8, 10, 10), "float32")
+    dw = b.conv2d(x, b.input("w", (8, 1, 3, 3), "float32"), pads=(1, 1, 1, 1), groups=8)
+    y = b.relu(b.add(dw, b.input("bias", (1, 8, 1, 1), "float32")))
+    z = b.conv2d(b.avg_pool2d(y, kernel=(2, 2), strides=(2, 2)), b.input("w2", (4, 8, 1, 1), "float32"))
+    graph = b.build([b.sigmoid(z)])
+    regions = [sorted({graph.nodes[j].op for j in r}) for r in suite_script.memory_bound_regions(graph)]
+    assert ["add", "avg_pool2d", "conv2d", "relu"] in regions and ["sigmoid"] in regions
+
+
+def test_kinds_name_the_pattern():
+    assert suite_script.kind_of({"exp", "reduce_max", "reduce_sum", "div"}) == "softmax"
+    assert suite_script.kind_of({"reduce_mean", "rsqrt", "mul"}) == "norm"
+    assert suite_script.kind_of({"slice", "concat", "mul"}) == "data_movement"
+    assert suite_script.kind_of({"add", "gelu"}) == "elementwise"
+    assert suite_script.kind_of({"conv2d", "relu"}) == "windowed"
+
+
+@pytest.mark.parametrize("bad", ["nope"])
+def test_graph_to_onnx_refuses_an_output_that_is_an_input(bad):
+    b = GraphBuilder("passthrough")
+    x = b.input("x", (2, 3), "float32")
+    graph = b.build([x])
+    with pytest.raises(Exception, match="output"):
+        graph_to_onnx(graph)
