@@ -1,0 +1,236 @@
+"""Cost model kind ``stage``: the latency of an IOS stage (groups of steps run concurrently)
+from its members.
+
+Data: the stage rows the stage bench writes (``python -m tunedb.bench.stages OUT.json --refine``
+-> ``OUT_rows.json``): per graph, the plan its step indices refer to (the plan's JSON) and one row
+per measured stage (its groups of step indices and µs). Nothing here imports the planner: the
+members' facts come from each step's JSON (kind, launches, predicted µs, its sub-graph).
+
+Features (``FEATURES``, schema ``FEATURE_SCHEMA``), per stage: the number of groups, steps and
+kernel launches; the members' own times (each group alone, measured when the rows hold that
+group as a stage of its own, else the planner's prediction plus launches): the longest group,
+the sum, their ratio; FLOPs, bytes, CTAs and waves on the 132 SMs (cuBLAS/conv: one 128x128
+output tile per CTA; other kernels: 1024 elements per CTA), the largest member's waves, and the
+share of the stage's time in compute-bound members. Target: log(µs), XGBoost.
+
+Held-out evaluation: by workload (5 folds of whole stages) and by model family (each graph held
+out in turn), against the two rules a planner would use without a model: the longest group alone
+(perfect overlap) and the sum of the groups (no overlap).
+``python -m tunedb.costmodel.stage --rows ROWS.json [--out DIR]`` prints the scores and saves
+``model.json`` + ``card.json`` (kind ``stage``, the feature schema, the data's hash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tunedb.graph.ir import Graph
+
+FEATURE_SCHEMA = "stage/1"
+SMS, GEMM_TILE, ELEMS_PER_CTA = 132, 128 * 128, 1024
+COMPUTE = ("conv2d", "matmul", "gemm")
+LAUNCH_US = 2.5
+PEAK_FLOPS, PEAK_BYTES = 60e12, 4.0e12
+FEATURES = ("groups", "steps", "launches", "longest_alone_us", "sum_alone_us", "overlap_bound",
+            "measured_alone_share", "log_flops", "log_bytes", "ctas", "waves", "max_member_waves",
+            "compute_share", "roofline_us", "views")
+PARAMS = {"objective": "reg:squarederror", "max_depth": 5, "eta": 0.15, "subsample": 0.8,
+          "colsample_bytree": 0.9, "min_child_weight": 2.0, "nthread": 2, "seed": 0}
+ROUNDS = 150
+
+
+def _flops(g: Graph) -> float:
+    t = g.type_map
+    total = 0.0
+    for n in g.nodes:
+        if n.op == "conv2d":
+            o = t[n.outputs[0]].shape
+            w = t[n.inputs[1]].shape
+            total += 2.0 * math.prod(o) * math.prod(w[1:])
+        elif n.op in ("matmul", "gemm"):
+            a = t[n.inputs[0]].shape
+            k = a[-2] if n.op == "gemm" and n.attr("trans_a") else a[-1]
+            total += 2.0 * t[n.outputs[0]].numel * k
+        else:
+            total += float(sum(t[v].numel for v in n.outputs))
+    return total
+
+
+def member_facts(step: Mapping[str, Any]) -> dict[str, float]:
+    """What the features need of one step, from its JSON (``KernelStep.to_json``)."""
+    kind = step["kind"]
+    launches = int(step.get("launches", 1))
+    if kind == "layout_view":
+        return {"us": 0.0, "flops": 0.0, "bytes": 0.0, "ctas": 0.0, "compute": 0.0, "launches": 0}
+    sub = step["subgraph"]
+    g = Graph.from_json(json.loads(sub) if isinstance(sub, str) else sub)
+    out = float(sum(g.type_of(v).numel for v in g.outputs))
+    nbytes = float(g.floor_bytes())
+    flops = _flops(g)
+    single = kind in COMPUTE and len(g.nodes) == 1
+    ctas = math.ceil(out / GEMM_TILE) if single else math.ceil(out / ELEMS_PER_CTA)
+    compute = float(single and flops / max(nbytes, 1.0) > PEAK_FLOPS / PEAK_BYTES)
+    us = float(step.get("predicted_us", 0.0)) + LAUNCH_US * launches
+    return {"us": us, "flops": flops, "bytes": nbytes, "ctas": float(ctas), "compute": compute,
+            "launches": launches}
+
+
+def stage_features(facts: Sequence[Mapping[str, float]], groups: Sequence[Sequence[int]],
+                   alone: Mapping[tuple[int, ...], float] | None = None) -> dict[str, float]:
+    """Features of one stage; ``alone``: measured µs of groups run as a stage of their own."""
+    alone = alone or {}
+    times, measured = [], 0
+    for g in groups:
+        key = tuple(g)
+        if key in alone:
+            times.append(alone[key])
+            measured += 1
+        else:
+            times.append(sum(facts[i]["us"] for i in g))
+    members = [facts[i] for g in groups for i in g]
+    flops = sum(m["flops"] for m in members)
+    nbytes = sum(m["bytes"] for m in members)
+    ctas = sum(m["ctas"] for m in members)
+    member_us = sum(m["us"] for m in members) or 1.0
+    return {"groups": len(groups), "steps": len(members), "launches": sum(m["launches"] for m in members),
+            "longest_alone_us": max(times), "sum_alone_us": sum(times),
+            "overlap_bound": max(times) / max(sum(times), 1e-9),
+            "measured_alone_share": measured / len(groups),
+            "log_flops": math.log2(flops + 1), "log_bytes": math.log2(nbytes + 1), "ctas": ctas,
+            "waves": ctas / SMS, "max_member_waves": max([m["ctas"] for m in members] + [0]) / SMS,
+            "compute_share": sum(m["us"] * m["compute"] for m in members) / member_us,
+            "roofline_us": 1e6 * max(flops / PEAK_FLOPS, nbytes / PEAK_BYTES),
+            "views": sum(1 for m in members if m["launches"] == 0)}
+
+
+def load_frame(rows_file: Path) -> dict[str, Any]:
+    """Rows of every graph of a stage-rows file as arrays: X, y (µs), groups (stage key),
+    families (graph), rule_max / rule_sum (µs of the two rules)."""
+    try:
+        doc = json.loads(Path(rows_file).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read stage rows {rows_file}: {e}") from None
+    X, y, keys, fams = [], [], [], []
+    for name, case in sorted(doc.get("cases", {}).items()):
+        steps = case["plan"]["steps"]
+        facts = [member_facts(s) for s in steps]
+        ok = [r for r in case["rows"] if r.get("status") == "ok" and r.get("samples_us")]
+        alone = {tuple(r["groups"][0]): float(np.median(r["samples_us"]))
+                 for r in ok if len(r["groups"]) == 1}
+        for r in ok:
+            f = stage_features(facts, r["groups"], alone)
+            X.append([f[k] for k in FEATURES])
+            y.append(float(np.median(r["samples_us"])))
+            keys.append(r["key"])
+            fams.append(name.rsplit("_b", 1)[0])
+    if not y:
+        raise ValueError(f"{rows_file}: no measured stage rows")
+    Xa = np.asarray(X, np.float64)
+    cols = {k: i for i, k in enumerate(FEATURES)}
+    return {"X": Xa, "y": np.asarray(y), "groups": np.asarray(keys), "families": np.asarray(fams),
+            "rule_max": Xa[:, cols["longest_alone_us"]], "rule_sum": Xa[:, cols["sum_alone_us"]],
+            "data_hash": hashlib.sha256(Path(rows_file).read_bytes()).hexdigest()[:16]}
+
+
+def fit(X: np.ndarray, y_us: np.ndarray) -> Any:
+    import xgboost as xgb
+
+    return xgb.train(PARAMS, xgb.DMatrix(X, label=np.log(y_us), feature_names=list(FEATURES)), ROUNDS)
+
+
+def predict_us(booster: Any, X: np.ndarray) -> np.ndarray:
+    import xgboost as xgb
+
+    return np.exp(booster.predict(xgb.DMatrix(X, feature_names=list(FEATURES))))
+
+
+def _errors(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+    rel = np.abs(pred - y) / y
+    ry, rp = np.argsort(np.argsort(y)), np.argsort(np.argsort(pred))
+    spearman = float(np.corrcoef(ry, rp)[0, 1]) if len(y) > 2 else float("nan")
+    return {"rows": int(len(y)), "mape": float(rel.mean()), "median_ape": float(np.median(rel)),
+            "within_10pct": float(np.mean(rel <= 0.10)), "spearman": spearman}
+
+
+def evaluate(frame: Mapping[str, Any], folds: int = 5, seed: int = 0) -> dict[str, Any]:
+    """Held-out errors by workload (folds of whole stages) and by model family (each graph held
+    out), next to the two rules."""
+    X, y, keys, fams = (frame[k] for k in ("X", "y", "groups", "families"))
+    uniq = np.unique(keys)
+    rng = np.random.default_rng(seed)
+    fold_of = dict(zip(rng.permutation(uniq), np.arange(len(uniq)) % folds))
+    out: dict[str, Any] = {"rule_longest_group": _errors(y, frame["rule_max"]),
+                           "rule_sum_of_groups": _errors(y, frame["rule_sum"])}
+    splits = {"by_workload": np.array([fold_of[k] for k in keys])}
+    if len(np.unique(fams)) > 1:
+        splits["by_family"] = fams
+    for split, labels in splits.items():
+        pred = np.empty(len(y))
+        per: dict[str, Any] = {}
+        for lab in np.unique(labels):
+            test, train = np.flatnonzero(labels == lab), np.flatnonzero(labels != lab)
+            pred[test] = predict_us(fit(X[train], y[train]), X[test])
+            if split == "by_family":
+                per[str(lab)] = _errors(y[test], pred[test])
+        out[split] = {**_errors(y, pred), **({"families": per} if per else {})}
+    return out
+
+
+def save(booster: Any, out_dir: Path, frame: Mapping[str, Any], scores: Mapping[str, Any],
+         device: str = "") -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    booster.save_model(str(out_dir / "model.json"))
+    card = {"kind": "stage", "feature_schema": FEATURE_SCHEMA, "features": list(FEATURES),
+            "target": "log_us", "params": PARAMS, "rounds": ROUNDS, "rows": int(len(frame["y"])),
+            "stages": int(len(np.unique(frame["groups"]))),
+            "families": sorted(set(frame["families"].tolist())),
+            "data_hash": frame["data_hash"], "device": device, "held_out": scores}
+    (out_dir / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
+    return out_dir
+
+
+def load_booster(folder: Path) -> Any:
+    """A saved stage model; a card of another kind or feature schema is refused (ValueError)."""
+    import xgboost as xgb
+
+    try:
+        card = json.loads((Path(folder) / "card.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"stage model {folder}: no readable card.json ({e})") from None
+    if card.get("kind") != "stage" or card.get("feature_schema") != FEATURE_SCHEMA:
+        raise ValueError(f"stage model {folder}: card says kind {card.get('kind')!r}, schema "
+                         f"{card.get('feature_schema')!r}; expected stage, {FEATURE_SCHEMA}")
+    booster = xgb.Booster()
+    booster.load_model(str(Path(folder) / "model.json"))
+    return booster
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tunedb.costmodel.stage")
+    ap.add_argument("--rows", type=Path, required=True, help="stage rows of the stage bench (OUT_rows.json)")
+    ap.add_argument("--out", type=Path, default=None, help="write model.json and card.json here")
+    args = ap.parse_args(argv)
+    try:
+        frame = load_frame(args.rows)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+        return 1
+    scores = evaluate(frame)
+    print(json.dumps(scores, indent=1))
+    if args.out:
+        device = json.loads(args.rows.read_text()).get("device", "")
+        save(fit(frame["X"], frame["y"]), args.out, frame, scores, device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
