@@ -13,6 +13,7 @@ from typing import Any
 from tunedb.collect import Collector, Job
 from tunedb.kernels import generate, schedule_space
 from tunedb.kernels import suite as load_suite
+from tunedb.kernels.schedule import Schedule
 from tunedb.records import Workload
 from tunedb.runtime.cuda import plan_to_wire
 
@@ -43,6 +44,10 @@ class FusionCollector(Collector):
                 cfg = s.to_config()
                 specs.setdefault(json.dumps(cfg, sort_keys=True), (cfg, (graph, s)))
             yield Job(workload, list(specs.values()), len(pruned))
+
+    def spec_from_config(self, workload: Workload, config: dict) -> Any:
+        """The spec of a stored config, so that a Dask worker generates the code itself."""
+        return workload.graph, Schedule.from_config(config)
 
     def build(self, workload: Workload, spec: Any) -> tuple[str, dict]:
         graph, schedule = spec

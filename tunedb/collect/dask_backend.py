@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -56,13 +56,13 @@ def worker_hello(spec: str) -> str:
     return json.dumps({"info": asdict(dev.info), "protocol": asdict(dev.protocol), "pid": os.getpid()})
 
 
-def measure_batch(spec: str, workload_json: str, requests_json: str, pace_s: float = 0.0,
+def measure_batch(spec: str, workload_json: str, requests_json: str, pace_s: float | list[float] = 0.0,
                   kill_workloads: tuple[str, ...] = ()) -> str:
     """Measure one batch (candidates of one workload) on this worker's device; JSON in and out.
 
-    ``pace_s`` adds that many seconds per candidate (a replay device standing in for a GPU's time)
-    and ``kill_workloads`` makes a batch of those workloads kill its worker (a GPU fault): both
-    exist for the fault tests and the benchmark."""
+    ``pace_s`` makes each candidate take that many seconds (one number, or one per request: a
+    replay device standing in for a GPU's recorded times) and ``kill_workloads`` makes a batch of
+    those workloads kill its worker (a GPU fault): both exist for the tests and the benchmarks."""
     dev = _worker_device(spec)
     workload = Workload(**json.loads(workload_json))
     if workload.hash in kill_workloads:
@@ -70,15 +70,18 @@ def measure_batch(spec: str, workload_json: str, requests_json: str, pace_s: flo
     requests = [MeasureRequest(r["candidate_hash"], r.get("plan") or {}, r.get("error", ""))
                 for r in json.loads(requests_json)]
     out: list[dict | None] = [None] * len(requests)
+    paces = pace_s if isinstance(pace_s, list) else [pace_s] * len(requests)
+    due = time.monotonic()
     for i, res in dev.measure(workload, requests):
         out[i] = None if res is None else res.to_wire()
-        if pace_s:
-            time.sleep(pace_s)
+        if paces[i]:  # against a running deadline: sleep overshoots do not add up
+            due += paces[i]
+            time.sleep(max(0.0, due - time.monotonic()))
     return json.dumps({"device": asdict(dev.info), "pid": os.getpid(), "results": out}, allow_nan=True)
 
 
 def build_and_measure_batch(spec: str, collector: str, workload_json: str, configs_json: str,
-                            pace_s: float = 0.0, kill_workloads: tuple[str, ...] = ()) -> str:
+                            pace_s: float | list[float] = 0.0, kill_workloads: tuple[str, ...] = ()) -> str:
     """``measure_batch`` with code generation on the worker (its host's CPUs, not the client's):
     the collector plugin rebuilds each candidate's spec from its config (``spec_from_config``)."""
     coll = _COLLECTORS.get(collector)
@@ -113,6 +116,7 @@ class ClusterSummary(Summary):
     workers: dict[str, int] = field(default_factory=dict)   # worker address -> candidates measured
     devices: dict[str, int] = field(default_factory=dict)   # device id -> candidates measured
     killed_batches: int = 0                                 # batches given up (KilledWorker)
+    remote_build: bool = False                              # the workers generated the code
 
 
 def open_client(cluster: str, n_workers: int | None = None, device: str = "cuda") -> tuple[Any, Any]:
@@ -183,10 +187,12 @@ def _batches(coll: Collector, jobs: list[Job], measured: set[str], chunk: int,
 def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: str,
                 budget: int | None = None, chunk: int = 64, window: int = 2,
                 progress: Callable[[ClusterSummary], None] | None = None,
-                flush_every: int = 256, flush_s: float = 2.0, pace_s: float = 0.0,
+                flush_every: int = 256, flush_s: float = 2.0, pace_s: float | Mapping[str, float] = 0.0,
                 kill_workloads: tuple[str, ...] = (), remote_build: bool = True) -> ClusterSummary:
     """Measure ``suite`` on every worker of ``client``'s cluster into ``store`` (exhaustive order).
-    ``window`` batches per worker are in flight, so code generation here overlaps the workers."""
+    ``window`` batches per worker are in flight, so code generation here overlaps the workers.
+    ``pace_s`` (tests, benchmarks): seconds per candidate on a replay worker, or a candidate hash
+    -> seconds mapping (recorded device times)."""
     from distributed import as_completed
     from distributed.client import FutureCancelledError
     from distributed.scheduler import KilledWorker
@@ -226,7 +232,7 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
     writer = _Writer(store, flush_every, flush_s)
     written: set[str] = set()
     # Plugins that can rebuild a spec from its config have the workers generate code.
-    remote = remote_build and callable(getattr(coll, "spec_from_config", None))
+    remote = summary.remote_build = remote_build and callable(getattr(coll, "spec_from_config", None))
     pending = _batches(coll, jobs, measured, chunk, budget, summary, remote)
     inflight: dict[Any, tuple[Job, list[Task]]] = {}
     done = as_completed()
@@ -237,12 +243,14 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
             return False
         job, tasks = got
         key, wl = f"tunedb-batch-{uuid.uuid4().hex}", canonical_json(asdict(job.workload))
+        pace = ([float(pace_s.get(t.candidate.hash, 0.0)) for t in tasks] if isinstance(pace_s, Mapping)
+                else pace_s)
         if remote:
             configs = json.dumps([dict(t.candidate.config) for t in tasks])
-            fut = client.submit(build_and_measure_batch, device, coll.name, wl, configs, pace_s,
+            fut = client.submit(build_and_measure_batch, device, coll.name, wl, configs, pace,
                                 tuple(kill_workloads), key=key, pure=False)
         else:
-            fut = client.submit(measure_batch, device, wl, _request_json(tasks), pace_s,
+            fut = client.submit(measure_batch, device, wl, _request_json(tasks), pace,
                                 tuple(kill_workloads), key=key, pure=False)
         inflight[fut] = got
         done.add(fut)
