@@ -20,11 +20,13 @@ Step 2 imports every model at every shape and cuts out its maximal memory-bound 
 (matmul, GEMM, full convolutions), which is what one kernel between two library calls could
 compute; depthwise convolutions and pools count as memory-bound. Views that cuBLAS reads in
 place are left out, as the planner leaves them. Regions of one depth that read the same large
-tensor are one region (sibling, multi-output fusion). Each region is written as ONNX, read back
-and hashed (``graph_hash`` of the re-imported graph, the suite's identity); duplicates keep the
-first source and count the others. ``manifest.json`` lists per workload its file, hash,
-kind, source models and shapes, the op summary, floor bytes, and how many kernels tunedb's
-planner (roofline prices, no GPU) splits it into today.
+tensor are one region (sibling, multi-output fusion). Lookups in tables (a gather from a graph
+input four times larger than its result: embeddings, rotary caches) stay outside: a kernel
+reads only the rows it gathers, but a workload's floor would count the whole table. Each
+region is written as ONNX, read back and hashed (``graph_hash`` of the re-imported graph, the
+suite's identity); duplicates keep the first source and count the others. ``manifest.json``
+lists per workload its file, hash, kind, source models and shapes, the op summary, floor
+bytes, and how many kernels tunedb's planner (roofline prices, no GPU) splits it into today.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 OUT = Path(__file__).resolve().parent.parent / "data" / "graphs" / "generalization"
 MIN_FLOOR_BYTES = 64 * 1024  # smaller regions are launch-bound, not memory-bound
 SIBLING_MIN_ELEMS = 16384    # a shared input this large makes sibling regions one
+TABLE_RATIO = 4              # a gather reading a graph input this much larger is a table lookup
 TX_SHAPES = ((1, 128), (16, 128), (8, 512))  # (batch, sequence) of the transformers
 CNN_BATCHES = (1, 16)
 
@@ -329,6 +332,9 @@ def memory_bound_regions(graph) -> list[tuple[int, ...]]:
             return True
         if ix.compute[i]:
             return False
+        if n.op == "gather" and n.inputs[0] not in ix.producer and \
+                types[n.inputs[0]].numel > TABLE_RATIO * types[n.outputs[0]].numel:
+            return False  # a lookup in a table (embeddings): the floor would count the table
         return not (ix.view[i] and n.op not in VIEW_OPS)  # strided views cost nothing
 
     mem = [member(i) for i in range(len(ix.nodes))]
@@ -431,7 +437,7 @@ def cut(work: Path, out: Path, plan: bool) -> None:
                     continue
                 ops = {n.op for n in back.nodes}
                 kind = kind_of(ops)
-                name = f"{kind}_{source}_{len(seen):03d}"
+                name = f"{kind}_{source}_{h[:8]}"
                 model.graph.name = name
                 file = f"{name}.onnx"
                 onnx.save(model, str(out / file))

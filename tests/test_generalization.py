@@ -112,3 +112,28 @@ def test_graph_to_onnx_refuses_an_output_that_is_an_input(bad):
     graph = b.build([x])
     with pytest.raises(Exception, match="output"):
         graph_to_onnx(graph)
+
+
+def test_the_shipped_suite_loads_with_the_hashes_of_its_manifest():
+    from tunedb.kernels.suite_generalization import manifest
+    from tunedb.kernels.suites import suite
+
+    cases = suite("generalization")
+    entries = manifest()["workloads"]
+    assert len(cases) >= 80 and len(cases) == len(entries)
+    assert len({c.name for c in cases}) == len(cases)
+    hashes = [graph_hash(c.graph) for c in cases]
+    assert hashes == [w["hash"] for w in entries] and len(set(hashes)) == len(hashes)
+    assert all(c.family == f"gen_{w['kind']}" and w["sources"] for c, w in zip(cases, entries))
+    # Several shapes of one pattern: batch 1 and a serving batch of the same model.
+    sources = {s for w in entries for s in w["sources"]}
+    assert any("_b1_" in s for s in sources) and any("_b16_" in s for s in sources)
+
+
+def test_a_missing_suite_folder_is_one_line(tmp_path, monkeypatch):
+    from tunedb.kernels import suite_generalization
+
+    monkeypatch.setenv(suite_generalization.DIR_ENV, str(tmp_path))
+    with pytest.raises(ValueError) as e:
+        suite_generalization.generalization_cases()
+    assert "manifest" in str(e.value) and "\n" not in str(e.value)

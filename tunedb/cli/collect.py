@@ -10,7 +10,7 @@ from tunedb.cli.common import DbOption, JsonOption, handle_errors, open_shared_w
 
 # Kept in step with tunedb.kernels.suites.SUITES (a test checks): importing the suites for --help
 # would load NumPy and the graph layer.
-SUITE_NAMES = ("quick", "standard", "full", "anchors", "breadth")
+SUITE_NAMES = ("quick", "standard", "full", "anchors", "breadth", "generalization")
 
 
 def _summary_line(s: Any, device_kind: str = "") -> str:

@@ -4,6 +4,7 @@
 * ``standard``: >= 300 workloads: every family over small to >= 128 MB shapes, odd sizes
   (not multiples of 4 or 32), float32/float16/bfloat16, plus the 12 anchor cases
 * ``full``: ``standard`` plus larger and more varied shapes
+* ``generalization``: the memory-bound subgraphs of real models (``suite_generalization``)
 
 Everything is deterministic (no randomness at all). ``ANCHOR_CASES`` are the 12 fusion cases
 of the anchor table (float32), by name; ``SuiteCase.floor_bytes`` is the fewest bytes a kernel
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.ir import Graph
 from tunedb.kernels.suite_breadth import breadth_specs
+from tunedb.kernels.suite_generalization import generalization_cases
 
 FAMILIES = ("bias_act", "gated", "norm", "softmax", "xent", "col_reduce", "norm_backward",
             "permute", "broadcast", "eltwise_chain")
-SUITES = ("quick", "standard", "full", "anchors", "breadth")
+SUITES = ("quick", "standard", "full", "anchors", "breadth", "generalization")
 
 
 @dataclass(frozen=True)
@@ -294,10 +296,12 @@ def _full() -> list[tuple[str, str, int, int, str]]:
 
 
 def suite(name: str) -> list[SuiteCase]:
-    """The workloads of suite ``name`` (quick, standard, full, or anchors: the 12 anchor cases
-    alone), deterministic, names unique."""
+    """The workloads of suite ``name`` (quick, standard, full, anchors: the 12 anchor cases
+    alone, or generalization), deterministic, names unique."""
     if name == "anchors":
         return list(ANCHOR_CASES)
+    if name == "generalization":  # cut out of real models: data/graphs/generalization
+        return [SuiteCase(fam, n, g) for fam, n, g in generalization_cases()]
     if name == "quick":
         specs = QUICK
     elif name == "standard":

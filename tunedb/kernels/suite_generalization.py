@@ -1,0 +1,52 @@
+"""The ``generalization`` suite (issue 21): every maximal memory-bound subgraph of 12+ real
+models (CNNs with batch and group norm and depthwise convolutions, ViT, BERT, GPT-2, a
+Llama-style decoder, T5, a diffusion UNet level, training backward passes), deduplicated, at
+batch 1 and serving batches. They live as ONNX under ``data/graphs/generalization`` with a
+``manifest.json`` naming each one's source models and shapes; ``benchmarks/export_fusion_suite.py``
+writes them. ``$TUNEDB_GENERALIZATION_DIR`` points elsewhere (a wheel ships no ``data/``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+from tunedb.graph.ir import Graph
+from tunedb.graph.onnx_import import import_onnx
+
+DIR_ENV = "TUNEDB_GENERALIZATION_DIR"
+
+
+def suite_dir() -> Path:
+    """Where the suite's manifest and ONNX files are."""
+    env = os.environ.get(DIR_ENV)
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "data" / "graphs" / "generalization"
+
+
+def manifest(folder: Path | None = None) -> dict:
+    """The suite's manifest (``workloads``: file, name, hash, kind, sources, ...)."""
+    path = (folder or suite_dir()) / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except OSError:
+        raise ValueError(f"the generalization suite's manifest {path} is missing (a source checkout "
+                         f"has it under data/graphs/generalization; or set ${DIR_ENV})") from None
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _load(folder: str) -> tuple[tuple[str, str, Graph], ...]:
+    out = []
+    for w in manifest(Path(folder))["workloads"]:
+        g = import_onnx(Path(folder) / w["file"])
+        out.append((f"gen_{w['kind']}", w["name"],
+                    Graph(g.inputs, g.outputs, g.nodes, g.types, g.constants, w["name"])))
+    return tuple(out)
+
+
+def generalization_cases(folder: Path | None = None) -> list[tuple[str, str, Graph]]:
+    """(family, name, graph) of every workload, in manifest order; family is ``gen_<kind>``."""
+    return list(_load(str((folder or suite_dir()).resolve())))
