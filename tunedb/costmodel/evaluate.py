@@ -253,6 +253,41 @@ def evaluate_split(X: np.ndarray, latency_us: np.ndarray, labels: Labels, split:
     return out
 
 
+# fit(train rows) -> predict(held-out rows) -> µs (or any cost, lower is faster), per row.
+FoldFit = Callable[[np.ndarray], Callable[[np.ndarray], np.ndarray]]
+
+
+def evaluate_fits(fit: FoldFit, latency_us: np.ndarray, labels: Labels, splits: Sequence[str] = SPLITS,
+                  folds: int = 5, seed: int = 0, with_mape: bool = True) -> dict[str, Any]:
+    """The four splits for any model kind: ``fit`` trains on a fold's training rows (indices
+    into ``latency_us`` and ``labels``) and returns a predictor of the held-out rows. Each split
+    holds METRIC_KEYS (and the counts ``evaluate_split`` gives) and ``pred``; a split that does
+    not apply is {}. ``leave_family_out`` also holds ``families``. ``with_mape=False`` for a
+    predictor whose output is a score, not a latency."""
+    y = np.asarray(latency_us, dtype=np.float64)
+    n = len(np.unique(labels.workload))
+    if n < 3:
+        raise TrainError(f"held-out evaluation needs at least 3 workloads, got {n}")
+    out: dict[str, Any] = {}
+    for split in splits:
+        parts = split_folds(labels, split, folds)
+        if not parts:
+            out[split] = {}
+            continue
+        pred = np.full(len(y), np.nan)
+        for tr, te in parts:
+            pred[te] = np.asarray(fit(tr)(te), dtype=np.float64).reshape(-1)
+        rows = np.flatnonzero(np.isfinite(pred))
+        sub = labels.take(rows)
+        res: dict[str, Any] = score(y[rows], pred[rows], sub, seed, with_mape)
+        res.update(folds=len(parts), rows=int(len(rows)), workloads=int(len(np.unique(sub.workload))),
+                   held_out=SPLIT_LABEL[split], pred=pred)
+        if split == "leave_family_out" and labels.family is not None:
+            res["families"] = per_label(y[rows], pred[rows], sub, labels.family[rows], seed)
+        out[split] = res
+    return out
+
+
 def baselines(X: np.ndarray, latency_us: np.ndarray, labels: Labels, seed: int = 0) -> dict[str, Any]:
     """The metrics of the roofline and random predictors on every row."""
     y = np.asarray(latency_us, dtype=np.float64)

@@ -1,0 +1,106 @@
+"""``evaluate_fits``: the four held-out splits and their metrics for any model kind (a fold
+fitter in, held-out metrics out), on hand-made labels and on the stored packing data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tunedb.costmodel.evaluate import SPLITS, Labels, evaluate_fits
+from tunedb.costmodel.metrics import METRIC_KEYS
+
+PACKING = Path(__file__).resolve().parents[1] / "data" / "packing_h200"
+
+
+def _toy(n_ops: int = 4, n_shapes: int = 3, per: int = 6, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    rows = [(o, s, c) for o in range(n_ops) for s in range(n_shapes) for c in range(per)]
+    op = np.array([f"op{o}" for o, _, _ in rows], dtype=object)
+    shape = np.array([f"{8 * (s + 1)}x{16 * (s + 1)}" for _, s, _ in rows], dtype=object)
+    family = np.array([f"fam{o % 2}" for o, _, _ in rows], dtype=object)
+    workload = np.array([f"{o}|{s}" for o, s, _ in rows], dtype=object)
+    y = rng.lognormal(3.0, 0.5, len(rows))
+    return y, Labels.of(workload, op=op, shape=shape, family=family)
+
+
+def test_each_split_holds_its_label_out_and_an_exact_model_scores_one() -> None:
+    y, labels = _toy()
+    seen: dict[str, list[tuple[set, set]]] = {}
+
+    def fit(tr: np.ndarray):
+        def predict(te: np.ndarray) -> np.ndarray:
+            for split, field in (("op", labels.op), ("shape", labels.shape), ("family", labels.family)):
+                seen.setdefault(split, []).append((set(field[tr]), set(field[te])))
+            return y[te]  # an exact model
+        return predict
+
+    ev = evaluate_fits(fit, y, labels, folds=3)
+    assert set(ev) == set(SPLITS)
+    for split in SPLITS:
+        m = ev[split]
+        assert m["rows"] == len(y) and m["workloads"] == 12
+        assert m["top1_score"] == m["top5_score"] == m["pairwise_accuracy"] == m["spearman"] == 1.0
+        assert m["mape"] == 0.0 and np.isfinite(m["pred"]).all()
+    # leave_op_out never trains on an op it scores; by_workload does (its folds cut workloads).
+    fold_of = {"leave_op_out": "op", "leave_shape_out": "shape", "leave_family_out": "family"}
+    n_folds = {s: ev[s]["folds"] for s in SPLITS}
+    assert n_folds == {"by_workload": 3, "leave_op_out": 3, "leave_shape_out": 3, "leave_family_out": 2}
+    start = n_folds["by_workload"]
+    for split in ("leave_op_out", "leave_shape_out", "leave_family_out"):
+        for tr, te in seen[fold_of[split]][start:start + n_folds[split]]:
+            assert not tr & te
+        start += n_folds[split]
+    assert set(ev["leave_family_out"]["families"]) == {"fam0", "fam1"}
+
+
+def test_a_reversed_model_scores_zero_and_a_score_needs_no_mape() -> None:
+    y, labels = _toy()
+    ev = evaluate_fits(lambda tr: (lambda te: -y[te]), y, labels, splits=("by_workload",), folds=3,
+                       with_mape=False)
+    m = ev["by_workload"]
+    assert m["pairwise_accuracy"] == 0.0 and m["spearman"] == -1.0 and np.isnan(m["mape"])
+    assert m["top1_score"] < 1.0
+
+
+def test_labels_missing_for_a_split_leave_it_empty() -> None:
+    y, labels = _toy()
+    bare = Labels.of(labels.workload)
+    ev = evaluate_fits(lambda tr: (lambda te: y[te]), y, bare, folds=3)
+    assert ev["leave_op_out"] == ev["leave_shape_out"] == ev["leave_family_out"] == {}
+    assert ev["by_workload"]["top1_score"] == 1.0
+
+
+def test_too_few_workloads_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 3 workloads"):
+        evaluate_fits(lambda tr: (lambda te: te), np.ones(4), Labels.of(np.array([0, 0, 1, 1])))
+
+
+@pytest.mark.slow  # 12 small packing models
+def test_packing_kind_scores_on_the_four_splits() -> None:
+    import pyarrow.parquet as pq
+    import xgboost as xgb
+
+    from tunedb.costmodel import packing
+
+    frame = packing.load_frame(PACKING)
+    names = {r["hash"]: r["name"] for r in pq.read_table(PACKING / "workloads.parquet").to_pylist()}
+    # Packing names: <scenario>_<member shapes or tenants' sequence lengths>_<dtype>.
+    parts = [names[g].rsplit("_", 2) for g in frame["groups"]]
+    labels = Labels.of(frame["groups"], op=[p[0] for p in parts], shape=[p[1] for p in parts],
+                       family=frame["families"])
+    X, y = frame["X"], frame["y"]
+
+    def fit(tr: np.ndarray):
+        # The packing kind's settings, fewer rounds on one thread (the test's budget).
+        booster = xgb.train({**packing.PARAMS, "nthread": 1}, xgb.DMatrix(X[tr], label=np.log(y[tr])), 40)
+        return lambda te: np.exp(booster.predict(xgb.DMatrix(X[te])))
+
+    ev = evaluate_fits(fit, y, labels, folds=3)
+    for split in SPLITS:
+        assert ev[split]["workloads"] == len(set(frame["groups"].tolist()))
+        assert all(np.isfinite(ev[split][k]) for k in METRIC_KEYS)
+        assert ev[split]["pairwise_accuracy"] > 0.6  # far above random (0.5)
+    # Unseen scenarios are harder than unseen workloads of known ones.
+    assert ev["leave_family_out"]["top1_score"] <= ev["by_workload"]["top1_score"] + 0.01
