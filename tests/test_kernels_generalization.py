@@ -17,7 +17,7 @@ from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.reference import run_reference
 from tunedb.kernels import generate
 from tunedb.kernels.analysis import UnsupportedFusion, analyze
-from tunedb.kernels.domain import index_expr, index_map
+from tunedb.kernels.domain import index_expr, index_map, rolled_map
 
 
 def mid_mean(A: int = 3, M: int = 20, B: int = 24, keep: int = 0, dtype: str = "float32"):
@@ -80,6 +80,15 @@ def test_index_maps_merge_contiguous_dims_and_evaluate():
     got = [eval(index_expr(m, str(i), int(np.prod(so))).replace("LL", "").replace("/", "//"))
            for i in range(int(np.prod(so)))]
     assert got == list(want)
+    # a read rolled along one axis, narrower than it (a concat branch) and shifted
+    for shape, src, shift in (((1, 4, 33, 32), (1, 4, 3, 32), 0), ((2, 3, 8, 16), (2, 3, 8, 16), 8)):
+        m = rolled_map(shape, src, 2 if shape[2] != src[2] else 3, shift)
+        ax = 2 if shape[2] != src[2] else 3
+        x = np.arange(np.prod(src)).reshape(src)
+        want = np.take(x, [(c + shift) % src[ax] for c in range(shape[ax])], axis=ax).reshape(-1)
+        n = int(np.prod(shape))
+        got = [eval(index_expr(m, str(i), n).replace("LL", "").replace("/", "//")) for i in range(n)]
+        assert got == list(want)
 
 
 def test_middle_axis_reductions_are_segmented_column_reductions():
@@ -138,7 +147,7 @@ def test_patterns_match_reference_in_emulation(tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_patterns_compile_with_nvcc(tmp_path):
     sources: dict[str, str] = {}
-    for g in PATTERNS:
+    for g in PATTERNS + MOVEMENT:
         for s in generable_schedules_sample(g):
             for k in generate(g, s).kernels:
                 sources.setdefault(k.name, k.source)
@@ -193,3 +202,53 @@ def test_batch_norm_statistics_plan_without_library_steps():
     x = b.input("x", (32, 64, 28, 28))
     plan = tunedb.compile(b.build([_norm(b, x, (0, 2, 3))]), cost_model=False, device=None)
     assert {s.kind for s in plan.steps} == {"fused"}
+
+
+def rotary(B: int = 2, H: int = 3, S: int = 8, D: int = 16, dtype: str = "float32", table: str = "sd"):
+    """Llama's rotate-half rotary embedding: x * cos + concat(-x2, x1) * sin."""
+    b = GraphBuilder(f"rotary_{B}x{H}x{S}x{D}_{dtype}_{table}")
+    x = b.input("x", (B, H, S, D), dtype)
+    shape = (S, D) if table == "sd" else (B, 1, S, D)
+    cos, sin = b.input("cos", shape, dtype), b.input("sin", shape, dtype)
+    x1 = b.slice(x, starts=(0,), ends=(D // 2,), axes=(3,))
+    x2 = b.slice(x, starts=(D // 2,), ends=(D,), axes=(3,))
+    rot = b.concat(b.neg(x2), x1, axis=3)
+    return b.build([b.add(b.mul(x, cos), b.mul(rot, sin))])
+
+
+def kv_append(B: int = 2, H: int = 3, P: int = 5, N: int = 2, D: int = 8):
+    """A KV-cache update: the past keys with the new ones appended on the sequence axis."""
+    b = GraphBuilder(f"kv_append_{B}x{H}x{P}x{N}x{D}")
+    past, new = b.input("past", (B, H, P, D)), b.input("new", (B, H, N, D))
+    return b.build([b.concat(past, b.mul(new, 0.5), axis=2)])
+
+
+MOVEMENT = [rotary(), rotary(2, 2, 8, 64, "float16", "bsd"), kv_append(), kv_append(1, 4, 30, 3, 32)]
+
+
+def test_concats_of_slices_are_rolled_reads():
+    a = analyze(rotary())
+    assert a.pattern == "elementwise" and not [n for n in a.nodes if n.op in ("slice", "concat")]
+    reads = dict(a.idx_src)
+    assert set(reads.values()) == {"x"} and len(reads) == 2
+    k = analyze(kv_append())
+    assert set(dict(k.idx_src).values()) == {"past", "new"}
+
+
+@pytest.mark.parametrize("graph", [rotary(8, 32, 512, 128), kv_append(8, 32, 1000, 1, 128)])
+def test_movement_plans_as_one_kernel(graph):
+    plan = tunedb.compile(graph, cost_model=False, device=None)
+    assert [s.kind for s in plan.steps] == ["fused"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_movement_matches_reference_in_emulation(tmp_path):
+    from tunedb.runtime.emu import build, generable_schedules, mismatches
+
+    jobs = [(g, s, generate(g, s, sm_count=2)) for g in MOVEMENT
+            for s in generable_schedules(g)[::7]]
+    lib = build([k.source for _, _, p in jobs for k in p.kernels], str(tmp_path))
+    failures = mismatches(lib, jobs)
+    assert not failures, "\n".join(failures[:20])
+    assert len(jobs) >= 12

@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from tunedb.graph.ir import Graph, Node
 from tunedb.graph.ops import canonical_attrs
 from tunedb.kernels.domain import (  # noqa: F401  (class names and the error, re-exported)
@@ -50,8 +52,10 @@ from tunedb.kernels.domain import (  # noqa: F401  (class names and the error, r
     broadcast_class,
     domains,
     index_map,
+    rolled_map,
     split_at,
 )
+from tunedb.kernels.movement import lower_concats
 
 PATTERNS = ("elementwise", "row_reduce", "col_reduce", "transpose", "multi")
 
@@ -98,6 +102,9 @@ class Analysis:
     # (mean over M of [A, M, B]: R = A*M, C = B, segments of M rows, results [A, B] at
     # row r // M of an [R / M, C] array); 0 where they reduce all R rows
     col_seg: int = 0
+    # idx value -> the graph input whose buffer its index map reads (a rolled read, ``gather``
+    # of constant indices (c + s) % n: ``tunedb.kernels.movement``); leaves read themselves
+    idx_src: tuple[tuple[str, str], ...] = ()
 
     @property
     def seg(self) -> int:
@@ -182,6 +189,7 @@ class _Classifier:
         self.periods: dict[str, int] = {}  # transposed input -> rows per batch index
         self.imaps: dict[str, IndexMap] = {}  # idx leaf -> its index map
         self.seg = 0  # rows per segment of the column reductions (0: all R)
+        self.isrc: dict[str, str] = {}  # rolled read -> the graph input it reads
 
     def resolve(self, v: str) -> str:
         while v in self.alias:
@@ -241,7 +249,8 @@ class _Classifier:
         known = self.cls.get(rv)
         if known is None:
             self.assign(rv, k, what)
-        elif known != k and SCALAR not in (known, k) and not (known == TRANS and k == FULL):
+        elif (known != k and SCALAR not in (known, k) and not (known == TRANS and k == FULL)
+              and not (known == IDX and k == FULL and rv in self.isrc)):
             raise UnsupportedFusion(f"{what}: value {rv!r} is {known} but used as {k}")
 
     def index_mapped(self, rv: str, m: IndexMap, si: tuple[int, ...], so: tuple[int, ...], what: str) -> None:
@@ -297,6 +306,8 @@ class _Classifier:
                 self.reduce(node, attrs, what)
             elif op == "gather_elements":
                 self.gather(node, attrs, what)
+            elif op == "gather":
+                self.rolled(node, attrs, what)
             else:
                 raise UnsupportedFusion(f"{what}: op {op!r} is not supported by the fused-kernel generator")
 
@@ -356,6 +367,23 @@ class _Classifier:
         self.dep[out] = level + 1
         self.nodes.append(node)
 
+    def rolled(self, node: Node, attrs: dict, what: str) -> None:
+        """A full-size read of a graph input along one axis at (c + s) % n: an index map."""
+        data, idx, out = node.inputs[0], node.inputs[1], node.outputs[0]
+        c = self.g.constant_map.get(idx)
+        ax = attrs["axis"]
+        n = self.types[data].shape[ax]
+        vals = (np.frombuffer(c.data, dtype="<i8" if c.type.dtype == "int64" else "<i4") % n
+                if c is not None and c.type.rank == 1 else None)
+        if (data not in self.g.inputs or vals is None or self.numel(out) != self.N
+                or any(int(x) != (int(vals[0]) + j) % n for j, x in enumerate(vals))):
+            raise UnsupportedFusion(f"{what}: only a full-size read of a graph input at constant "
+                                    f"indices (c + s) % n along one axis is generated")
+        self.imaps[out] = rolled_map(self.types[out].shape, self.types[data].shape, ax, int(vals[0]))
+        self.isrc[out] = data
+        self.cls[out] = self.cls[idx] = IDX  # the indices are folded into the map
+        self.dep[out] = self.dep[idx] = 0
+
     def gather(self, node: Node, attrs: dict, what: str) -> None:
         data, idx, out = node.inputs[0], node.inputs[1], node.outputs[0]
         shape = self.types[data].shape
@@ -414,6 +442,9 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
             raise UnsupportedFusion(f"output {v!r} is a graph input or constant, not computed")
         if k.numel(v) != k.numel(rv):
             raise UnsupportedFusion(f"output {v!r} is an expanded value; materialise it with a compute op")
+    for v in k.isrc.values():
+        k.cls.setdefault(v, IDX)  # read only through rolled maps: an argument, never loaded
+        k.dep.setdefault(v, 0)
     for v in graph.inputs:
         if k.resolve(v) not in k.cls:
             k.cls[v] = k.guess(v)  # unused input: still an argument of the kernel
@@ -475,7 +506,7 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     imaps = tuple(sorted((v, m) for v, m in k.imaps.items() if k.cls.get(v) == IDX))
     return Analysis(graph, R, C, pattern, tuple(sorted(k.cls.items())), tuple(sorted(k.dep.items())),
                     tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq, bp, periods,
-                    imaps, k.seg)
+                    imaps, k.seg, tuple(sorted(k.isrc.items())))
 
 
 def analyze(graph: Graph) -> Analysis:
@@ -484,6 +515,7 @@ def analyze(graph: Graph) -> Analysis:
     per column of [B, 8*C] more simply than as value[r % 8, c] of [B*8, C]."""
     if not graph.nodes:
         raise UnsupportedFusion("empty subgraph")
+    graph = lower_concats(graph)  # concats of slices: rolled reads and selects, no copies
     for v, t in graph.types:
         if t.numel == 0:
             raise UnsupportedFusion(f"value {v!r} is empty ({t})")

@@ -14,8 +14,10 @@ from tunedb.graph.ops import canonical_attrs
 
 FULL, ROW, COL, SCALAR, TRANS, BCOL, IDX = "full", "row", "col", "scalar", "trans", "bcol", "idx"
 REDUCE_OPS = frozenset(("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"))
-# An index map: offset of flat domain element i = sum of ((i / div) % mod) * stride over its terms.
-IndexMap = tuple[tuple[int, int, int], ...]
+# An index map: offset of flat domain element i = sum of ((i / div) % mod) * stride over its terms;
+# a term (div, mod, stride, add, wrap) first shifts that coordinate: ((i / div) % mod + add) % wrap
+# (a read rolled along one axis: rotary embeddings' halves, concat branches).
+IndexMap = tuple[tuple[int, ...], ...]
 
 
 class UnsupportedFusion(ValueError):
@@ -143,9 +145,32 @@ def index_map(si: tuple[int, ...], so: tuple[int, ...]) -> IndexMap:
 def index_expr(m: IndexMap, flat: str, numel: int) -> str:
     """C expression of the offset ``m`` gives for the flat index expression ``flat``."""
     parts = []
-    for div, mod, st in m:
+    for div, mod, st, *shift in m:
         x = f"({flat})" if div == 1 else f"({flat}) / {div}LL"
         if div * mod < numel:
             x = f"({x}) % {mod}LL"
+        if shift and shift[0]:
+            x = f"(({x}) + {shift[0]}LL) % {shift[1]}LL"
+        elif shift and shift[1] < mod:
+            x = f"({x}) % {shift[1]}LL"  # a branch narrower than the axis: any in-bounds read
         parts.append(x if st == 1 else f"({x}) * {st}LL")
     return " + ".join(parts) or "0LL"
+
+
+def rolled_map(shape: tuple[int, ...], src_shape: tuple[int, ...], axis: int, shift: int) -> IndexMap:
+    """Index map of ``src`` read as ``shape`` (equal to ``src_shape`` but on ``axis``) with
+    coordinate c of ``axis`` taken from (c + shift) % src_shape[axis] of the source."""
+    terms: list[tuple[int, ...]] = []
+    inner, stride = 1, 1
+    for d in reversed(range(len(shape))):
+        if d == axis:
+            terms.append((inner, shape[d], stride, shift % src_shape[d], src_shape[d]))
+        elif shape[d] > 1:
+            last = terms[-1] if terms else (0, 0, 0, 0)
+            if len(last) == 3 and last[0] * last[1] == inner and last[2] * last[1] == stride:
+                terms[-1] = (last[0], last[1] * shape[d], last[2])  # steps with the dim inside it
+            else:
+                terms.append((inner, shape[d], stride))
+        inner *= shape[d]
+        stride *= src_shape[d]
+    return tuple(reversed(terms))

@@ -34,6 +34,8 @@ class Frame:
         self.param: dict[str, str] = {}
         for i, v in enumerate(self.g.inputs):
             self.param[v] = f"in{i}"
+        for v, src in a.idx_src:
+            self.param[v] = self.param[src]  # a rolled read indexes its source's buffer
         self.out_params: dict[str, list[tuple[str, str]]] = {}   # resolved value -> [(param, dtype)]
         for j, v in enumerate(self.g.outputs):
             self.out_params.setdefault(a.resolve(v), []).append((f"out{j}", self.g.type_of(v).dtype))

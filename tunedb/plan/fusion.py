@@ -65,7 +65,8 @@ class Explorer:
         self.launch_us = launch_us
         self.horizontal = horizontal
         self.stats: dict = {"beam": beam, "candidates": 0, "cycle_checks": 0, "cycles_rejected": 0,
-                            "unfusable_rejected": 0, "horizontal_merges": 0, "splits": 0}
+                            "unfusable_rejected": 0, "horizontal_merges": 0, "splits": 0,
+                            "absorbed": 0}
 
     def score(self, c: GroupCost) -> float:
         return c.us + self.launch_us * c.launches
@@ -88,6 +89,7 @@ class Explorer:
             groups.setdefault(best.gid[i], []).append(i)
         group_list = [tuple(g) for g in groups.values()]
         self.stats["search_s"] = round(time.perf_counter() - t0, 4)
+        group_list = self._absorb(group_list)
         if self.horizontal:
             group_list = self._pack(group_list)
         group_list = self._finalize(group_list)
@@ -305,6 +307,36 @@ class Explorer:
                 done.add(groups[a])
             if not merged:
                 return groups
+
+    def _absorb(self, groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """A lone op whose every reader sits in one fused group joins it when that is cheaper.
+
+        The search decides nodes in order, so a producer joins a group only through its
+        consumers: a slice that the generator reads as an index map only inside its concat
+        (``tunedb.kernels.movement``) stays a copy kernel when the op after it, alone with it,
+        is not fusable. No cycle can appear: the whole group reads the op, none of it feeds it."""
+        ix = self.ix
+        where = {j: k for k, g in enumerate(groups) for j in g}
+        merged: dict[int, int] = {}  # absorbed group index -> the group that took it
+        for k, g in enumerate(groups):
+            if len(g) != 1 or ix.compute[g[0]] or not ix.fusable[g[0]]:
+                continue
+            readers = {where[s] for s in ix.succ[g[0]]}
+            if len(readers) != 1 or any(o in ix.outputs for o in ix.nodes[g[0]].outputs):
+                continue
+            h = readers.pop()
+            while h in merged:
+                h = merged[h]
+            cg, ch = self.coster.group(g), self.coster.group(groups[h])
+            U = tuple(sorted(g + groups[h]))
+            cu = self.coster.group(U)
+            if cu is None or cu.kind != "fused" or cg is None or ch is None:
+                continue
+            if self.score(cu) < self.score(cg) + self.score(ch) - 1e-9:
+                groups[h] = U
+                merged[k] = h
+                self.stats["absorbed"] += 1
+        return [g for k, g in enumerate(groups) if k not in merged]
 
     def _small(self, g: tuple[int, ...]) -> bool:
         c = self.coster.group(g)

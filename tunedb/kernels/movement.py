@@ -1,0 +1,152 @@
+"""Data movement as index maps: a concat of slices becomes rolled reads and a select.
+
+Rotary embeddings rotate half of each head, ``concat(-x[..., h:], x[..., :h])``, and a KV-cache
+update appends ``concat(past, new)``: as ops, every slice and the concat are copies between
+kernels (7 kernels for a rotary embedding in issue 21). Evaluated at element c of the concat's
+axis, branch k is its own elementwise chain over the source read at c - o_k + start_k, so the
+concat is
+
+    where(c < o_1, branch_0(x_0 read rolled), where(c < o_2, branch_1(...), ...))
+
+with each branch evaluated at full size. ``lower_concats`` rewrites the subgraph that way before
+it is classified: a read rolled along the concat axis is ``gather(x, [(c + s) % n for c], axis)``
+(the analysis turns it into an index map of ``x``, never a copy) and the conditions are small
+boolean constants along the axis. Every element computes each branch; the branches are cheap
+elementwise chains (negation, casts, scalar scales), and the reads hit the same cache lines.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tunedb.graph.ir import Constant, Graph, Node, TensorType
+from tunedb.graph.ops import canonical_attrs, infer_graph
+
+# ops a branch may apply between its slice and the concat (one tensor operand, scalars besides)
+BRANCH_OPS = frozenset((
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
+    "relu", "erf", "floor", "ceil", "sign", "gelu", "clip", "cast", "leaky_relu",
+    "add", "sub", "mul", "div", "pow", "max", "min"))
+
+
+def _branch(graph: Graph, v: str, axis: int, producer: dict[str, Node], readers: dict[str, int],
+            outputs: set[str]) -> tuple[list[Node], str, int, Node | None] | None:
+    """(chain nodes from the source outwards, source input, start on ``axis``, the slice) of a
+    concat input, or None when it is not an elementwise chain over a slice of a graph input."""
+    consts, types = graph.constant_map, graph.type_map
+    chain: list[Node] = []
+    while v in producer and producer[v].op in BRANCH_OPS:
+        n = producer[v]
+        tensors = [i for i in n.inputs if not (i in consts and consts[i].type.numel == 1)]
+        if len(tensors) != 1 or types[tensors[0]].shape != types[v].shape:
+            return None
+        if chain and (readers.get(v, 0) != 1 or v in outputs):
+            return None
+        chain.append(n)
+        v = tensors[0]
+    if chain and (readers.get(v, 0) != 1 or v in outputs):
+        return None
+    if v in graph.inputs:
+        return chain[::-1], v, 0, None
+    n = producer.get(v)
+    if n is None or n.op != "slice" or n.inputs[0] not in graph.inputs:
+        return None
+    attrs = canonical_attrs(n, [types[n.inputs[0]]])
+    src = types[n.inputs[0]]
+    out = types[v]
+    if any(st != 1 for st in attrs["steps"]):
+        return None
+    if any(src.shape[d] != out.shape[d] for d in range(src.rank) if d != axis):
+        return None  # sliced on another axis too: not a read along the concat axis
+    start = 0
+    for ax, s in zip(attrs["axes"], attrs["starts"]):
+        if ax == axis:
+            start = s if s >= 0 else s + src.shape[axis]
+    return chain[::-1], n.inputs[0], max(0, start), n
+
+
+def lower_concats(graph: Graph) -> Graph:
+    """``graph`` with each concat whose inputs are elementwise chains over slices of graph
+    inputs (or graph inputs themselves) rewritten as rolled reads and selects (module
+    docstring); ``graph`` itself when there is none. Values and outputs are unchanged."""
+    producer = {o: n for n in graph.nodes for o in n.outputs}
+    readers: dict[str, int] = {}
+    for n in graph.nodes:
+        for v in set(n.inputs):
+            readers[v] = readers.get(v, 0) + 1
+    outputs = set(graph.outputs)
+    types = dict(graph.types)
+    consts = list(graph.constants)
+    drop: set[int] = set()
+    replace: dict[int, list[Node]] = {}
+    taken = set(types)
+
+    def fresh(base: str) -> str:
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
+
+    ids = {id(n): i for i, n in enumerate(graph.nodes)}
+    for i, n in enumerate(graph.nodes):
+        if n.op != "concat":
+            continue
+        t = types[n.outputs[0]]
+        axis = canonical_attrs(n, [types[v] for v in n.inputs])["axis"]
+        branches = [_branch(graph, v, axis, producer, readers, outputs) for v in n.inputs]
+        if any(b is None for b in branches) or any(readers.get(v, 0) != 1 for v in set(n.inputs)):
+            continue
+        new: list[Node] = []
+        vals: list[str] = []
+        off = 0
+        for v, (chain, src, start, cut) in zip(n.inputs, branches):
+            st = types[src]
+            idx = np.array([(c - off + start) % st.shape[axis] for c in range(t.shape[axis])], np.int64)
+            cname = fresh(f"{n.outputs[0]}__roll{len(vals)}")
+            consts.append((cname, Constant(TensorType((len(idx),), "int64"), idx.tobytes())))
+            types[cname] = TensorType((len(idx),), "int64")
+            cur = fresh(f"{n.outputs[0]}__read{len(vals)}")
+            types[cur] = TensorType(t.shape, st.dtype)
+            new.append(Node("gather", (src, cname), (cur,), {"axis": axis}))
+            for c in chain:
+                out = fresh(f"{c.outputs[0]}__full")
+                scalar = graph.constant_map
+                ins = tuple(x if x in scalar and scalar[x].type.numel == 1 else cur for x in c.inputs)
+                types[out] = TensorType(t.shape, types[c.outputs[0]].dtype)
+                new.append(Node(c.op, ins, (out,), c.attrs))
+                drop.add(ids[id(c)])
+                cur = out
+            if cut is not None:
+                drop.add(ids[id(cut)])
+            vals.append(cur)
+            off += types[v].shape[axis]
+        # select from the last branch backwards: element c of the axis takes branch k when c < o_{k+1}
+        acc = vals[-1]
+        bounds = np.cumsum([types[v].shape[axis] for v in n.inputs])
+        mshape = (t.shape[axis],) + (1,) * (t.rank - 1 - axis)
+        for k in range(len(vals) - 2, -1, -1):
+            mask = (np.arange(t.shape[axis]) < bounds[k]).astype(np.uint8).reshape(mshape)
+            mname = fresh(f"{n.outputs[0]}__first{k}")
+            consts.append((mname, Constant(TensorType(mshape, "bool"), mask.tobytes())))
+            types[mname] = TensorType(mshape, "bool")
+            out = n.outputs[0] if k == 0 else fresh(f"{n.outputs[0]}__sel{k}")
+            types[out] = t
+            new.append(Node("where", (mname, vals[k], acc), (out,)))
+            acc = out
+        replace[i] = new
+        drop.add(i)
+    if not replace:
+        return graph
+    nodes: list[Node] = []
+    for i, n in enumerate(graph.nodes):
+        if i in replace:
+            nodes += replace[i]
+        elif i not in drop:
+            nodes.append(n)
+    used = {v for n in nodes for v in n.inputs} | set(graph.outputs)
+    keep_types = {v: tt for v, tt in types.items() if v in used or v in graph.inputs
+                  or any(v in n.outputs for n in nodes)}
+    return infer_graph(Graph(graph.inputs, graph.outputs, tuple(nodes), keep_types,
+                             tuple((c, k) for c, k in consts if c in used), graph.name))
