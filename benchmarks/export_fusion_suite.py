@@ -9,7 +9,8 @@ Two steps, in two environments (not run in CI):
     python benchmarks/export_fusion_suite.py cut WORK_DIR [--out DIR]
 
 Step 1 writes each model at each of its shapes (batch 1 and a serving batch, two sequence
-lengths for transformers; CNNs with a symbolic batch, sized at import) as structure-only ONNX
+lengths for transformers, some in float16 too; CNNs with a symbolic batch, sized at import)
+as structure-only ONNX
 (weights stripped) plus ``models.json``. Models are built from their library's default configs
 with random weights; transformers keep 2 layers (the layers repeat: more add no workload).
 Training graphs are the backward passes of normalizations, softmax, activations and the loss,
@@ -43,9 +44,14 @@ from typing import Any
 OUT = Path(__file__).resolve().parent.parent / "data" / "graphs" / "generalization"
 MIN_FLOOR_BYTES = 64 * 1024  # smaller regions are launch-bound, not memory-bound
 SIBLING_MIN_ELEMS = 16384    # a shared input this large makes sibling regions one
+# Below this floor a kernel's time is mostly launch and tail, not bytes: "fraction of the
+# bandwidth floor" means little there (the manifest's tier says which side a workload is on).
+BANDWIDTH_TIER_BYTES = 16 * 2**20
+H200_BYTES_PER_US = 4.8e6  # 4.8 TB/s, the H200's HBM3e peak
 TABLE_RATIO = 4              # a gather reading a graph input this much larger is a table lookup
 TX_SHAPES = ((1, 128), (16, 128), (8, 512))  # (batch, sequence) of the transformers
 CNN_BATCHES = (1, 16)
+HALF = (("bert", 16, 128), ("gpt2", 16, 128), ("llama", 16, 128), ("vit", 16, 128))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +284,13 @@ def export_models(work: Path, only: list[str] | None) -> None:
                 model, args, names = build(batch, seq)
                 _export(_First(model.eval(), names), args, names, path)
             run(name, f"{name}_b{batch}_s{seq}.onnx", [{}], fn)
+    for name, batch, seq in HALF:  # float16 serving: the casts exporters put around softmax/norms
+        def fn(path, build=TRANSFORMERS[name], batch=batch, seq=seq):
+            model, args, names = build(batch, seq)
+            model = model.half().eval()
+            args = tuple(a.half() if a.is_floating_point() else a for a in args)
+            _export(_First(model, names), args, names, path)
+        run(name, f"{name}_fp16_b{batch}_s{seq}.onnx", [{}], fn)
     for name, (build, size) in CNNS.items():
         def fn(path, build=build, size=size):
             _export(build().eval(), (torch.randn(1, 3, size, size),), ["pixels"], path,
@@ -303,6 +316,11 @@ def export_models(work: Path, only: list[str] | None) -> None:
                 args = [torch.randint(0, s[2], s[1]) if s[0] == "int" else torch.randn(s)
                         for s in shapes]  # ("int", shape, high): class labels
                 gm = make_fx(fn_, decomposition_table=decomp)(*args)
+                for node in gm.graph.nodes:  # the TorchScript exporter squeezes one dim only
+                    if node.target == aten.squeeze.dims:
+                        node.target = aten.reshape.default
+                        node.args = (node.args[0], list(node.meta["val"].shape))
+                gm.recompile()
                 names = [f"in{i}" for i in range(len(args))]
                 _export(gm, tuple(args), names, path)
             run(f"train_{name}", f"train_{name}_{k}.onnx", [{}], fn)
@@ -446,12 +464,15 @@ def cut(work: Path, out: Path, plan: bool) -> None:
                            "ops": ops_text(tuple(n.op for n in back.nodes)),
                            "dtypes": sorted({back.type_of(v).dtype for v in back.inputs}),
                            "floor_bytes": back.floor_bytes(),
+                           "floor_us_h200": round(back.floor_bytes() / H200_BYTES_PER_US, 2),
+                           "tier": "bandwidth" if back.floor_bytes() >= BANDWIDTH_TIER_BYTES else "launch",
                            "planned_kernels": _planned_kernels(back) if plan else None}
                 print(name, seen[h]["ops"][:90], flush=True)
     entries = sorted(seen.values(), key=lambda w: w["name"])
     manifest = {"about": "maximal memory-bound subgraphs of real models, deduplicated by the "
                          "graph hash of the stored ONNX (benchmarks/export_fusion_suite.py)",
                 "counts": {**counts, "workloads": len(entries),
+                           "bandwidth_tier": sum(1 for w in entries if w["tier"] == "bandwidth"),
                            "by_kind": {k: sum(1 for w in entries if w["kind"] == k)
                                        for k in sorted({w["kind"] for w in entries})}},
                 "workloads": entries}
