@@ -86,3 +86,29 @@ def test_recorded_curve_stores_the_same_rows_on_one_and_two_workers(tmp_path: Pa
         assert p["ideal_s"] > 0 and p["client_cpu_ms_per_candidate"] > 0
     assert one["rows_digest"] == two["rows_digest"] and len(two["per_worker"]) == 2
     assert one["ideal_s"] == pytest.approx(r["recorded_device_s"], rel=1e-6)
+
+
+DAEMON = "__import__('multiprocessing').current_process().daemon"
+
+
+@pytest.mark.slow
+def test_local_workers_may_start_processes_and_daemonic_ones_say_why_not(tmp_path: Path) -> None:
+    import dask
+    from distributed import Client, LocalCluster
+
+    from tunedb.collect.dask_backend import ClusterError, open_client, run_cluster
+    from tunedb.store import SharedWriter
+
+    client, lc = open_client("local", 1, "emu")
+    try:  # a GPU device runs its measurements and compiles in child processes
+        assert list(client.run(eval, DAEMON).values()) == [False]
+    finally:
+        client.close()
+        lc.close()
+    with dask.config.set({"distributed.worker.daemon": True}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as c:
+        assert list(c.run(eval, DAEMON).values()) == [True]
+        with SharedWriter(tmp_path / "x.duckdb") as store, pytest.raises(ClusterError) as e:
+            run_cluster(FusionCollector(), store, c, "cuda", "quick")
+    msg = str(e.value)
+    assert "\n" not in msg and "daemonic" in msg and "DASK_DISTRIBUTED__WORKER__DAEMON=False" in msg

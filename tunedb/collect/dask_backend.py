@@ -18,6 +18,7 @@ nothing it committed; the next run skips every candidate measured on any of the 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -46,6 +47,10 @@ class ClusterError(CollectError):
 def _worker_device(spec: str) -> Any:
     dev = _DEVICES.get(spec)
     if dev is None:
+        if spec in ("cuda", "gpu") and multiprocessing.current_process().daemon:
+            # CudaDevice runs the GPU and its compiles in child processes; a daemonic one has none.
+            raise ClusterError("this Dask worker is a daemonic process and a GPU device needs child "
+                               "processes: start workers with DASK_DISTRIBUTED__WORKER__DAEMON=False")
         dev = _DEVICES[spec] = open_device(spec)
     return dev
 
@@ -69,6 +74,7 @@ def measure_batch(spec: str, workload_json: str, requests_json: str, pace_s: flo
         os.kill(os.getpid(), signal.SIGKILL)
     requests = [MeasureRequest(r["candidate_hash"], r.get("plan") or {}, r.get("error", ""))
                 for r in json.loads(requests_json)]
+    dev.prefetch(requests, workload=workload)  # a GPU compiles the batch in its pool meanwhile
     out: list[dict | None] = [None] * len(requests)
     paces = pace_s if isinstance(pace_s, list) else [pace_s] * len(requests)
     due = time.monotonic()
@@ -136,7 +142,9 @@ def open_client(cluster: str, n_workers: int | None = None, device: str = "cuda"
             return Client(cluster, timeout="10s"), None
         except (OSError, TimeoutError) as e:
             raise ClusterError(f"cannot reach the Dask scheduler at {cluster}: {e}") from None
-    dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
+    # Worker processes must not be daemonic: a GPU device starts child processes of its own.
+    dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
+                     "distributed.worker.daemon": False})
     if device in ("cuda", "gpu"):
         try:
             from dask_cuda import LocalCUDACluster
