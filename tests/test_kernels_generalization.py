@@ -223,7 +223,20 @@ def kv_append(B: int = 2, H: int = 3, P: int = 5, N: int = 2, D: int = 8):
     return b.build([b.concat(past, b.mul(new, 0.5), axis=2)])
 
 
-MOVEMENT = [rotary(), rotary(2, 2, 8, 64, "float16", "bsd"), kv_append(), kv_append(1, 4, 30, 3, 32)]
+def glu_split(B: int = 2, S: int = 6, F: int = 24, how: str = "split", dtype: str = "float32"):
+    """SwiGLU over a fused gate/up projection: silu(a) * b of its two halves (split or slices)."""
+    b = GraphBuilder(f"glu_{how}_{B}x{S}x{F}_{dtype}")
+    x = b.input("x", (B, S, 2 * F), dtype)
+    if how == "split":
+        g, u = b.op("split", x, name=["g", "u"], axis=2, sizes=(F, F))
+    else:
+        g = b.slice(x, starts=(0,), ends=(F,), axes=(2,))
+        u = b.slice(x, starts=(F,), ends=(2 * F,), axes=(2,))
+    return b.build([b.mul(b.mul(g, b.sigmoid(g)), u)])
+
+
+MOVEMENT = [rotary(), rotary(2, 2, 8, 64, "float16", "bsd"), kv_append(), kv_append(1, 4, 30, 3, 32),
+            glu_split(), glu_split(2, 3, 40, "slice", "bfloat16")]
 
 
 def test_concats_of_slices_are_rolled_reads():
@@ -235,7 +248,8 @@ def test_concats_of_slices_are_rolled_reads():
     assert set(dict(k.idx_src).values()) == {"past", "new"}
 
 
-@pytest.mark.parametrize("graph", [rotary(8, 32, 512, 128), kv_append(8, 32, 1000, 1, 128)])
+@pytest.mark.parametrize("graph", [rotary(8, 32, 512, 128), kv_append(8, 32, 1000, 1, 128),
+                                   glu_split(8, 512, 4096), glu_split(8, 512, 4096, "slice")])
 def test_movement_plans_as_one_kernel(graph):
     plan = tunedb.compile(graph, cost_model=False, device=None)
     assert [s.kind for s in plan.steps] == ["fused"]

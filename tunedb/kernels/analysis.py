@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tunedb.graph.ir import Graph, Node
-from tunedb.graph.ops import canonical_attrs
+from tunedb.graph.ops import canonical_attrs, slice_bounds
 from tunedb.kernels.domain import (  # noqa: F401  (class names and the error, re-exported)
     BCOL,
     COL,
@@ -308,6 +308,8 @@ class _Classifier:
                 self.gather(node, attrs, what)
             elif op == "gather":
                 self.rolled(node, attrs, what)
+            elif op in ("slice", "split"):
+                self.sliced(node, attrs, what)
             else:
                 raise UnsupportedFusion(f"{what}: op {op!r} is not supported by the fused-kernel generator")
 
@@ -383,6 +385,30 @@ class _Classifier:
         self.isrc[out] = data
         self.cls[out] = self.cls[idx] = IDX  # the indices are folded into the map
         self.dep[out] = self.dep[idx] = 0
+
+    def sliced(self, node: Node, attrs: dict, what: str) -> None:
+        """Full-size pieces of a graph input cut along one axis (the halves of a fused gate/up
+        projection): each an index map of the input at an offset, never a copy."""
+        data = node.inputs[0]
+        shape = self.types[data].shape
+        if node.op == "split":
+            starts = [sum(attrs["sizes"][:k]) for k in range(len(node.outputs))]
+            pieces = [(o, attrs["axis"], st) for o, st in zip(node.outputs, starts)]
+        else:
+            bounds = slice_bounds([shape[a] for a in attrs["axes"]], attrs["starts"], attrs["ends"],
+                                  attrs["steps"])
+            cut = [(a, b[0]) for a, b, st in zip(attrs["axes"], bounds, attrs["steps"])
+                   if b[2] != shape[a] or st != 1]
+            if len(cut) != 1 or any(st != 1 for st in attrs["steps"]):
+                raise UnsupportedFusion(f"{what}: only a unit-step slice along one axis is read in place")
+            pieces = [(node.outputs[0], cut[0][0], cut[0][1])]
+        for out, ax, start in pieces:
+            if data not in self.g.inputs or self.numel(out) != self.N:
+                raise UnsupportedFusion(f"{what}: only full-size pieces of graph inputs are read in place")
+            self.imaps[out] = rolled_map(self.types[out].shape, shape, ax, start)
+            self.isrc[out] = data
+            self.cls[out] = IDX
+            self.dep[out] = 0
 
     def gather(self, node: Node, attrs: dict, what: str) -> None:
         data, idx, out = node.inputs[0], node.inputs[1], node.outputs[0]

@@ -89,7 +89,13 @@ def domains(graph: Graph) -> list[tuple[int, int]]:
     """Candidate (R, C) splits, most natural first: reductions and transposes fix the split;
     otherwise C is the innermost dim of the largest value, then wider column blocks."""
     types = graph.type_map
-    big = max((t.numel for t in types.values()), default=0)
+    # an input read only in pieces (slices, splits, rolled reads) is not evaluated on the domain
+    readers: dict[str, set[str]] = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            readers.setdefault(v, set()).add(n.op)
+    pieces = {v for v in graph.inputs if readers.get(v) and readers[v] <= {"slice", "split", "gather"}}
+    big = max((t.numel for v, t in types.items() if v not in pieces), default=0)
     out: list[tuple[int, int]] = []
 
     def add(R: int, C: int) -> None:
@@ -115,7 +121,8 @@ def domains(graph: Graph) -> list[tuple[int, int]]:
             split = batched_transpose(tuple(attrs["perm"]), t.shape)
             if split is not None:
                 add(split[0] * split[1], split[2])
-    for t in sorted({t.shape for t in types.values() if t.numel == big}, key=lambda s: (-len(s), s)):
+    for t in sorted({t.shape for v, t in types.items() if t.numel == big and v not in pieces},
+                    key=lambda s: (-len(s), s)):
         for q in range(len(t) - 1, 0, -1):
             add(math.prod(t[:q]), math.prod(t[q:]))
         add(1, big)

@@ -158,8 +158,17 @@ class Frame:
         imaps = dict(self.a.idx_maps)
         for v in leaves:
             if v in imaps:
-                flat = f"{row if row.isidentifier() else f'({row})'} * {self.C}LL + {col} + k"
-                env[v] = self.conv(v, f"{self.param[v]}[{index_expr(imaps[v], flat, self.R * self.C)}]")
+                r = row if row.isidentifier() else f"({row})"
+                m = imaps[v]
+                if V > 1 and V * DTYPE_BYTES[self.dtype(v)] <= 16 and _vector_map(m, V):
+                    # V consecutive elements stay consecutive and aligned in the source: one load
+                    at = index_expr(m, f"{r} * {self.C}LL + {col}", self.R * self.C)
+                    load = self.vec_load(v, at, V)
+                    lines.append(f"const tdb_vec<{self.st(v)}, {V}> il_{self.n(v)} = {load};")
+                    env[v] = self.conv(v, f"il_{self.n(v)}.v[k]")
+                    continue
+                flat = f"{r} * {self.C}LL + {col} + k"
+                env[v] = self.conv(v, f"{self.param[v]}[{index_expr(m, flat, self.R * self.C)}]")
                 continue
             idx = self.bcol_index(v, row, col)
             if V * DTYPE_BYTES[self.dtype(v)] > 16:
@@ -183,6 +192,17 @@ class Frame:
 
     def conv(self, v: str, raw: str) -> str:
         return load_conv(self.dtype(v), raw)
+
+
+def _vector_map(m: tuple[tuple[int, ...], ...], V: int) -> bool:
+    """Whether an index map sends every V-aligned run of V domain elements to V consecutive,
+    V-aligned source elements: its innermost term steps by 1 over whole vectors (a shift and a
+    wrap that keep vectors whole) and every other term steps by multiples of V."""
+    if not m or m[-1][0] != 1 or m[-1][2] != 1 or m[-1][1] % V:
+        return False
+    if len(m[-1]) == 5 and (m[-1][3] % V or m[-1][4] % V):
+        return False
+    return all(t[2] % V == 0 for t in m[:-1])
 
 
 class KText:

@@ -29,7 +29,7 @@ FUSABLE_OPS = frozenset((
     "add", "sub", "mul", "div", "pow", "max", "min", "mod", "eq", "ne", "lt", "le", "gt", "ge",
     "and", "or", "where", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod",
     "reshape", "squeeze", "unsqueeze", "expand", "identity", "transpose", "gather_elements",
-    "slice", "concat"))  # slices and concats of inputs: rolled reads (tunedb.kernels.movement)
+    "slice", "split", "concat"))  # pieces of inputs: index maps (tunedb.kernels.movement)
 COMPUTE_KIND = {"matmul": "matmul", "gemm": "gemm", "conv2d": "conv2d", "max_pool2d": "pool",
                 "avg_pool2d": "pool", "global_avg_pool": "pool", "global_max_pool": "pool"}
 INLINE_CONST_ELEMS = 1
