@@ -3,11 +3,18 @@ family out), on the same features and rows, one after the other in this process.
 
     python benchmarks/costmodel_variants.py --export data/fusion_h200_v2 --out variants.json
 
-Variants: ``regression`` (the default: squared error on log latency over the floor),
-``top_weighted`` (the same with row weights 0.1 + exp(-gap / 0.1), gap = latency / best of
-the workload - 1), ``rank_pairwise`` and ``rank_ndcg`` (XGBoost's ranking objectives, calibrated
-to microseconds). Prints one table per split and writes every number, the CPU seconds of each
-variant, argv and the git commit as JSON.
+Variants: ``regression`` (squared error on log latency over the floor), ``top_weighted``
+(the default: the same with row weights 0.1 + exp(-gap / 0.1), gap = latency / best of the
+workload - 1), ``top_weighted_wide`` (gap scale 0.2), ``rank_pairwise`` and ``rank_ndcg``
+(XGBoost's ranking objectives, calibrated to microseconds). Prints one table per split and
+writes every number, the CPU seconds of each variant, argv and the git commit as JSON.
+
+    python benchmarks/costmodel_variants.py --kind packing --export data/packing_h200
+
+scores the packing kind's model (``tunedb.costmodel.packing``: its features, settings and rounds,
+one thread) on the same four splits through ``evaluate_fits``: op is the scenario part of the
+workload's name (``bert_ffn_up``, ``replicas_r8``), shape its member shapes or the tenants'
+sequence lengths, family its scenario family.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from tunedb.bench.provenance import provenance as _provenance
-from tunedb.costmodel.evaluate import SPLITS, evaluate_splits
+from tunedb.costmodel.evaluate import SPLITS, Labels, evaluate_fits, evaluate_splits
 from tunedb.costmodel.features import DeviceFacts, featurize_frame
 from tunedb.costmodel.fit import clean_frame, frame_labels
 from tunedb.costmodel.metrics import METRIC_KEYS, METRIC_SHORT_NAMES
@@ -35,6 +42,7 @@ from tunedb.store import TuningStore
 VARIANTS: dict[str, dict[str, Any]] = {
     "regression": {"objective": "reg:squarederror"},
     "top_weighted": {"objective": "reg:squarederror", "top_weight": 0.1},
+    "top_weighted_wide": {"objective": "reg:squarederror", "top_weight": 0.2},
     "rank_pairwise": {"objective": "rank:pairwise"},
     "rank_ndcg": {"objective": "rank:ndcg"},
 }
@@ -54,6 +62,35 @@ def load(export: Path) -> tuple[np.ndarray, np.ndarray, Any, str]:
     return X, t["median_us"].to_numpy(zero_copy_only=False).astype(np.float64), frame_labels(t), board
 
 
+def packing_results(export: Path, splits: list[str], folds: int) -> tuple[dict[str, Any], int]:
+    """The packing kind's model on the four splits (held-out metrics per split) and its rows."""
+    import pyarrow.parquet as pq
+    import xgboost as xgb
+
+    from tunedb.costmodel import packing
+
+    frame = packing.load_frame(export)
+    names = {r["hash"]: r["name"] for r in pq.read_table(export / "workloads.parquet").to_pylist()}
+    parts = [names[g].rsplit("_", 2) for g in frame["groups"]]  # <scenario>_<shapes>_<dtype>
+    labels = Labels.of(frame["groups"], op=[p[0] for p in parts], shape=[p[1] for p in parts],
+                       family=frame["families"])
+    X, y = frame["X"], frame["y"]
+
+    def fit(tr: np.ndarray) -> Any:
+        # One thread: on a couple of thousand rows more threads only wait for each other.
+        b = xgb.train({**packing.PARAMS, "nthread": 1}, xgb.DMatrix(X[tr], label=np.log(y[tr])),
+                      packing.ROUNDS)
+        return lambda te: np.exp(b.predict(xgb.DMatrix(X[te])))
+
+    cpu = time.process_time()
+    ev = evaluate_fits(fit, y, labels, splits=splits, folds=folds)
+    out: dict[str, Any] = {s: {k: ev[s].get(k) for k in (*METRIC_KEYS, "folds", "rows", "workloads")}
+                           for s in splits if ev[s]}
+    out["cpu_s"] = time.process_time() - cpu
+    out["params"] = {**packing.PARAMS, "nthread": 1, "rounds": packing.ROUNDS}
+    return out, int(len(y))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--export", type=Path, default=Path("data/fusion_h200_v2"))
@@ -62,7 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--bag", type=int, default=5, help="boosters averaged per model (the default is 5)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--kind", choices=("fusion", "packing"), default="fusion",
+                    help="packing: the packing kind's model on --export (its variants are not tried)")
     args = ap.parse_args(argv)
+    if args.kind == "packing":
+        res, rows = packing_results(args.export, args.splits, args.folds)
+        _print_tables({"packing": res}, args.splits)
+        if args.out:
+            args.out.write_text(json.dumps({**_provenance(), "export": str(args.export), "kind": "packing",
+                                            "rows": rows, "results": {"packing": res}}, indent=1) + "\n")
+        return 0
     X, y, labels, board = load(args.export)
     print(f"{len(y):,} candidates, {len(np.unique(labels.workload))} workloads, board {board}", flush=True)
     results: dict[str, Any] = {}
@@ -77,17 +123,22 @@ def main(argv: list[str] | None = None) -> int:
         results[name]["wall_s"] = time.perf_counter() - wall
         results[name]["params"] = VARIANTS[name] | {"bag": args.bag}
         print(f"{name}: {results[name]['cpu_s']:.0f} CPU s", flush=True)
-    for split in args.splits:
-        print(f"\n{split}")
-        print(f"{'variant':<15}" + "".join(f"{SHORT[k]:>10}" for k in METRIC_KEYS))
-        for name in args.variants:
-            m = results[name].get(split, {})
-            print(f"{name:<15}" + "".join(f"{m.get(k, float('nan')):>10.4f}" for k in METRIC_KEYS))
+    _print_tables(results, args.splits)
     if args.out:
         args.out.write_text(json.dumps({**_provenance(), "export": str(args.export),
                                         "board": board, "rows": int(len(y)), "results": results},
                                        indent=1) + "\n")
     return 0
+
+
+def _print_tables(results: dict[str, Any], splits: list[str]) -> None:
+    for split in splits:
+        print(f"\n{split}")
+        print(f"{'variant':<18}" + "".join(f"{SHORT[k]:>10}" for k in METRIC_KEYS))
+        for name, res in results.items():
+            m = res.get(split, {})
+            print(f"{name:<18}" + "".join(f"{(m.get(k) if m.get(k) is not None else float('nan')):>10.4f}"
+                                          for k in METRIC_KEYS))
 
 
 if __name__ == "__main__":

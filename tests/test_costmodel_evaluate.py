@@ -104,3 +104,22 @@ def test_packing_kind_scores_on_the_four_splits() -> None:
         assert ev[split]["pairwise_accuracy"] > 0.6  # far above random (0.5)
     # Unseen scenarios are harder than unseen workloads of known ones.
     assert ev["leave_family_out"]["top1_score"] <= ev["by_workload"]["top1_score"] + 0.01
+
+
+@pytest.mark.slow  # 4 packing models of 150 rounds
+def test_variants_script_scores_the_packing_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    import json
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "costmodel_variants.py"
+    spec = importlib.util.spec_from_file_location("costmodel_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "packing.json"
+    assert mod.main(["--kind", "packing", "--export", str(PACKING), "--folds", "2",
+                     "--splits", "by_workload", "leave_family_out", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    res = doc["results"]["packing"]
+    assert doc["kind"] == "packing" and set(res) >= {"by_workload", "leave_family_out", "cpu_s"}
+    assert res["by_workload"]["folds"] == 2 and 0.5 < res["by_workload"]["top1_score"] <= 1.0
+    assert "leave_family_out" in capsys.readouterr().out
