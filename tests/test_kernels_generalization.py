@@ -266,3 +266,21 @@ def test_movement_matches_reference_in_emulation(tmp_path):
     failures = mismatches(lib, jobs)
     assert not failures, "\n".join(failures[:20])
     assert len(jobs) >= 12
+
+
+def test_global_pooling_is_its_reduction_and_fuses_with_its_neighbours():
+    from tunedb.graph.reference import example_feeds
+    from tunedb.kernels.split_reduce import split_reductions
+
+    b = GraphBuilder("squeeze_excite")
+    x = b.input("x", (8, 64, 14, 14))
+    pooled = b.op("global_avg_pool", x)
+    g = b.build([b.mul(x, b.sigmoid(b.op("global_max_pool", b.mul(x, pooled))))])
+    s = split_reductions(g)
+    pools = [n.op for n in s.nodes if "pool" in n.op or n.op.startswith("reduce")]
+    assert pools == ["reduce_mean", "reduce_max"]
+    feeds = example_feeds(g)
+    want, got = run_reference(g, feeds), run_reference(s, feeds)
+    np.testing.assert_allclose(got[g.outputs[0]], want[g.outputs[0]], rtol=1e-12)
+    plan = tunedb.compile(g, cost_model=False, device=None)
+    assert {st.kind for st in plan.steps} == {"fused"}

@@ -8,6 +8,10 @@ max, min and product are all associative that way), so it is rewritten as a chai
 with the most elements first (the largest cut in the data: [N, C, H, W] -> [N, C, 1, 1]), then
 the next, keeping dims; a reshape gives the original output shape. The first link reads the
 full tensor in a generated row or column reduction; the later ones are small.
+
+Global average / max pooling is the mean / max over the spatial axes, keeping them: written as
+that reduction it fuses with its neighbours (a squeeze-excite block's pool and the scaling
+after it) instead of being a pooling step of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import math
 from tunedb.graph.ir import Graph, Node, TensorType
 from tunedb.graph.ops import canonical_attrs, infer_graph
 from tunedb.kernels.domain import REDUCE_OPS
+
+GLOBAL_POOLS = {"global_avg_pool": "reduce_mean", "global_max_pool": "reduce_max"}
 
 
 def axis_blocks(axes: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -32,12 +38,19 @@ def axis_blocks(axes: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 def split_reductions(graph: Graph) -> Graph:
     """``graph`` with every reduction over non-adjacent axes split into a chain of reductions
-    over adjacent ones (module docstring); ``graph`` itself when there is none."""
+    over adjacent ones, and global pooling as its reduction (module docstring); ``graph``
+    itself when there is neither."""
     types = dict(graph.types)
     taken = set(types)
     nodes: list[Node] = []
     changed = False
     for n in graph.nodes:
+        if n.op in GLOBAL_POOLS and types[n.inputs[0]].dtype in ("float32", "float16", "bfloat16"):
+            changed = True
+            rank = types[n.inputs[0]].rank
+            nodes.append(Node(GLOBAL_POOLS[n.op], n.inputs[:1], n.outputs,
+                              {"axes": tuple(range(2, rank)), "keepdims": 1}))
+            continue
         if n.op not in REDUCE_OPS:
             nodes.append(n)
             continue
