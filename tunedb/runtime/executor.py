@@ -64,7 +64,7 @@ ALIGN = 256
 COMPUTE_DIRECT: dict[str, frozenset[str]] = {
     "matmul": frozenset(("float32", "float16", "bfloat16")),
     "gemm": frozenset(("float32", "float16", "bfloat16")),
-    "conv2d": frozenset(("float32",)), "max_pool2d": frozenset(("float32",)),
+    "conv2d": frozenset(("float32", "bfloat16")), "max_pool2d": frozenset(("float32",)),
     "avg_pool2d": frozenset(("float32",)), "global_avg_pool": frozenset(("float32",)),
     "global_max_pool": frozenset(("float32",)),
 }

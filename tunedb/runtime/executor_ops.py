@@ -9,8 +9,10 @@ launch can be captured into a CUDA graph.
   because CuPy refuses cuBLAS calls while a stream captures a CUDA graph. float32 stays float32
   (TF32 only with ``CUPY_TF32=1``, which the executor reports); gemm's ``beta * C`` is cuBLAS's
   ``beta`` on a copy of C already in the output.
-* conv2d: a 1x1 stride-1 convolution is one GEMM over the channels; any other is an im2col kernel
-  into a scratch buffer then one batched GEMM (CuPy 14 has no cuDNN), then a broadcast bias add.
+* conv2d: a 1x1 stride-1 convolution is one GEMM over the channels; a depthwise one is one
+  kernel; any other is an im2col kernel into a scratch buffer then one batched GEMM (CuPy 14 has
+  no cuDNN), then a broadcast bias add. float32 and bfloat16 (im2col moves the 16-bit bits, the
+  GEMM accumulates in fp32, the depthwise and bias kernels round once to nearest even).
 * pools: one window kernel per pool (max, average with or without the padding counted); global
   pools are the same kernel with one window over all spatial positions (CuPy reductions may
   allocate while capturing).
@@ -33,89 +35,12 @@ import numpy as np
 from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node, TensorType
 from tunedb.graph.ops import check_node, slice_bounds
 from tunedb.runtime.copykernel import strided_copy
+from tunedb.runtime.executor_kernels import KERNEL_SOURCE
 from tunedb.runtime.inputs import bf16_bits
 
 Launch = Callable[[], None]
 BLOCK = 256
 NVRTC_OPTIONS = ("-std=c++17",)
-
-_POOL = r"""
-extern "C" __global__ void tdbx_pool2d_@N@(const @T@* __restrict__ x, @T@* __restrict__ y,
-    long long total, long long H, long long W, long long OH, long long OW, long long KH,
-    long long KW, long long SH, long long SW, long long PT, long long PL, long long PB,
-    long long PR, long long DH, long long DW, long long mode) {
-  // mode 0: max (padding never wins; NaN sticks), 1: average over the real elements,
-  // 2: average counting the declared padding too (never a ceil-mode overhang).
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    long long ow = i % OW, t = i / OW;
-    long long oh = t % OH, nc = t / OH;
-    const @T@* xp = x + nc * H * W;
-    @T@ acc = mode == 0 ? @NEGINF@ : (@T@)0;
-    long long cnt = 0;
-    for (long long kh = 0; kh < KH; ++kh) {
-      long long ih = oh * SH - PT + kh * DH;
-      for (long long kw = 0; kw < KW; ++kw) {
-        long long iw = ow * SW - PL + kw * DW;
-        bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
-        if (inside) {
-          @T@ v = xp[ih * W + iw];
-          if (mode == 0) { if (v > acc || v != v) acc = v; } else { acc += v; }
-        }
-        if (mode == 1 ? inside : (ih >= -PT && ih < H + PB && iw >= -PL && iw < W + PR)) ++cnt;
-      }
-    }
-    y[i] = mode == 0 ? acc : acc / (@T@)(cnt > 0 ? cnt : 1);
-  }
-}
-"""
-
-KERNEL_SOURCE = r"""
-extern "C" __global__ void tdbx_im2col_f32(const float* __restrict__ x, float* __restrict__ cols,
-    long long total, long long C, long long H, long long W, long long OH, long long OW,
-    long long KH, long long KW, long long SH, long long SW, long long PT, long long PL,
-    long long DH, long long DW) {
-  // cols[n, c, kh, kw, oh, ow] = x[n, c, oh*SH - PT + kh*DH, ow*SW - PL + kw*DW] (0 outside);
-  // viewed as [N, G, C/G*KH*KW, OH*OW] it is the right operand of one batched GEMM per group.
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    long long ow = i % OW, t = i / OW;
-    long long oh = t % OH; t /= OH;
-    long long kw = t % KW; t /= KW;
-    long long kh = t % KH; t /= KH;
-    long long c = t % C, n = t / C;
-    long long ih = oh * SH - PT + kh * DH, iw = ow * SW - PL + kw * DW;
-    cols[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * W + iw] : 0.0f;
-  }
-}
-
-extern "C" __global__ void tdbx_dwconv2d_f32(const float* __restrict__ x, const float* __restrict__ w,
-    const float* __restrict__ b, float* __restrict__ y, long long total, long long C, long long H,
-    long long W, long long OH, long long OW, long long KH, long long KW, long long SH, long long SW,
-    long long PT, long long PL, long long DH, long long DW, long long has_bias) {
-  // Depthwise convolution (groups = in = out channels), bias included: one output per thread.
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    long long ow = i % OW, t = i / OW;
-    long long oh = t % OH, nc = t / OH;
-    const float* xp = x + nc * H * W;
-    const float* wp = w + (nc % C) * KH * KW;
-    float acc = has_bias ? b[nc % C] : 0.0f;
-    for (long long kh = 0; kh < KH; ++kh) {
-      long long ih = oh * SH - PT + kh * DH;
-      if (ih < 0 || ih >= H) continue;
-      for (long long kw = 0; kw < KW; ++kw) {
-        long long iw = ow * SW - PL + kw * DW;
-        if (iw >= 0 && iw < W) acc += xp[ih * W + iw] * wp[kh * KW + kw];
-      }
-    }
-    y[i] = acc;
-  }
-}
-""" + "".join(_POOL.replace("@T@", t).replace("@N@", n).replace("@NEGINF@", inf) for t, n, inf in (
-    ("float", "f32", "-__int_as_float(0x7f800000)"),
-    ("double", "f64", "-__longlong_as_double(0x7ff0000000000000LL)")))
-
 
 class KernelSet:
     """The executor's own CUDA kernels (im2col, pools), compiled once per process."""
@@ -484,6 +409,7 @@ class ComputeOps:
         (sh, sw), (pt, pl, _, _), (dh, dw) = a["strides"], a["pads"], a["dilations"]
         _, _, oh, ow = out.shape
         steps: list[Launch] = []
+        bf16 = out.dtype == np.uint16  # bfloat16 bits: GEMMs on cuBLAS, kernels on the bits
         if (kh, kw, sh, sw, dh, dw, g) == (1, 1, 1, 1, 1, 1, 1) and not any(a["pads"]):
             w2, x3, y3 = w.reshape(o, c), x.reshape(n, c, h * wd), out.reshape(n, o, oh * ow)
             steps.append(self._matmul(w2, x3, y3))
@@ -491,23 +417,26 @@ class ComputeOps:
         elif g == c == o and x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous:
             bias = ins[2] if len(ins) == 3 else w
             tail = (n * o * oh * ow, c, h, wd, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, len(ins) == 3)
-            launch = self.k.launch("tdbx_dwconv2d_f32", tail[0], (x, w, bias, out) + tail)
+            name = "tdbx_dwconv2d_bf16" if bf16 else "tdbx_dwconv2d_f32"
+            launch = self.k.launch(name, tail[0], (x, w, bias, out) + tail)
             return [launch], 1, "depthwise kernel"
         else:
             K, P = cg * kh * kw, oh * ow
             total = n * c * kh * kw * P
-            get = self.scratch(total * 4)
+            isz, kind = (2, cp.uint16) if bf16 else (4, cp.float32)
+            get = self.scratch(total * isz)
             view: dict[str, Any] = {}
 
             def cols() -> Any:
                 if "c" not in view:  # the shared scratch exists once every step is built
-                    view["c"] = get()[:total * 4].view(cp.float32)
+                    view["c"] = get()[:total * isz].view(kind)
                 return view["c"]
 
             def im2col() -> None:
                 if "k" not in view:
-                    view["k"] = self.k.launch("tdbx_im2col_f32", total, (x, cols(), total, c, h, wd, oh,
-                                                                         ow, kh, kw, sh, sw, pt, pl, dh, dw))
+                    name = "tdbx_im2col_u16" if bf16 else "tdbx_im2col_f32"
+                    view["k"] = self.k.launch(name, total, (x, cols(), total, c, h, wd, oh, ow, kh, kw,
+                                                            sh, sw, pt, pl, dh, dw))
                 view["k"]()
 
             wr, yr = w.reshape(g, o // g, K), out.reshape(n, g, o // g, P)
@@ -520,7 +449,9 @@ class ComputeOps:
 
             steps += [im2col, gemm]
             path = "im2col + cublas"
-        if len(ins) == 3:
+        if len(ins) == 3 and bf16:
+            steps.append(self.k.launch("tdbx_bias_nchw_bf16", out.size, (out, ins[2], out.size, o, oh * ow)))
+        elif len(ins) == 3:
             bias = ins[2].reshape(1, o, 1, 1)
             steps.append(lambda: cp.add(out, bias, out=out))
         return steps, len(steps), path
@@ -542,9 +473,11 @@ class ComputeOps:
 def compute_launch(cp: Any, ops: ComputeOps, node: Node, a: dict, dtypes: list[str], ins: list[Any],
                    outs: list[Any], out_dtype: str) -> tuple[list[Launch], int, str] | None:
     """A single compute node straight on its stored arrays, when their dtype allows it
-    (float32; float16 for the cuBLAS ops); ``None``: run it through the ``Evaluator``."""
+    (float32; float16 for the cuBLAS ops; bfloat16 for those and conv2d); ``None``: run it
+    through the ``Evaluator``."""
     op = node.op
-    direct = {"float32"} | ({"float16", "bfloat16"} if op in ("matmul", "gemm") else set())
+    direct = {"float32"} | ({"float16", "bfloat16"} if op in ("matmul", "gemm") else
+                            {"bfloat16"} if op == "conv2d" else set())
     if op in ("global_avg_pool", "global_max_pool"):
         direct = {"float32"}
     if op in ("matmul", "gemm", "conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool",

@@ -1,0 +1,139 @@
+"""CUDA C of the executor's own kernels (not generated per plan): im2col for float32 and 16-bit
+bits, depthwise convolutions in float32 and bfloat16, a bfloat16 bias add, window pools.
+Compiled once per process by ``executor_ops.KernelSet``; the tests also compile it as host C++.
+"""
+
+from __future__ import annotations
+
+_IM2COL = r"""
+extern "C" __global__ void tdbx_im2col_@N@(const @T@* __restrict__ x, @T@* __restrict__ cols,
+    long long total, long long C, long long H, long long W, long long OH, long long OW,
+    long long KH, long long KW, long long SH, long long SW, long long PT, long long PL,
+    long long DH, long long DW) {
+  // cols[n, c, kh, kw, oh, ow] = x[n, c, oh*SH - PT + kh*DH, ow*SW - PL + kw*DW] (0 outside);
+  // viewed as [N, G, C/G*KH*KW, OH*OW] it is the right operand of one batched GEMM per group.
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long ow = i % OW, t = i / OW;
+    long long oh = t % OH; t /= OH;
+    long long kw = t % KW; t /= KW;
+    long long kh = t % KH; t /= KH;
+    long long c = t % C, n = t / C;
+    long long ih = oh * SH - PT + kh * DH, iw = ow * SW - PL + kw * DW;
+    cols[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * W + iw] : (@T@)0;
+  }
+}
+
+"""
+
+_BF16 = r"""
+// bfloat16 as its uint16 bits: widened by a shift, rounded to nearest even (NaN -> 0x7FC0, as
+// executor_ops.to_bf16_bits). Unions, not intrinsics: the tests compile this as host C++ too.
+#define TDBX_BF16_LOAD(bits, out) { union { unsigned int u; float f; } t_; \
+  t_.u = ((unsigned int)(bits)) << 16; out = t_.f; }
+#define TDBX_BF16_STORE(value, dst) { union { float f; unsigned int u; } t_; t_.f = (value); \
+  unsigned int u_ = t_.u; \
+  dst = (unsigned short)((u_ & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u \
+                         : (u_ + 0x7fffu + ((u_ >> 16) & 1u)) >> 16); }
+
+extern "C" __global__ void tdbx_dwconv2d_bf16(const unsigned short* __restrict__ x,
+    const unsigned short* __restrict__ w, const unsigned short* __restrict__ b,
+    unsigned short* __restrict__ y, long long total, long long C, long long H, long long W,
+    long long OH, long long OW, long long KH, long long KW, long long SH, long long SW,
+    long long PT, long long PL, long long DH, long long DW, long long has_bias) {
+  // tdbx_dwconv2d_f32 on bfloat16 bits: float accumulation, one rounding per output.
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long ow = i % OW, t = i / OW;
+    long long oh = t % OH, nc = t / OH;
+    const unsigned short* xp = x + nc * H * W;
+    const unsigned short* wp = w + (nc % C) * KH * KW;
+    float acc = 0.0f, xv, wv;
+    if (has_bias) TDBX_BF16_LOAD(b[nc % C], acc);
+    for (long long kh = 0; kh < KH; ++kh) {
+      long long ih = oh * SH - PT + kh * DH;
+      if (ih < 0 || ih >= H) continue;
+      for (long long kw = 0; kw < KW; ++kw) {
+        long long iw = ow * SW - PL + kw * DW;
+        if (iw < 0 || iw >= W) continue;
+        TDBX_BF16_LOAD(xp[ih * W + iw], xv);
+        TDBX_BF16_LOAD(wp[kh * KW + kw], wv);
+        acc += xv * wv;
+      }
+    }
+    TDBX_BF16_STORE(acc, y[i]);
+  }
+}
+
+extern "C" __global__ void tdbx_bias_nchw_bf16(unsigned short* __restrict__ y,
+    const unsigned short* __restrict__ b, long long total, long long C, long long HW) {
+  // y[n, c, :] += b[c] on bfloat16 bits (a convolution's bias after its GEMM).
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    float yv, bv;
+    TDBX_BF16_LOAD(y[i], yv);
+    TDBX_BF16_LOAD(b[(i / HW) % C], bv);
+    TDBX_BF16_STORE(yv + bv, y[i]);
+  }
+}
+"""
+
+_POOL = r"""
+extern "C" __global__ void tdbx_pool2d_@N@(const @T@* __restrict__ x, @T@* __restrict__ y,
+    long long total, long long H, long long W, long long OH, long long OW, long long KH,
+    long long KW, long long SH, long long SW, long long PT, long long PL, long long PB,
+    long long PR, long long DH, long long DW, long long mode) {
+  // mode 0: max (padding never wins; NaN sticks), 1: average over the real elements,
+  // 2: average counting the declared padding too (never a ceil-mode overhang).
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long ow = i % OW, t = i / OW;
+    long long oh = t % OH, nc = t / OH;
+    const @T@* xp = x + nc * H * W;
+    @T@ acc = mode == 0 ? @NEGINF@ : (@T@)0;
+    long long cnt = 0;
+    for (long long kh = 0; kh < KH; ++kh) {
+      long long ih = oh * SH - PT + kh * DH;
+      for (long long kw = 0; kw < KW; ++kw) {
+        long long iw = ow * SW - PL + kw * DW;
+        bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+        if (inside) {
+          @T@ v = xp[ih * W + iw];
+          if (mode == 0) { if (v > acc || v != v) acc = v; } else { acc += v; }
+        }
+        if (mode == 1 ? inside : (ih >= -PT && ih < H + PB && iw >= -PL && iw < W + PR)) ++cnt;
+      }
+    }
+    y[i] = mode == 0 ? acc : acc / (@T@)(cnt > 0 ? cnt : 1);
+  }
+}
+"""
+
+KERNEL_SOURCE = r"""
+extern "C" __global__ void tdbx_dwconv2d_f32(const float* __restrict__ x, const float* __restrict__ w,
+    const float* __restrict__ b, float* __restrict__ y, long long total, long long C, long long H,
+    long long W, long long OH, long long OW, long long KH, long long KW, long long SH, long long SW,
+    long long PT, long long PL, long long DH, long long DW, long long has_bias) {
+  // Depthwise convolution (groups = in = out channels), bias included: one output per thread.
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long ow = i % OW, t = i / OW;
+    long long oh = t % OH, nc = t / OH;
+    const float* xp = x + nc * H * W;
+    const float* wp = w + (nc % C) * KH * KW;
+    float acc = has_bias ? b[nc % C] : 0.0f;
+    for (long long kh = 0; kh < KH; ++kh) {
+      long long ih = oh * SH - PT + kh * DH;
+      if (ih < 0 || ih >= H) continue;
+      for (long long kw = 0; kw < KW; ++kw) {
+        long long iw = ow * SW - PL + kw * DW;
+        if (iw >= 0 && iw < W) acc += xp[ih * W + iw] * wp[kh * KW + kw];
+      }
+    }
+    y[i] = acc;
+  }
+}
+""" + _BF16 + "".join(_POOL.replace("@T@", t).replace("@N@", n).replace("@NEGINF@", inf) for t, n, inf in (
+    ("float", "f32", "-__int_as_float(0x7f800000)"),
+    ("double", "f64", "-__longlong_as_double(0x7ff0000000000000LL)"))) + "".join(
+    _IM2COL.replace("@T@", t).replace("@N@", n) for t, n in (("float", "f32"), ("unsigned short", "u16")))
