@@ -7,6 +7,8 @@ Two steps, in two environments (not run in CI):
     PYTHONPATH=. python benchmarks/export_fusion_suite.py models WORK_DIR [--only NAME ...]
     # 2. cut, deduplicate and write the suite (needs tunedb's own dependencies only)
     python benchmarks/export_fusion_suite.py cut WORK_DIR [--out DIR]
+    # 3. markdown tables of the suite (docs/fusion-generalization.md)
+    python benchmarks/export_fusion_suite.py report [--out DIR]
 
 Step 1 writes each model at each of its shapes (batch 1 and a serving batch, two sequence
 lengths for transformers, some in float16 too; CNNs with a symbolic batch, sized at import)
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -290,7 +293,7 @@ def export_models(work: Path, only: list[str] | None) -> None:
             model = model.half().eval()
             args = tuple(a.half() if a.is_floating_point() else a for a in args)
             _export(_First(model, names), args, names, path)
-        run(name, f"{name}_fp16_b{batch}_s{seq}.onnx", [{}], fn)
+        run(f"{name}_fp16", f"{name}_fp16_b{batch}_s{seq}.onnx", [{}], fn)
     for name, (build, size) in CNNS.items():
         def fn(path, build=build, size=size):
             _export(build().eval(), (torch.randn(1, 3, size, size),), ["pixels"], path,
@@ -403,15 +406,28 @@ def kind_of(ops: set[str]) -> str:
     return "elementwise"
 
 
-def _planned_kernels(graph) -> int | None:
-    """Kernels tunedb's planner (roofline prices, generic device, no database) uses today."""
+def planned_steps(graph) -> list[str] | None:
+    """The kernels tunedb's planner (roofline prices, generic device, no database) launches
+    for ``graph`` today, each as ``kind: ops``; None when it cannot plan it."""
     try:
         from tunedb.plan.driver import compile as plan_compile
+        from tunedb.plan.explain import ops_text
 
         plan = plan_compile(graph, cost_model=False, device=None, pack=False)
     except Exception:
         return None
-    return sum(1 for s in plan.steps if s.kind != "view")
+    return [f"{s.kind}: {ops_text(s.ops)}" for s in plan.steps for _ in range(s.launches)]
+
+
+def _git_head() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return out
 
 
 def cut(work: Path, out: Path, plan: bool) -> None:
@@ -466,11 +482,14 @@ def cut(work: Path, out: Path, plan: bool) -> None:
                            "floor_bytes": back.floor_bytes(),
                            "floor_us_h200": round(back.floor_bytes() / H200_BYTES_PER_US, 2),
                            "tier": "bandwidth" if back.floor_bytes() >= BANDWIDTH_TIER_BYTES else "launch",
-                           "planned_kernels": _planned_kernels(back) if plan else None}
+                           "planned": planned_steps(back) if plan else None}
+                if seen[h]["planned"] is not None:
+                    seen[h]["planned_kernels"] = len(seen[h]["planned"])
                 print(name, seen[h]["ops"][:90], flush=True)
     entries = sorted(seen.values(), key=lambda w: w["name"])
     manifest = {"about": "maximal memory-bound subgraphs of real models, deduplicated by the "
                          "graph hash of the stored ONNX (benchmarks/export_fusion_suite.py)",
+                "planner_commit": _git_head() if plan else "",
                 "counts": {**counts, "workloads": len(entries),
                            "bandwidth_tier": sum(1 for w in entries if w["tier"] == "bandwidth"),
                            "by_kind": {k: sum(1 for w in entries if w["kind"] == k)
@@ -478,6 +497,38 @@ def cut(work: Path, out: Path, plan: bool) -> None:
                 "workloads": entries}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest["counts"]), flush=True)
+
+
+def report(folder: Path) -> str:
+    """Markdown tables of a written suite: counts by kind, tier and source, and the patterns
+    the planner splits into several kernels (docs/fusion-generalization.md quotes them)."""
+    m = json.loads((folder / "manifest.json").read_text())
+    ws = m["workloads"]
+    lines = ["| kind | workloads | >= 16 MiB | < 16 MiB | split by the planner |", "|---|---|---|---|---|"]
+    for k in sorted({w["kind"] for w in ws}):
+        kw = [w for w in ws if w["kind"] == k]
+        lines.append(f"| {k} | {len(kw)} | {sum(w['tier'] == 'bandwidth' for w in kw)} | "
+                     f"{sum(w['tier'] == 'launch' for w in kw)} | "
+                     f"{sum((w.get('planned_kernels') or 1) > 1 for w in kw)} |")
+    lines.append(f"| all | {len(ws)} | {sum(w['tier'] == 'bandwidth' for w in ws)} | "
+                 f"{sum(w['tier'] == 'launch' for w in ws)} | "
+                 f"{sum((w.get('planned_kernels') or 1) > 1 for w in ws)} |")
+    lines += ["", "| source model | workloads | shapes |", "|---|---|---|"]
+    for model in sorted({w["model"] for w in ws}):
+        mw = [w for w in ws if w["model"] == model]
+        shapes = sorted({s.removeprefix(model + "_") for w in ws for s in w["sources"]
+                         if re.sub(r"_(b\d+(_s\d+)?|\d+)$", "", s) == model})
+        lines.append(f"| {model} | {len(mw)} | {', '.join(shapes)} |")
+    patterns: dict[str, list[dict]] = {}
+    for w in ws:
+        if (w.get("planned_kernels") or 1) > 1:
+            patterns.setdefault(w["ops"], []).append(w)
+    lines += ["", "| ops (one workload) | kernels today | the planner's steps | workloads | example |",
+              "|---|---|---|---|---|"]
+    for ops, pw in sorted(patterns.items(), key=lambda kv: (-kv[1][0]["planned_kernels"], kv[0])):
+        steps = "; ".join(pw[0]["planned"])
+        lines.append(f"| {ops} | {pw[0]['planned_kernels']} | {steps} | {len(pw)} | {pw[0]['name']} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -490,11 +541,15 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("work", type=Path)
     c.add_argument("--out", type=Path, default=OUT)
     c.add_argument("--no-plan", action="store_true", help="skip counting the planner's kernels")
+    r = sub.add_parser("report", help="markdown tables of a written suite")
+    r.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
     if a.step == "models":
         export_models(a.work, a.only)
-    else:
+    elif a.step == "cut":
         cut(a.work, a.out, not a.no_plan)
+    else:
+        print(report(a.out))
     return 0
 
 

@@ -137,3 +137,24 @@ def test_a_missing_suite_folder_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError) as e:
         suite_generalization.generalization_cases()
     assert "manifest" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tiers_split_the_suite_by_floor():
+    from tunedb.kernels.suite_generalization import generalization_cases
+
+    big = generalization_cases(tier="bandwidth")
+    small = generalization_cases(tier="launch")
+    assert len(big) >= 80 and len(big) + len(small) == len(generalization_cases())
+    assert min(g.floor_bytes() for _, _, g in big) >= suite_script.BANDWIDTH_TIER_BYTES
+    assert max(g.floor_bytes() for _, _, g in small) < suite_script.BANDWIDTH_TIER_BYTES
+    with pytest.raises(ValueError, match="unknown tier"):
+        generalization_cases(tier="huge")
+
+
+def test_report_tables_cover_every_workload():
+    from tunedb.kernels.suite_generalization import manifest, suite_dir
+
+    text = suite_script.report(suite_dir())
+    total = len(manifest()["workloads"])
+    assert f"| all | {total} |" in text
+    assert "| ops (one workload) | kernels today |" in text

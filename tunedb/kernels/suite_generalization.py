@@ -37,16 +37,22 @@ def manifest(folder: Path | None = None) -> dict:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
 
 
-@functools.lru_cache(maxsize=4)
-def _load(folder: str) -> tuple[tuple[str, str, Graph], ...]:
+@functools.lru_cache(maxsize=8)
+def _load(folder: str, tier: str | None) -> tuple[tuple[str, str, Graph], ...]:
     out = []
     for w in manifest(Path(folder))["workloads"]:
+        if tier is not None and w.get("tier") != tier:
+            continue
         g = import_onnx(Path(folder) / w["file"])
         out.append((f"gen_{w['kind']}", w["name"],
                     Graph(g.inputs, g.outputs, g.nodes, g.types, g.constants, w["name"])))
     return tuple(out)
 
 
-def generalization_cases(folder: Path | None = None) -> list[tuple[str, str, Graph]]:
-    """(family, name, graph) of every workload, in manifest order; family is ``gen_<kind>``."""
-    return list(_load(str((folder or suite_dir()).resolve())))
+def generalization_cases(folder: Path | None = None, tier: str | None = None) -> list[tuple[str, str, Graph]]:
+    """(family, name, graph) of every workload, in manifest order; family is ``gen_<kind>``.
+    ``tier``: only ``"bandwidth"`` workloads (floor >= 16 MiB, where the bandwidth floor is the
+    yardstick) or only ``"launch"`` ones (smaller: launch and tail dominate)."""
+    if tier not in (None, "bandwidth", "launch"):
+        raise ValueError(f"unknown tier {tier!r}; expected 'bandwidth' or 'launch'")
+    return list(_load(str((folder or suite_dir()).resolve()), tier))
