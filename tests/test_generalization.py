@@ -58,6 +58,16 @@ def test_graph_to_onnx_reads_back_to_the_same_computation():
     assert graph_hash(import_onnx(graph_to_onnx(back))) == graph_hash(back)
 
 
+def test_rsqrt_and_ne_read_back_as_themselves():
+    b = GraphBuilder("spelled")
+    x = b.input("x", (8, 16), "float32")
+    y = b.where(b.ne(x, b.scalar(0.0, x)), b.rsqrt(b.abs(x)), x)
+    graph = b.build([y, b.sqrt(x)])
+    back = import_onnx(graph_to_onnx(graph))
+    assert graph_hash(back) == graph_hash(graph)
+    assert {n.op for n in back.nodes} >= {"rsqrt", "ne"} and "reciprocal" not in {n.op for n in back.nodes}
+
+
 def _block():
     """matmul -> bias+gelu -> matmul -> residual add + layernorm, and a column sum of x."""
     b = GraphBuilder("block")

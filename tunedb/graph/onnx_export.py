@@ -5,8 +5,10 @@ stored as ONNX, read back by ``import_onnx`` and run by onnxruntime.
     onnx.save(model, "workload.onnx")
 
 Every primitive maps to one ONNX op, or a short spelling where ONNX has none: ``rsqrt`` is
-Reciprocal(Sqrt), ``ne`` Not(Equal), float ``mod`` a - floor(a / b) * b. Importing the file
-gives the same computation; the graph can differ from the original in those spellings only.
+Reciprocal(Sqrt), ``ne`` Not(Equal) (their second node's name, ``tunedb.rsqrt:...`` and
+``tunedb.ne:...``, tells ``import_onnx`` to read the primitive back), float ``mod`` is
+a - floor(a / b) * b. Importing the file gives the same graph, hash included, except where a
+float ``mod`` was spelled out.
 Constants become initializers, attribute-like operands (axes, shapes, pads) constant inputs.
 """
 
@@ -68,8 +70,8 @@ class _Writer:
         const = Constant.from_array(np.array(value), dtype=dtype)
         return self.const(_np_of(const), "s")
 
-    def emit(self, op: str, ins: list[str], outs: list[str], **attrs) -> None:
-        self.nodes.append(helper.make_node(op, ins, outs, **attrs))
+    def emit(self, op: str, ins: list[str], outs: list[str], name: str | None = None, **attrs) -> None:
+        self.nodes.append(helper.make_node(op, ins, outs, name=name, **attrs))
 
     def node(self, n: Node) -> None:
         _, a = check_node(n, [self.types[v] for v in n.inputs])
@@ -77,14 +79,14 @@ class _Writer:
         dtype = self.types[ins[0]].dtype if ins else "float32"
         if op in _SAME:
             self.emit(_SAME[op], ins, outs)
-        elif op == "rsqrt":
+        elif op == "rsqrt":  # the name marks the pair for import_onnx (SPELLED_PREFIX)
             s = self.fresh("sqrt")
             self.emit("Sqrt", ins, [s])
-            self.emit("Reciprocal", [s], outs)
+            self.emit("Reciprocal", [s], outs, name=f"tunedb.rsqrt:{outs[0]}")
         elif op == "ne":
             e = self.fresh("eq")
             self.emit("Equal", ins, [e])
-            self.emit("Not", [e], outs)
+            self.emit("Not", [e], outs, name=f"tunedb.ne:{outs[0]}")
         elif op == "mod":
             if dtype in FLOAT_DTYPES:  # ONNX Mod needs fmod=1 on floats: C's sign, not Python's
                 q, f, p = self.fresh("q"), self.fresh("f"), self.fresh("p")

@@ -37,6 +37,8 @@ _log = logging.getLogger(__name__)
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 # Never evaluated at import: random ops, and control flow whose bodies may read computed values.
 _NO_FOLD = frozenset(("Bernoulli", "Multinomial", "If", "Loop", "Scan"))
+# Node-name prefix of tunedb.graph.onnx_export's two-op spellings of rsqrt and ne.
+SPELLED_PREFIX = "tunedb."
 
 
 def supported_ops() -> tuple[str, ...]:
@@ -62,6 +64,7 @@ class Importer(OpHandlers, MoreOpHandlers):
         self.consts: dict[str, np.ndarray] = {}  # constant ONNX value -> its array
         self.materialised: set[str] = set()  # builder constants made from ``consts``
         self.node: onnx.NodeProto | None = None
+        self._producer = {o: n for n in model.graph.node for o in n.output if o}
         self._used = {i for n in model.graph.node for i in n.input} | \
             {o.name for o in model.graph.output}
 
@@ -147,6 +150,8 @@ class Importer(OpHandlers, MoreOpHandlers):
         op = node.op_type
         if op in FOLD_ONLY:
             raise self.err("needs constant inputs (tunedb graphs have static shapes)")
+        elif self._spelled(node):
+            return
         elif op in UNARY:
             self.set(0, self.b.op(UNARY[op], self.val(node.input[0])))
         elif op in BINARY:
@@ -157,6 +162,23 @@ class Importer(OpHandlers, MoreOpHandlers):
                 self.set(0, self.b.op(BINARY[op], self.val(x), self.val(y)))
         else:
             getattr(self, "_op_" + op)(node, _attrs(node))
+
+    def _spelled(self, node: onnx.NodeProto) -> bool:
+        """A tunedb primitive that ``graph_to_onnx`` spelled as two ONNX ops and marked by the
+        second node's name (``tunedb.rsqrt``: Reciprocal of Sqrt, ``tunedb.ne``: Not of Equal)
+        comes back as that primitive, so a written graph reads back with its own hash. The first
+        op's node stays only if something else reads it."""
+        src = self._producer.get(node.input[0]) if node.input else None
+        if src is None or not node.name.startswith(SPELLED_PREFIX):
+            return False
+        prim = node.name[len(SPELLED_PREFIX):].split(":")[0]
+        if prim == "rsqrt" and node.op_type == "Reciprocal" and src.op_type == "Sqrt":
+            self.set(0, self.b.rsqrt(self.val(src.input[0])))
+        elif prim == "ne" and node.op_type == "Not" and src.op_type == "Equal":
+            self.set(0, self.b.ne(self.val(src.input[0]), self.val(src.input[1])))
+        else:
+            return False
+        return True
 
     def _unsupported(self) -> OnnxImportError:
         n = self.node
