@@ -112,3 +112,13 @@ def test_local_workers_may_start_processes_and_daemonic_ones_say_why_not(tmp_pat
             run_cluster(FusionCollector(), store, c, "cuda", "quick")
     msg = str(e.value)
     assert "\n" not in msg and "daemonic" in msg and "DASK_DISTRIBUTED__WORKER__DAEMON=False" in msg
+
+
+def test_a_batch_that_fails_on_the_cluster_is_one_line() -> None:
+    from tunedb.collect.dask_backend import batch_error
+
+    msg = batch_error(RuntimeError("Error during deserialization of the task graph. This frequently\n"
+                                   "occurs if the Scheduler and Client have different environments."))
+    assert "\n" not in msg and "install tunedb" in msg and "scheduler" in msg
+    msg = batch_error(OSError("disk\nfull"))
+    assert msg == "a batch failed on the Dask cluster: OSError: disk full"

@@ -293,6 +293,8 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
                 err = f"batch killed its Dask workers: {' '.join(str(e).split())}"[:2000]
                 record(job, tasks, [MeasureResult.failure("runtime_error", err).to_wire()] * len(tasks),
                        primary.id)
+            except Exception as e:  # noqa: BLE001 - the cluster, not a candidate: stop, keep what is committed
+                raise ClusterError(batch_error(e)) from None
             else:
                 info = DeviceInfo(**reply["device"])
                 if info.id not in by_id:  # a worker that joined later, maybe another board
@@ -316,6 +318,15 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
         store.finish_run(run.id, now_iso(), "{}")
         summary.elapsed_s = time.monotonic() - t0
     return summary
+
+
+def batch_error(e: BaseException) -> str:
+    """One line for a batch that failed on the cluster (not a candidate's failure)."""
+    text = " ".join(str(e).split())
+    if "deserialization of the task graph" in text:
+        return ("the Dask scheduler cannot load tunedb's tasks: install tunedb, the version of this "
+                "client, on the scheduler's host and on every worker's")
+    return f"a batch failed on the Dask cluster: {type(e).__name__}: {text}"[:2000]
 
 
 def _who_has(client: Any, fut: Any) -> str:
