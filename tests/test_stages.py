@@ -203,7 +203,7 @@ def test_stage_key_names_what_runs_not_where():
 
 def test_estimator_overlaps_small_kernels_and_not_full_ones():
     est_small = StageEstimator(_ios_plan(_branchy_graph(1))[0].steps)
-    est_big = StageEstimator(_ios_plan(_branchy_graph(256))[0].steps)
+    est_big = StageEstimator(_ios_plan(_branchy_graph(1024))[0].steps)
     convs = [i for i, s in enumerate(est_small.profiles) if s.share < 0.5]
     assert len(convs) >= 3
     a, b = convs[:2]

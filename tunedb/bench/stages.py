@@ -2,6 +2,7 @@
 
     python -m tunedb.bench.stages OUT.json [--peers] [--refine] [--oracle=block|full|none]
                                   [--only=NAME,...] [--budget-s=200]
+    python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
 
 Per case (Inception V3 batch 1 and SqueezeNet 1.1 exported from torchvision, NASNet-A-style and
 RandWire-style graphs from ``tunedb.graph.multibranch``; batch 1 and 16 except Inception): the
@@ -15,10 +16,15 @@ the measured refinement loop (measure the winner's stages, search again with the
 until the winner's stages are all measured) and the full-profiling oracle on one block, or on the
 whole graph with ``--oracle=full`` (the oracle command: every stage candidate measured).
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
+Every measured stage goes to ``OUT_rows.json`` with the plan it belongs to; ``--replay`` runs the
+refinement loop on the CPU against those times and compares it with the oracle (``replay``).
+The loop first measures every operator alone and prices stages from those times
+(``refine_stages(alone=True)``); ``--no-alone`` uses the roofline estimator instead.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -27,6 +33,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tunedb.bench.fusion import _finite, _one_line, rel_l2, write_json
 from tunedb.bench.peers import Frameworks, throughput_us
 from tunedb.bench.plan import ORT_SLACK, _free, _host, _peer, _tf32_off, onnxruntime_outputs, verify
@@ -34,6 +42,7 @@ from tunedb.graph.multibranch import nasnet_a_graph, randwire_graph
 from tunedb.graph.reference import run_reference
 from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.driver import compile as compile_plan
+from tunedb.plan.record import Plan
 from tunedb.plan.stage_refine import choose_auto, refine_stages
 from tunedb.plan.stages import StageEstimator, StageKeys, apply_stages, ios_search, split_blocks, step_dag
 from tunedb.runtime.device import device_info
@@ -94,7 +103,7 @@ def _run_plan(plan: Any, dev: dict, refs: dict, ort: dict | None, graph: Any) ->
 
 
 def refine(base: Any, say: Callable[[str], None], deadline: float, oracle: str = "block",
-           time_stage: Callable[[Any], float] | None = None) -> dict:
+           time_stage: Callable[[Any], float] | None = None, alone: bool = True) -> dict:
     """The measured-refinement loop and an oracle on ``base`` (a plan without horizontal
     packing): stages measured in a harness executor whose values never share memory.
     ``oracle``: ``"block"`` measures every candidate of the largest block, ``"full"`` every
@@ -129,7 +138,7 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle: str =
 
     # the loop of tunedb.plan.stage_refine; its own dict of measurements, shared with the
     # oracle below only through the measuring function's cache
-    ref = refine_stages(steps, measure, estimator=est, max_rounds=40)
+    ref = refine_stages(steps, measure, estimator=est, max_rounds=40, alone=alone)
     stages, total = ref.stages, ref.total_us
     out.update(rounds=ref.rounds, candidates=ref.candidates, measured=len(ref.measured),
                measured_fraction=round(ref.measured_fraction, 4), converged=ref.converged,
@@ -190,6 +199,43 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle: str =
     out["stages"] = [[list(g) for g in st] for st in stages]
     if harness is not None:
         harness.close_streams()
+    return out
+
+
+def _replay_case(plan: Any, table: dict[str, float], alone: bool, max_rounds: int) -> dict[str, Any]:
+    steps, keys = plan.steps, StageKeys(plan.steps)
+    missing: list[int] = []
+
+    def truth(groups: Any) -> float:
+        if all(steps[i].kind == "layout_view" for g in groups for i in g):
+            return 0.0
+        hit = table.get(keys(groups))
+        if hit is None:
+            missing.append(1)
+            return math.inf
+        return hit
+
+    t = time.perf_counter()
+    o_total, _, o_stats = ios_search(steps, truth)
+    if missing:  # the oracle did not run on this graph: no reference to replay against
+        return {"error": f"{len(missing)} candidates were never measured"}
+    est = StageEstimator(steps, launch_us=plan.launch_us)
+    ref = refine_stages(steps, truth, estimator=est, max_rounds=max_rounds, alone=alone)
+    return {"candidates": o_stats.candidates, "oracle_us": round(o_total, 2),
+            "refined_us": round(ref.total_us, 2), "refined_vs_oracle": ref.total_us / o_total,
+            "measured": len(ref.measured), "measured_fraction": ref.measured_fraction,
+            "rounds": len(ref.rounds), "converged": ref.converged, "cpu_s": round(time.perf_counter() - t, 2)}
+
+
+def replay(rows_file: Path, alone: bool = True, max_rounds: int = 40) -> dict[str, Any]:
+    """The refinement loop once more, on the CPU, against stage times a GPU run measured
+    (``OUT_rows.json``: every candidate where the oracle ran): per graph, the loop's schedule,
+    how many stages it measured, and the full-profiling oracle's schedule on the same times."""
+    doc = json.loads(Path(rows_file).read_text())
+    out: dict[str, Any] = {"rows": str(rows_file), "device": doc.get("device"), "alone": alone, "cases": {}}
+    for name, case in doc["cases"].items():
+        table = {r["key"]: float(np.median(r["samples_us"])) for r in case["rows"] if r.get("status") == "ok"}
+        out["cases"][name] = _replay_case(Plan.from_json(case["plan"]), table, alone, max_rounds)
     return out
 
 
@@ -301,6 +347,17 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
+    rows = next((a.split("=", 1)[1] for a in argv if a.startswith("--replay=")), None)
+    if rows is not None:
+        try:
+            res = replay(Path(rows), alone="--no-alone" not in argv)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: cannot replay {rows}: {_one_line(e)}", file=sys.stderr)
+            return 1
+        print(json.dumps(res, indent=1))
+        if argv[0] != f"--replay={rows}":
+            write_json(res, Path(argv[0]))
+        return 0
     only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]
     budget = next((float(a.split("=", 1)[1]) for a in argv if a.startswith("--budget-s=")), 200.0)
     names = ",".join(only).split(",") if only else []

@@ -24,7 +24,16 @@ from typing import Any
 import numpy as np
 
 from tunedb.plan.record import Plan, PlanError
-from tunedb.plan.stages import Groups, StageEstimator, StageKeys, ios_search, schedule_plan
+from tunedb.plan.stages import (
+    FORK_US,
+    Groups,
+    StageEstimator,
+    StageKeys,
+    ios_search,
+    operator_units,
+    schedule_plan,
+    step_dag,
+)
 from tunedb.store import TuningStore
 
 WIDTH_BUCKETS = 4  # 1, 2, 3, 4+ groups
@@ -46,18 +55,44 @@ class Refinement:
         return len(self.measured) / max(1, self.candidates)
 
 
+class AloneEstimator:
+    """A stage priced from its operators' measured times alone (``operator_units``): each group
+    takes the sum of its operators' times, the stage its longest group plus ``fork_us`` per
+    extra group (perfect overlap: a lower bound wherever concurrency never speeds a kernel up)."""
+
+    def __init__(self, steps: Sequence[Any], alone_us: dict[int, float], fork_us: float = FORK_US) -> None:
+        preds, succs = step_dag(steps)
+        self.unit_of = {i: u for u, m in enumerate(operator_units(steps, preds, succs)) for i in m}
+        self.alone_us, self.fork_us = alone_us, fork_us
+
+    def __call__(self, groups: Groups) -> float:
+        times = [sum(self.alone_us.get(u, 0.0) for u in {self.unit_of[i] for i in g}) for g in groups]
+        return max(times) + self.fork_us * (len(groups) - 1)
+
+
 def refine_stages(steps: Sequence[Any], measure: Callable[[Groups], float], *,
                   estimator: Callable[[Groups], float] | None = None, optimism: float = 0.05,
                   cap: float = float("inf"),
                   max_rounds: int = 30, max_measured: int | None = None,
-                  search_kwargs: dict[str, Any] | None = None) -> Refinement:
+                  search_kwargs: dict[str, Any] | None = None, alone: bool = False) -> Refinement:
     """See the module docstring. ``optimism``: the quantile of measured/predicted ratios that
     scales unmeasured estimates (0: the smallest ratio seen; 0.5: the median, no longer a bound);
     ``cap``: the largest scale (1.0 keeps an estimator that never overestimates a lower bound,
-    and the result is then the optimum under the measured times)."""
-    est = estimator or StageEstimator(steps)
+    and the result is then the optimum under the measured times). ``alone``: measure every
+    operator alone first and price stages from those times (``AloneEstimator``), not
+    ``estimator``; those measurements count among the measured stages."""
     keys = StageKeys(steps)
     measured: dict[str, float] = {}
+    if alone:
+        alone_us = {}
+        preds, succs = step_dag(steps)
+        for u, m in enumerate(operator_units(steps, preds, succs)):
+            if all(steps[i].kind == "layout_view" for i in m):
+                continue
+            alone_us[u] = measured[keys((tuple(m),))] = float(measure((tuple(m),)))
+        est: Callable[[Groups], float] = AloneEstimator(steps, alone_us)
+    else:
+        est = estimator or StageEstimator(steps)
     ratios: list[list[float]] = [[] for _ in range(WIDTH_BUCKETS)]
     scale = [1.0] * WIDTH_BUCKETS
     cache: dict = {}
