@@ -80,32 +80,47 @@ def prior():
         return store.training_frame(kind="fusion"), devices[0]
 
 
-@pytest.mark.slow  # ~10 s: featurises and learns the 40,223 stored rows
-def test_model_strategy_plans_breadth_from_stored_data(prior) -> None:
+def _one_per_family(name: str) -> list:
+    """A workload of each family the generator supports: breadth at one off-grid shape; the
+    generalization suite's first supported region of each kind."""
+    picks: dict[str, object] = {}
+    for c in suite(name):
+        if c.family in picks or (name == "breadth" and _shape(c) != (777, 1537)):
+            continue
+        try:
+            schedule_space(c.graph, sm_count=132)
+        except ValueError:  # outside the generator: the collector skips it too
+            continue
+        picks[c.family] = c
+    return list(picks.values())
+
+
+@pytest.mark.slow  # ~10 s a suite: featurises and learns the 40,223 stored rows
+@pytest.mark.parametrize("name", ["breadth", "generalization"])
+def test_model_strategy_plans_a_new_suite_from_stored_data(prior, name: str) -> None:
     frame, board = prior
-    # One op of each family at an off-grid shape, in each dtype.
-    picks = {}
-    for c in suite("breadth"):
-        if _shape(c) == (777, 1537):
-            picks.setdefault(c.family, c)
-    jobs = _jobs(list(picks.values()))
+    jobs = _jobs(_one_per_family(name))
+    assert len(jobs) >= 3
     strat = make_strategy("model", per_round=6, seed=0)
     # The prior arrives as one frame per board of the device model, here the stored board and
     # an empty second one.
     assert strat.start(jobs, set(), board, "fusion", [frame, frame.slice(0, 0)]) == 0
-    assert strat.has_features.all()  # the featuriser reads every off-grid workload
+    assert strat.has_features.all()  # the featuriser reads every new workload
     assert strat.prior_y is not None and len(strat.prior_y) == frame.num_rows
     round1 = strat.propose()
     assert strat.boosters, "the first round is already model-guided (warm start from the prior)"
     assert {j.workload.hash for j in round1} == {j.workload.hash for j in jobs}
-    assert all(len(j.specs) == 6 for j in round1)
-    # Exploitation picks are the model's best predictions; the exploration share goes to
-    # candidates the bootstrap ensemble disagrees on (spread above the workload's median).
-    for job in jobs:
-        idx = strat.by_job[jobs.index(job)]
-        picked = idx[strat.done[idx]]
-        assert len(picked) == 6
-        best = idx[np.lexsort((strat.tiebreak[idx], strat.mu[idx]))[:4]]
-        assert set(best.tolist()) <= set(picked.tolist())
+    # 6 a workload (fewer where it has fewer candidates): the 4 best predicted, and 2 where
+    # the bootstrap ensemble's optimistic bound (mean - kappa * spread) is lowest.
+    for j in range(len(jobs)):
+        idx = strat.by_job[j]
+        picked = set(idx[strat.done[idx]].tolist())
+        assert len(picked) == min(6, len(idx))
+        order = idx[np.lexsort((strat.tiebreak[idx], strat.mu[idx]))]
+        best, rest = order[:4], order[4:]
+        assert set(best.tolist()) <= picked
+        bound = strat.mu[rest] - strat.kappa * strat.sigma[rest]
+        explore = rest[np.lexsort((strat.tiebreak[rest], bound))[:2]]
+        assert picked == set(best.tolist()) | set(explore.tolist())
     spread = strat.sigma[np.concatenate(strat.by_job)]
     assert np.isfinite(spread).all() and spread.max() > 0
