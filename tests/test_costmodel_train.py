@@ -41,6 +41,7 @@ from tunedb.costmodel.train import (
     LARGE_DATA,
     TrainError,
     TrainParams,
+    _near_best,
     average_boosters,
     predict_margin,
     predict_us,
@@ -183,6 +184,28 @@ def test_default_settings_and_the_member_round_cap(data):
     r = train_booster(X, y, g, capped)
     assert len(r.best_iterations) == 3 and all(i == 3 for i in r.best_iterations)
     assert r.booster.num_boosted_rounds() == 12
+
+
+def test_near_best_members_learn_the_fast_end_and_join_the_bag(data):
+    X, y, g, _ = data
+    base = TrainParams(**{**FAST.to_json(), "objective": "reg:squarederror", "bag": 2, "bag_rounds": 20})
+    r = train_booster(X, y, g, replace(base, near_best_members=2, near_best_gap=0.3))
+    assert len(r.best_iterations) == 4  # two members on every row, two on the near-best rows
+    assert r.calibration == (1.0, 0.0) and r.calibration_floor == 1.0
+    # The near-best rows: within 30 % of their workload's best, every workload keeps its best.
+    log_y = np.log(y)
+    codes = np.unique(g, return_inverse=True)[1]
+    near = _near_best(log_y, codes, 0.3)
+    best = np.full(codes.max() + 1, np.inf)
+    np.minimum.at(best, codes, y)
+    assert np.all(y[near] <= best[codes[near]] * 1.3 + 1e-9)
+    assert set(codes[near]) == set(codes) and len(near) < len(y)
+    us = predict_us(r.booster, hide_measured(X), r.objective, r.calibration, r.calibration_floor)
+    assert mape(y, us) < 0.5 and pairwise_accuracy(y, us, g) > 0.7
+    with pytest.raises(TrainError, match="near_best_members"):
+        TrainParams(near_best_members=-1)
+    with pytest.raises(TrainError, match="near_best_gap"):
+        TrainParams(near_best_gap=0.0)
 
 
 def test_train_rejects_bad_input(data):

@@ -113,6 +113,11 @@ class TrainParams:
     # op 0.953 -> 0.962, shape 0.946 -> 0.948, family 0.872 -> 0.893) and the pick within 2 % of
     # the best (0.51 -> 0.57 by workload), for -0.003 pairwise by workload.
     top_weight: float = 0.1
+    # Extra regression members trained only on each workload's near-best candidates (latency
+    # within 1 + ``near_best_gap`` of its best), averaged in with the bag: they spend every
+    # split on telling the fast candidates apart. 0: none.
+    near_best_members: int = 0
+    near_best_gap: float = 0.3
 
     def __post_init__(self) -> None:
         # Accept the JSON forms (lists, a dict) too: the fields stay hashable tuples.
@@ -132,6 +137,9 @@ class TrainParams:
             raise TrainError(f"unknown target {self.target!r}; expected one of {TARGETS}")
         if not 0.0 <= float(self.top_weight) < float("inf"):
             raise TrainError(f"top_weight must be 0 (off) or a positive gap scale, got {self.top_weight}")
+        if int(self.near_best_members) < 0 or not float(self.near_best_gap) > 0:
+            raise TrainError(f"near_best_members must be >= 0 and near_best_gap > 0, got "
+                             f"{self.near_best_members} and {self.near_best_gap}")
         if int(self.bag) < 1 or int(self.large_data_bag) < 1 or int(self.bag_rounds) < 1:
             raise TrainError(f"bag, large_data_bag and bag_rounds must be at least 1, got {self.bag}, "
                              f"{self.large_data_bag} and {self.bag_rounds}")
@@ -403,6 +411,15 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
         b, i = _fit_one(obj, replace(fit, seed=seed), mXtr, mltr, mgtr, mXva, mlva, mgva, len(tr))
         members.append(b)
         iterations.append(i)
+    if obj == REGRESSION:
+        for m in range(int(params.near_best_members)):
+            seed = params.seed + 104729 * (m + 1)
+            near = _near_best(label, g_all, params.near_best_gap)
+            mXtr, mltr, mgtr, mXva, mlva, mgva, _, _ = _split(g_all[near], q_all[near], X[near], label[near],
+                                                              params, seed)
+            b, i = _fit_one(obj, replace(fit, seed=seed), mXtr, mltr, mgtr, mXva, mlva, mgva, len(tr))
+            members.append(b)
+            iterations.append(i)
     booster = average_boosters(members)
     if obj == REGRESSION:
         a, b0, c = 1.0, 0.0, (1.0 if params.target == "log_over_floor" else 0.0)
@@ -411,6 +428,13 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
     return TrainResult(booster=booster, objective=obj, best_iteration=it, calibration=(a, b0),
                        valid_metrics={"pairwise_accuracy": acc}, tried=tried,
                        n_train=len(tr), n_valid=len(va), calibration_floor=c, best_iterations=iterations)
+
+
+def _near_best(label: np.ndarray, groups: np.ndarray, gap: float) -> np.ndarray:
+    """Rows whose latency is within 1 + ``gap`` of their group's best (labels in log units)."""
+    best = np.full(groups.max() + 1, np.inf)
+    np.minimum.at(best, groups, label)
+    return np.flatnonzero(label <= best[groups] + np.log1p(gap))
 
 
 def _leaf_scaled(tree: dict[str, Any], factor: float) -> dict[str, Any]:
