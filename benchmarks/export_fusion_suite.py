@@ -29,7 +29,8 @@ reads only the rows it gathers, but a workload's floor would count the whole tab
 region is written as ONNX, read back and hashed (``graph_hash`` of the re-imported graph, the
 suite's identity); duplicates keep the first source and count the others. ``manifest.json``
 lists per workload its file, hash, kind, source models and shapes, the op summary, floor
-bytes, and how many kernels tunedb's planner (roofline prices, no GPU) splits it into today.
+bytes, how many kernels tunedb's planner (roofline prices, no GPU) splits it into today, and
+whether the fused-kernel generator takes it as one kernel (else its reason).
 """
 
 from __future__ import annotations
@@ -419,6 +420,18 @@ def planned_steps(graph) -> list[str] | None:
     return [f"{s.kind}: {ops_text(s.ops)}" for s in plan.steps for _ in range(s.launches)]
 
 
+def generator_verdict(graph) -> str:
+    """``ok`` when tunedb's fused-kernel generator takes ``graph`` as one kernel today, else
+    its one-line reason (names and numbers kept: the report groups them)."""
+    from tunedb.kernels.analysis import analyze
+
+    try:
+        analyze(graph)
+    except ValueError as e:  # UnsupportedFusion
+        return " ".join(str(e).split())
+    return "ok"
+
+
 def _git_head() -> str:
     import subprocess
 
@@ -482,7 +495,8 @@ def cut(work: Path, out: Path, plan: bool) -> None:
                            "floor_bytes": back.floor_bytes(),
                            "floor_us_h200": round(back.floor_bytes() / H200_BYTES_PER_US, 2),
                            "tier": "bandwidth" if back.floor_bytes() >= BANDWIDTH_TIER_BYTES else "launch",
-                           "planned": planned_steps(back) if plan else None}
+                           "planned": planned_steps(back) if plan else None,
+                           "generator": generator_verdict(back) if plan else None}
                 if seen[h]["planned"] is not None:
                     seen[h]["planned_kernels"] = len(seen[h]["planned"])
                 print(name, seen[h]["ops"][:90], flush=True)
@@ -528,6 +542,18 @@ def report(folder: Path) -> str:
     for ops, pw in sorted(patterns.items(), key=lambda kv: (-kv[1][0]["planned_kernels"], kv[0])):
         steps = "; ".join(pw[0]["planned"])
         lines.append(f"| {ops} | {pw[0]['planned_kernels']} | {steps} | {len(pw)} | {pw[0]['name']} |")
+    reasons: dict[str, list[dict]] = {}
+    for w in ws:
+        if w.get("generator") not in (None, "ok"):
+            key = re.sub(r"'[^']*'|\[[^]]*\]|\([^)]*\)|\d+", "#", w["generator"])
+            reasons.setdefault(key, []).append(w)
+    lines += ["", f"One kernel today: {sum(w.get('generator') == 'ok' for w in ws)} of {len(ws)}. "
+              "The others, by the generator's reason:", "",
+              "| the generator's reason (names and numbers as #) | workloads | kinds | example |",
+              "|---|---|---|---|"]
+    for key, rw in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+        kinds = ", ".join(sorted({w["kind"] for w in rw}))
+        lines.append(f"| {key[:150]} | {len(rw)} | {kinds} | {rw[0]['name']} |")
     return "\n".join(lines)
 
 
