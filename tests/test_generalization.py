@@ -201,3 +201,18 @@ def test_the_smallest_workload_of_each_kind_runs_in_onnxruntime_as_in_the_refere
             assert np.array_equal(finite, np.isfinite(y)), w["name"]
             np.testing.assert_allclose(y[finite].astype(np.float64), r[finite], rtol=tol, atol=tol * scale,
                                        err_msg=w["name"])
+
+
+def test_suites_listing_survives_a_missing_suite_folder(tmp_path, monkeypatch, capsys):
+    import json
+
+    from tunedb.cli.catalog import suites
+    from tunedb.kernels import suite_generalization
+    from tunedb.kernels import suites as suite_lib
+
+    monkeypatch.setattr(suite_lib, "SUITES", ("anchors", "generalization"))
+    monkeypatch.setenv(suite_generalization.DIR_ENV, str(tmp_path))
+    suites(json_out=True)
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["anchors"]["workloads"] == 12 and rows["generalization"]["workloads"] == 0
+    assert "unavailable" in rows["generalization"]["families"][0]
