@@ -21,6 +21,7 @@ import hashlib
 import heapq
 import itertools
 import json
+import random
 import resource
 import sys
 import tempfile
@@ -280,6 +281,50 @@ def curve(workers: list[int], tmp: Path, time_scale: float = 1.0, workloads: int
     return out
 
 
+# -- smoke: rows of a collection on real GPUs ----------------------------------------------------
+def check_collection(db: Path, suite: str = "quick", sample: int = 150) -> dict:
+    """A cluster collection's rows against the suite as the client enumerates it on that board:
+    counts, duplicates, statuses, devices, and the stored source hashes of a seeded sample of
+    candidates against code generated here."""
+    with TuningStore.open(db, read_only=True) as store:
+        con = store.con
+        devices = con.execute("SELECT id, name, sm_count FROM devices ORDER BY id").fetchall()
+        cands = {h: sh for h, sh in con.execute("SELECT hash, source_hash FROM candidates").fetchall()}
+        rows = con.execute("SELECT candidate_hash, device_id, status FROM measurements").fetchall()
+        runs = con.execute("SELECT finished_at FROM runs").fetchall()
+        commits = con.execute("SELECT measured_at, count(*) FROM measurements GROUP BY 1 "
+                              "ORDER BY 1").fetchall()
+    coll = FusionCollector()
+    coll.device_info = type("Board", (), {"sm_count": devices[0][2]})()  # sizes the space
+    expected = {Candidate(j.workload.hash, coll.kind, cfg).hash: (j.workload, spec)
+                for j in coll.jobs(suite) for cfg, spec in j.specs}
+    keys = [(h, d) for h, d, _ in rows]
+    statuses: dict[str, int] = {}
+    for _, _, st in rows:
+        statuses[st] = statuses.get(st, 0) + 1
+    picked = random.Random(0).sample(sorted(cands), min(sample, len(cands)))
+    same = sum(1 for h in picked if h in expected and coll.build(*expected[h])[0] == cands[h])
+    return {"devices": [list(d) for d in devices], "suite": suite, "suite_candidates": len(expected),
+            "candidates": len(cands), "measurements": len(rows), "duplicates": len(keys) - len(set(keys)),
+            "statuses": statuses, "not_in_suite": len(set(cands) - set(expected)),
+            "measured_of_suite": len({h for h, _ in keys} & set(expected)),
+            "candidates_without_measurement": len(set(cands) - {h for h, _ in keys}),
+            "without_source_hash": sum(1 for v in cands.values() if not v),
+            "source_hash_equal_to_local_build": f"{same}/{len(picked)}",
+            "runs_finished": [bool(f) for (f,) in runs], **commit_rate(commits)}
+
+
+def commit_rate(commits: list[tuple[Any, int]]) -> dict:
+    """Measured rows per second between a collection's first and last commit (the rows of the
+    first commit were measured before it: they are left out)."""
+    if len(commits) < 2:
+        return {}
+    span = (commits[-1][0] - commits[0][0]).total_seconds()
+    rows = sum(n for _, n in commits[1:])
+    return {"commits": len(commits), "commit_span_s": round(span, 2),
+            "rate_between_commits_per_s": round(rows / span, 1) if span > 0 else None}
+
+
 # -- main -----------------------------------------------------------------------------------------
 def print_rows(r: dict) -> None:
     print(f"{'collection':<14}{'candidates':>11}{'measured':>10}{'wall s':>9}{'client cpu s':>14}"
@@ -305,12 +350,15 @@ def print_curve(r: dict) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("section", choices=["rows", "curve"])
+    ap.add_argument("section", choices=["rows", "curve", "smoke"])
     ap.add_argument("--suite", default="standard")
     ap.add_argument("--workers", default="4", help="rows: one count; curve: a list, e.g. 1,2,4,8")
     ap.add_argument("--shard", default="0/1", help="I/K: every K-th workload from the I-th")
     ap.add_argument("--workloads", type=int, default=None, help="only the first N workloads (of the shard)")
     ap.add_argument("--time-scale", type=float, default=1.0, help="curve: recorded times x this")
+    ap.add_argument("--db", type=Path, action="append", default=[], help="smoke: a database to check")
+    ap.add_argument("--summary", type=Path, action="append", default=[],
+                    help="smoke: a `tunedb collect --json` summary to keep beside the checks")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
     try:
@@ -329,6 +377,16 @@ def main(argv: list[str] | None = None) -> dict:
             a.json.parent.mkdir(parents=True, exist_ok=True)
             a.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
+    if a.section == "smoke":
+        for f in [*a.db, *a.summary]:
+            if not f.is_file():
+                ap.error(f"{f}: no such file")
+        result["source"] = "the databases named"
+        result["checks"] = {db.name: check_collection(db, a.suite) for db in a.db}
+        result["summaries"] = {f.name: json.loads(f.read_text()) for f in a.summary}
+        print(json.dumps(result["checks"], indent=1))
+        save(result)
+        return result
     tmp = Path(tempfile.mkdtemp(prefix="tunedb-scaleout-"))
     if a.section == "rows":
         result.update({"suite": a.suite, "shard": a.shard, "workloads_limit": a.workloads,
