@@ -216,3 +216,12 @@ def test_suites_listing_survives_a_missing_suite_folder(tmp_path, monkeypatch, c
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["anchors"]["workloads"] == 12 and rows["generalization"]["workloads"] == 0
     assert "unavailable" in rows["generalization"]["families"][0]
+
+
+def test_bench_plan_takes_the_suite_folder_without_its_manifest():
+    from tunedb.bench.plan import collect_entries
+    from tunedb.kernels.suite_generalization import manifest, suite_dir
+
+    entries = collect_entries([], suite_dir(), anchors=False)
+    assert len(entries) == len(manifest()["workloads"])
+    assert all(e.path.suffix == ".onnx" for e in entries)

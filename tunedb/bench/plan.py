@@ -118,7 +118,9 @@ def collect_entries(models: Sequence[Path], graphs_dir: Path | None = None, anch
     if graphs_dir is not None:
         if not graphs_dir.is_dir():
             raise BenchError(f"--graphs {graphs_dir} is not a directory")
-        found = sorted(p for p in graphs_dir.iterdir() if p.suffix in (".onnx", ".json") and p.is_file())
+        # A folder's manifest.json (data/graphs/zoo, generalization) describes it; it is no graph.
+        found = sorted(p for p in graphs_dir.iterdir()
+                       if p.suffix in (".onnx", ".json") and p.is_file() and p.name != "manifest.json")
         if not found:
             raise BenchError(f"--graphs {graphs_dir} holds no .onnx or .json graph")
         paths += [p for p in found if p not in paths]
