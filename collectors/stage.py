@@ -2,7 +2,9 @@
 
 A stage is named by what runs, not by where in a graph it runs. Its ``Workload`` is the set of
 its members: each member is a step's kind, workload hash and schedule. The workload uses family
-``stage``, and its graph_json is scheme ``tunedb.stage/1``: the sorted member texts. Its
+``stage``, and its graph_json is scheme ``tunedb.stage/2``: the sorted member texts and each
+member's facts (``tunedb.costmodel.stage.member_facts``: FLOPs, bytes, CTAs, launches, all fixed
+by the member's sub-graph), which the ``stage`` cost model reads. Its
 ``Candidate`` (kind ``stage``) is the split into groups: the member indices of each group in
 run order, groups sorted, with the stage key of ``tunedb.plan.stages.StageKeys``. The same
 stage in another graph, or in the next compile of this one, is therefore the same row. A stage
@@ -24,9 +26,11 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from tunedb._version import __version__
+from tunedb.costmodel.stage import family_of, member_facts
 from tunedb.graph.hashing import sha256_hex
 from tunedb.records import Candidate, DeviceInfo, Measurement, Protocol, Run, Workload, canonical_json
 from tunedb.runtime.stage_exec import StagedExecutor
@@ -34,7 +38,7 @@ from tunedb.store.core import TuningStore
 
 KIND = "stage"
 COLLECTOR = "stage"
-SCHEME = "tunedb.stage/1"
+SCHEME = "tunedb.stage/2"  # 2: the members' facts (FLOPs, bytes, CTAs, launches) for the stage model
 Groups = Sequence[Sequence[int]]
 
 
@@ -46,7 +50,8 @@ def member_text(step: Any) -> str:
 def stage_records(steps: Sequence[Any], groups: Groups, key: str) -> tuple[Workload, Candidate]:
     texts = [member_text(steps[i]) for g in groups for i in g]
     members = sorted(texts)
-    doc = {"scheme": SCHEME, "members": members}
+    facts = {member_text(steps[i]): member_facts(steps[i].to_json()) for g in groups for i in g}
+    doc = {"scheme": SCHEME, "members": members, "facts": [facts[t] for t in members]}
     text = canonical_json(doc)
     w = Workload(sha256_hex(text), "stage", f"stage of {len(texts)} steps", text)
     # each member's place in the sorted list (a repeated member takes its next free place)
@@ -110,3 +115,67 @@ def store_stage_rows(db: str | Path, plan: Any, rows: Sequence[dict[str, Any]], 
         store.add_runs([run])
         return {"workloads": store.add_workloads(ws), "candidates": store.add_candidates(cs),
                 "measurements": store.add_measurements(ms)}
+
+
+
+class JsonStep:
+    """A plan step known by its JSON (``KernelStep.to_json``): what a stage row needs of it."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.d, self.kind = d, d["kind"]
+        self.workload_hash = d.get("workload_hash", "")
+        self.config_dict = dict(d.get("config", {}))
+
+    def to_json(self) -> dict[str, Any]:
+        return self.d
+
+
+class JsonPlan:
+    """A plan's JSON with ``steps`` as ``JsonStep`` and ``graph.name``: enough to store its rows."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.steps = [JsonStep(s) for s in d["steps"]]
+        self.graph = SimpleNamespace(name=str(d.get("graph", {}).get("name", "")))
+
+
+def import_rows(rows_file: str | Path, db: str | Path) -> dict[str, int]:
+    """Store every row of a stage bench's rows file (``OUT_rows.json``: per graph its plan and
+    measured stages) in ``db``: one Run per graph with its ``case`` (the bench's name) in the
+    Run's config, which the stage cost model reads as the model family. The board is the file's
+    ``device_info``, else a device known by the file's device name alone."""
+    doc = json.loads(Path(rows_file).read_text())
+    info = doc.get("device_info") or {"name": doc.get("device") or "unknown", "uuid_hash": "",
+                                      "compute_capability": "", "sm_count": 0, "l2_bytes": 0,
+                                      "memory_bytes": 0, "driver": "", "cuda_runtime": "", "cupy_version": ""}
+    device = DeviceInfo(**info)
+    total: dict[str, int] = {}
+    for name, case in sorted(doc["cases"].items()):
+        plan = JsonPlan(case["plan"])
+        rows = [r for r in case["rows"] if not all(plan.steps[i].kind == "layout_view"
+                                                   for g in r["groups"] for i in g)]
+        counts = store_stage_rows(db, plan, rows, device, {"case": name, "family": family_of(name),
+                                                           "source": Path(rows_file).name})
+        for k, v in counts.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m collectors.stage ROWS.json DB``: store a stage bench's rows in a database."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        print("usage: python -m collectors.stage ROWS.json DB.duckdb", file=sys.stderr)
+        return 2
+    try:
+        counts = import_rows(args[0], args[1])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: cannot import {args[0]}: {' '.join(str(e).split())[:200]}", file=sys.stderr)
+        return 1
+    print(json.dumps(counts))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ def rows_file(tmp_path_factory):
         plan = compile_plan(g, device=None, cost_model=False, horizontal=False)
         out = refine(plan, lambda msg: None, time.perf_counter() + 120, oracle,
                      time_stage=_truth(plan.steps, 1))
-        cases[name] = {"plan": plan.to_json(), "rows": out["all_rows"][:1500]}
+        cases[name] = {"plan": plan.to_json(), "rows": out["all_rows"][:600]}
     path = tmp_path_factory.mktemp("stage") / "rows.json"
     path.write_text(json.dumps({"device": "synthetic", "cases": cases}))
     return path
@@ -65,3 +66,34 @@ def test_stage_model_cli_refuses_a_bad_rows_file(tmp_path, capsys):
     assert stage_model.main(["--rows", str(bad)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "no measured stage rows" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_stage_rows_in_a_database_train_the_stage_kind_from_the_cli(rows_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from collectors.stage import main as collector_main
+    from tunedb.cli import app
+    from tunedb.store import TuningStore
+
+    db = tmp_path / "stage.duckdb"
+    assert collector_main([str(rows_file), str(db)]) == 0
+    with TuningStore.open(db, read_only=True) as store:
+        assert len(store.devices()) == 1
+        stored = store.con.execute("SELECT count(*) FROM candidates WHERE kind = 'stage'").fetchone()[0]
+    assert stored > 0
+    assert collector_main([str(tmp_path / "missing.json"), str(db)]) == 1
+    runner = CliRunner()
+    res = runner.invoke(app, ["train", "--kind", "stage", "--db", str(db), "--out", str(tmp_path / "m"),
+                              "--folds", "3", "--json"], env={"TUNEDB_DB": None, "XDG_DATA_HOME": None})
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["rows"] == stored  # one row per stage candidate
+    assert set(out["by_family"]["families"]) == {"nasnet_a", "randwire"}
+    rules = min(out["rule_longest_group"]["mape"], out["rule_sum_of_groups"]["mape"])
+    assert out["by_workload"]["mape"] < rules
+    card = json.loads((Path(out["model_dir"]) / "card.json").read_text())
+    assert card["kind"] == "stage" and card["device"] == "synthetic"
+    stage_model.load_booster(Path(out["model_dir"]))
+    with TuningStore.open(db, read_only=True) as store:
+        assert store.con.execute("SELECT count(*) FROM models WHERE kind = 'stage'").fetchone()[0] == 1

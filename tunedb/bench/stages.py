@@ -17,7 +17,8 @@ until the winner's stages are all measured) and the full-profiling oracle on one
 whole graph with ``--oracle=full`` (the oracle command: every stage candidate measured).
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
 Every measured stage goes to ``OUT_rows.json`` with the plan it belongs to; ``--replay`` runs the
-refinement loop on the CPU against those times and compares it with the oracle (``replay``).
+refinement loop on the CPU against those times and compares it with the oracle (``replay``);
+``python -m collectors.stage ROWS.json DB`` stores them as rows of kind ``stage``.
 The loop first measures every operator alone and prices stages from those times
 (``refine_stages(alone=True)``); ``--no-alone`` uses the roofline estimator instead.
 """
@@ -29,7 +30,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -292,7 +293,8 @@ def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: lis
                 rec["refine"] = refine(base, say, deadline - 60, oracle if small else "none")
                 rows = rec["refine"].pop("all_rows")
                 stage_data[name] = {"plan": base.to_json(), "rows": rows}
-                write_json({"device": result["device"], "cases": stage_data}, rows_path)
+                write_json({"device": result["device"], "device_info": asdict(device_info()),
+                            "cases": stage_data}, rows_path)
                 st = [tuple(tuple(g) for g in s) for s in rec["refine"]["stages"]]
                 rec["ios_refined"] = _run_plan(apply_stages(base, st, {"schedule": "ios (measured)"}),
                                                dev, refs, ort, graph)

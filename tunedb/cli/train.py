@@ -86,7 +86,8 @@ def progress_printer() -> Any:
 
 def train(
     db: DbOption = None,
-    kind: Annotated[str, typer.Option("--kind", help="Candidate kind to learn (fusion, packing, schedule).")]
+    kind: Annotated[str, typer.Option(
+        "--kind", help="Candidate kind to learn (fusion, packing, stage, schedule).")]
     = "fusion",
     out: Annotated[Path | None, typer.Option(
         "--out", show_default=False, help="Model registry root; the model goes to "
@@ -139,6 +140,21 @@ def train(
     if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
         usage_error(f"database {path} is not writable (train records the model in it)")
     root = writable_dir(out if out is not None else default_out())
+    if kind == "stage":  # IOS stages: features from their members (tunedb.costmodel.stage)
+        from tunedb.costmodel.stage import train_on_store as train_stage
+
+        metrics = train_stage(path, out_root=root, device_id=device_id, folds=folds, seed=seed,
+                              progress=progress_printer())
+        if json_out:
+            print_json(metrics)
+        else:
+            for split in ("by_workload", "by_family", "rule_longest_group", "rule_sum_of_groups"):
+                m = {k: float(metrics.get(split, {}).get(k, float("nan")))
+                     for k in ("mape", "median_ape", "spearman")}
+                typer.echo(f"{split:20s} MAPE {m['mape']:.3f}  median {m['median_ape']:.3f}  "
+                           f"spearman {m['spearman']:.3f}")
+            typer.echo(f"model saved to {metrics['model_dir']}", err=True)
+        return
     if kind == "packing":  # its own features and trainer (tunedb.costmodel.packing), same splits
         from tunedb.costmodel.packing import train_on_store as train_packing
 

@@ -17,7 +17,7 @@ Held-out evaluation: by workload (5 folds of whole stages) and by model family (
 out in turn), against the two rules a planner would use without a model: the longest group alone
 (perfect overlap) and the sum of the groups (no overlap).
 ``python -m tunedb.costmodel.stage --rows ROWS.json [--out DIR]`` prints the scores and saves
-``model.json`` + ``card.json`` (kind ``stage``, the feature schema, the data's hash).
+``model.ubj`` + ``card.json`` (kind ``stage``, the feature schema, the data's hash).
 """
 
 from __future__ import annotations
@@ -27,13 +27,20 @@ import hashlib
 import json
 import math
 import sys
+import tempfile
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tunedb._version import __version__
+from tunedb.costmodel.errors import TrainError
+from tunedb.costmodel.registry import model_dir
 from tunedb.graph.ir import Graph
+from tunedb.records import canonical_json, sha256_hex
+from tunedb.store import BUSY_WAIT_S, TuningStore
 
 FEATURE_SCHEMA = "stage/1"
 SMS, GEMM_TILE, ELEMS_PER_CTA = 132, 128 * 128, 1024
@@ -46,6 +53,7 @@ FEATURES = ("groups", "steps", "launches", "longest_alone_us", "sum_alone_us", "
 PARAMS = {"objective": "reg:squarederror", "max_depth": 5, "eta": 0.15, "subsample": 0.8,
           "colsample_bytree": 0.9, "min_child_weight": 2.0, "nthread": 2, "seed": 0}
 ROUNDS = 150
+MODEL_FILE = "model.ubj"  # XGBoost's own binary JSON, as the registry's other kinds
 
 
 def _flops(g: Graph) -> float:
@@ -66,7 +74,9 @@ def _flops(g: Graph) -> float:
 
 
 def member_facts(step: Mapping[str, Any]) -> dict[str, float]:
-    """What the features need of one step, from its JSON (``KernelStep.to_json``)."""
+    """What the features need of one step, from its JSON (``KernelStep.to_json``): FLOPs, bytes,
+    CTAs, compute-bound or not, launches, and a roofline time (launches included). All of it
+    follows from the step's sub-graph, so a stored stage carries it (``collectors.stage``)."""
     kind = step["kind"]
     launches = int(step.get("launches", 1))
     if kind == "layout_view":
@@ -79,23 +89,19 @@ def member_facts(step: Mapping[str, Any]) -> dict[str, float]:
     single = kind in COMPUTE and len(g.nodes) == 1
     ctas = math.ceil(out / GEMM_TILE) if single else math.ceil(out / ELEMS_PER_CTA)
     compute = float(single and flops / max(nbytes, 1.0) > PEAK_FLOPS / PEAK_BYTES)
-    us = float(step.get("predicted_us", 0.0)) + LAUNCH_US * launches
-    return {"us": us, "flops": flops, "bytes": nbytes, "ctas": float(ctas), "compute": compute,
+    us = LAUNCH_US * launches + 1e6 * max(flops / PEAK_FLOPS if single else 0.0, nbytes / PEAK_BYTES)
+    return {"us": round(us, 4), "flops": flops, "bytes": nbytes, "ctas": float(ctas), "compute": compute,
             "launches": launches}
 
 
 def stage_features(facts: Sequence[Mapping[str, float]], groups: Sequence[Sequence[int]],
-                   alone: Mapping[tuple[int, ...], float] | None = None) -> dict[str, float]:
-    """Features of one stage; ``alone``: measured µs of groups run as a stage of their own."""
-    alone = alone or {}
-    times, measured = [], 0
-    for g in groups:
-        key = tuple(g)
-        if key in alone:
-            times.append(alone[key])
-            measured += 1
-        else:
-            times.append(sum(facts[i]["us"] for i in g))
+                   group_alone_us: Sequence[float | None] | None = None) -> dict[str, float]:
+    """Features of one stage: ``facts`` per member (``member_facts``), ``groups`` of indices into
+    them, ``group_alone_us``: each group's measured µs as a stage of its own, or None (then the
+    roofline sum of its members)."""
+    alone = list(group_alone_us) if group_alone_us is not None else [None] * len(groups)
+    times = [a if a is not None else sum(facts[i]["us"] for i in g) for a, g in zip(alone, groups)]
+    measured = sum(1 for a in alone if a is not None)
     members = [facts[i] for g in groups for i in g]
     flops = sum(m["flops"] for m in members)
     nbytes = sum(m["bytes"] for m in members)
@@ -112,33 +118,82 @@ def stage_features(facts: Sequence[Mapping[str, float]], groups: Sequence[Sequen
             "views": sum(1 for m in members if m["launches"] == 0)}
 
 
+def _frame(rows: list[tuple[list[float], float, str, str]], where: str, data_hash: str) -> dict[str, Any]:
+    if not rows:
+        raise ValueError(f"{where}: no measured stage rows")
+    Xa = np.asarray([r[0] for r in rows], np.float64)
+    cols = {k: i for i, k in enumerate(FEATURES)}
+    return {"X": Xa, "y": np.asarray([r[1] for r in rows]), "groups": np.asarray([r[2] for r in rows]),
+            "families": np.asarray([r[3] for r in rows]),
+            "rule_max": Xa[:, cols["longest_alone_us"]], "rule_sum": Xa[:, cols["sum_alone_us"]],
+            "data_hash": data_hash}
+
+
+def family_of(case: str) -> str:
+    """The model family of a bench case name: ``inception_v3_b1`` -> ``inception_v3``."""
+    return case.rsplit("_b", 1)[0]
+
+
 def load_frame(rows_file: Path) -> dict[str, Any]:
-    """Rows of every graph of a stage-rows file as arrays: X, y (µs), groups (stage key),
-    families (graph), rule_max / rule_sum (µs of the two rules)."""
+    """Rows of every graph of a stage-rows file as arrays: X, y (µs), groups (the stage's
+    workload: its members), families (graph), rule_max / rule_sum (µs of the two rules)."""
     try:
-        doc = json.loads(Path(rows_file).read_text())
+        raw = Path(rows_file).read_bytes()
+        doc = json.loads(raw)
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read stage rows {rows_file}: {e}") from None
-    X, y, keys, fams = [], [], [], []
+    rows = []
     for name, case in sorted(doc.get("cases", {}).items()):
-        steps = case["plan"]["steps"]
-        facts = [member_facts(s) for s in steps]
+        facts = [member_facts(s) for s in case["plan"]["steps"]]
         ok = [r for r in case["rows"] if r.get("status") == "ok" and r.get("samples_us")]
         alone = {tuple(r["groups"][0]): float(np.median(r["samples_us"]))
                  for r in ok if len(r["groups"]) == 1}
+        steps = case["plan"]["steps"]
         for r in ok:
-            f = stage_features(facts, r["groups"], alone)
-            X.append([f[k] for k in FEATURES])
-            y.append(float(np.median(r["samples_us"])))
-            keys.append(r["key"])
-            fams.append(name.rsplit("_b", 1)[0])
-    if not y:
-        raise ValueError(f"{rows_file}: no measured stage rows")
-    Xa = np.asarray(X, np.float64)
-    cols = {k: i for i, k in enumerate(FEATURES)}
-    return {"X": Xa, "y": np.asarray(y), "groups": np.asarray(keys), "families": np.asarray(fams),
-            "rule_max": Xa[:, cols["longest_alone_us"]], "rule_sum": Xa[:, cols["sum_alone_us"]],
-            "data_hash": hashlib.sha256(Path(rows_file).read_bytes()).hexdigest()[:16]}
+            f = stage_features(facts, r["groups"], [alone.get(tuple(g)) for g in r["groups"]])
+            # the workload of a stage is its set of members, whatever their grouping
+            members = sorted(f"{steps[i]['kind']}:{steps[i]['workload_hash']}"
+                             for g in r["groups"] for i in g)
+            us = float(np.median(r["samples_us"]))
+            rows.append(([f[k] for k in FEATURES], us, "|".join(members), family_of(name)))
+    return _frame(rows, str(rows_file), hashlib.sha256(raw).hexdigest()[:16])
+
+
+def load_store_frame(data: Path, device_ids: Sequence[str] | None = None) -> dict[str, Any]:
+    """The same arrays from a database export (``tunedb db export`` folder): stage workloads
+    (``collectors.stage``, scheme ``tunedb.stage/2``: sorted member texts and their facts), their
+    candidates (the grouping) and ok measurements, the family from the Run's ``case``."""
+    import pyarrow.parquet as pq
+
+    def table(name: str) -> list[dict[str, Any]]:
+        return pq.read_table(data / f"{name}.parquet").to_pylist()
+
+    ws = {r["hash"]: json.loads(r["graph_json"]) for r in table("workloads") if r["family"] == "stage"}
+    cands = {r["hash"]: r for r in table("candidates") if r["kind"] == "stage" and r["workload_hash"] in ws}
+    runs = {r["id"]: json.loads(r["config_json"] or "{}") for r in table("runs")}
+    times: dict[str, list[float]] = {}
+    fam: dict[str, str] = {}
+    for r in table("measurements"):
+        if r["status"] == "ok" and r["candidate_hash"] in cands and r["samples_us"] \
+                and (device_ids is None or r["device_id"] in device_ids):
+            times.setdefault(r["candidate_hash"], []).append(float(np.median(r["samples_us"])))
+            cfg = runs.get(r["run_id"], {})
+            fam.setdefault(r["candidate_hash"], family_of(str(cfg.get("case") or cfg.get("graph") or "?")))
+    parsed = {}
+    for ch in times:
+        doc = ws[cands[ch]["workload_hash"]]
+        groups = json.loads(json.loads(cands[ch]["config_json"])["groups"])
+        parsed[ch] = (doc, groups, float(np.median(times[ch])))
+    # a group's time alone: the stage of one group with the same members
+    alone = {tuple(doc["members"]): us for doc, groups, us in parsed.values() if len(groups) == 1}
+    rows = []
+    for ch, (doc, groups, us) in sorted(parsed.items()):
+        members = doc["members"]
+        group_alone = [alone.get(tuple(sorted(members[i] for i in g))) for g in groups]
+        f = stage_features(doc["facts"], groups, group_alone)
+        rows.append(([f[k] for k in FEATURES], us, cands[ch]["workload_hash"], fam[ch]))
+    digest = hashlib.sha256(json.dumps(sorted((ch, p[2]) for ch, p in parsed.items())).encode()).hexdigest()
+    return _frame(rows, str(data), digest[:16])
 
 
 def fit(X: np.ndarray, y_us: np.ndarray) -> Any:
@@ -187,11 +242,14 @@ def evaluate(frame: Mapping[str, Any], folds: int = 5, seed: int = 0) -> dict[st
 
 def save(booster: Any, out_dir: Path, frame: Mapping[str, Any], scores: Mapping[str, Any],
          device: str = "") -> Path:
+    import xgboost as xgb
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    booster.save_model(str(out_dir / "model.json"))
+    booster.save_model(str(out_dir / MODEL_FILE))
     card = {"kind": "stage", "feature_schema": FEATURE_SCHEMA, "features": list(FEATURES),
+            "tunedb_version": __version__, "xgboost_version": xgb.__version__,
             "target": "log_us", "params": PARAMS, "rounds": ROUNDS, "rows": int(len(frame["y"])),
-            "stages": int(len(np.unique(frame["groups"]))),
+            "workloads": int(len(np.unique(frame["groups"]))),
             "families": sorted(set(frame["families"].tolist())),
             "data_hash": frame["data_hash"], "device": device, "held_out": scores}
     (out_dir / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
@@ -210,14 +268,50 @@ def load_booster(folder: Path) -> Any:
         raise ValueError(f"stage model {folder}: card says kind {card.get('kind')!r}, schema "
                          f"{card.get('feature_schema')!r}; expected stage, {FEATURE_SCHEMA}")
     booster = xgb.Booster()
-    booster.load_model(str(Path(folder) / "model.json"))
+    booster.load_model(str(Path(folder) / MODEL_FILE))
     return booster
+
+
+def train_on_store(db: Path, *, out_root: Path, device_id: str | None = None, folds: int = 5,
+                   seed: int = 0, progress: Any = None) -> dict[str, Any]:
+    """``tunedb train --kind stage``: the database's stage measurements of one GPU model (all
+    its boards), held out by workload and by model family, saved to ``OUT/<device>/stage/``
+    (model.ubj, card.json) and recorded in the database's models table."""
+
+    say = progress or (lambda _msg: None)
+    with TuningStore.open(db, read_only=True, wait_s=BUSY_WAIT_S) as store, \
+            tempfile.TemporaryDirectory() as tmp:
+        store.export_parquet(tmp)
+        models: dict[tuple, list[Any]] = defaultdict(list)
+        for d in store.devices():
+            if device_id is None or device_id in (d.id, d.name):
+                models[(d.name, d.compute_capability, d.sm_count)].append(d)
+        frames = {}
+        for key, ds in models.items():
+            try:
+                frames[key] = load_store_frame(Path(tmp), [d.id for d in ds])
+            except ValueError:
+                continue  # no stage rows on this GPU model
+        if len(frames) != 1:
+            what = f"--device-id {device_id!r} matches" if device_id else "stage measurements come from"
+            raise TrainError(f"{what} {len(frames)} GPU models with stage rows; name one with --device-id")
+        (name, _, _), frame = next(iter(frames.items()))
+    say(f"{len(frame['y'])} stage rows, {len(np.unique(frame['groups']))} workloads; held-out evaluation")
+    scores = evaluate(frame, folds=folds, seed=seed)
+    say("fitting on every row")
+    where = save(fit(frame["X"], frame["y"]), model_dir(out_root, name, "stage"), frame, scores, name)
+    card_json = canonical_json(json.loads((where / "card.json").read_text()))
+    model_id = sha256_hex(card_json)[:16]
+    with TuningStore.open(db, wait_s=BUSY_WAIT_S) as store:
+        store.add_model(model_id, "stage", name, str(where.resolve()), card_json)
+    return {**scores, "rows": int(len(frame["y"])), "workloads": int(len(np.unique(frame["groups"]))),
+            "model_dir": str(where.resolve()), "model_id": model_id, "device_name": name}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tunedb.costmodel.stage")
     ap.add_argument("--rows", type=Path, required=True, help="stage rows of the stage bench (OUT_rows.json)")
-    ap.add_argument("--out", type=Path, default=None, help="write model.json and card.json here")
+    ap.add_argument("--out", type=Path, default=None, help="write model.ubj and card.json here")
     args = ap.parse_args(argv)
     try:
         frame = load_frame(args.rows)
