@@ -11,10 +11,13 @@ sequential plan (``tunedb.compile``, one stream, horizontal packing on), the IOS
 CUDA graph), verified first on inputs from ``make_inputs`` (weights normal(0, 1/sqrt(fan_in)))
 against the float64 reference and, for the ONNX models, onnxruntime on the CPU; then timed in
 throughput mode (``peers.throughput_us``). ``--peers``: torch.compile (default and
-reduce-overhead) on the same graph and input values, TF32 off. ``--refine``: on Inception V3,
-the measured refinement loop (measure the winner's stages, search again with the measurements,
-until the winner's stages are all measured) and the full-profiling oracle on one block, or on the
-whole graph with ``--oracle=full`` (the oracle command: every stage candidate measured).
+reduce-overhead) and JAX on the same graph and input values, TF32 off. ``--refine``: on every batch-1
+graph, the measured refinement loop (measure every operator alone, then the winner's stages,
+search again with the measurements, until the winner's stages are all measured) and the
+full-profiling oracle on one block, or on the whole graph with ``--oracle=full`` (the oracle
+command: every stage candidate measured, where a graph has at most ``ORACLE_MAX``); the refined
+and the oracle's schedules then run end to end. Plans use ``bias_epilogue`` (Inception V3 also
+without it: ``*_plain``); peers are torch.compile reduce-overhead, JAX and torch.compile.
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
 Every measured stage goes to ``OUT_rows.json`` with the plan it belongs to; ``--replay`` runs the
 refinement loop on the CPU against those times and compares it with the oracle (``replay``);

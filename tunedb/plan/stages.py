@@ -7,10 +7,12 @@ joins streams inside one CUDA graph). Stages run one after another.
 
 The search is the IOS dynamic program: for a set ``S`` of steps still to schedule (always closed
 under predecessors), ``cost(S) = min over endings E of S: cost(S - E) + stage_us(E)``, where an
-ending is a non-empty subset of ``S`` that no other step of ``S`` depends on. Pruning as IOS: at
-most ``r`` kernel steps per group and ``s`` groups per stage. Large graphs are split into blocks at
-narrow points of the step order (where at most ``cut_width`` earlier steps feed later ones, and
-at least every ``max_block`` steps): the DP runs per block and stages never cross a block edge.
+ending is a non-empty subset of ``S`` that no other step of ``S`` depends on. The DP runs over
+operators (``operator_units``: a conv, GEMM or pool with the elementwise steps only it feeds).
+Pruning as IOS: at most ``r`` operators per group and ``s`` groups per stage. Large graphs are
+split into blocks at narrow points of the operator order (where at most ``cut_width`` earlier
+operators feed later ones, and at least every ``max_block`` operators): the DP runs per block and
+stages never cross a block edge.
 
 Stage latency comes from a stage-cost callable. ``StageEstimator`` predicts it from the members'
 times and their share of the GPU (CTAs on the SMs): concurrent groups overlap as long as their
