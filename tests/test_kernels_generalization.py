@@ -284,3 +284,44 @@ def test_global_pooling_is_its_reduction_and_fuses_with_its_neighbours():
     np.testing.assert_allclose(got[g.outputs[0]], want[g.outputs[0]], rtol=1e-12)
     plan = tunedb.compile(g, cost_model=False, device=None)
     assert {st.kind for st in plan.steps} == {"fused"}
+
+
+def head_split(B: int = 2, S: int = 6, H: int = 3, D: int = 8, dtype: str = "float32"):
+    """An attention head split as exporters cut it: (x + bias).view(B, S, H, D).transpose(1, 2) * s."""
+    b = GraphBuilder(f"head_split_{B}x{S}x{H}x{D}_{dtype}")
+    x, bias = b.input("x", (B, S, H * D), dtype), b.input("bias", (H * D,), dtype)
+    y = b.transpose(b.reshape(b.add(x, bias), shape=(B, S, H, D)), perm=(0, 2, 1, 3))
+    return b.build([b.mul(y, 0.125)])
+
+
+def channels_last_norm(N: int = 2, C: int = 16, H: int = 3, W: int = 5):
+    """ConvNeXt: (x + bias) NHWC -> NCHW, scaled residual, back to NHWC, LayerNorm over C."""
+    b = GraphBuilder(f"cl_norm_{N}x{C}x{H}x{W}")
+    x, bias = b.input("x", (N, H, W, C)), b.input("bias", (C,))
+    g, res = b.input("g", (C, 1, 1)), b.input("res", (N, C, H, W))
+    t = b.transpose(b.add(x, bias), perm=(0, 3, 1, 2))
+    y = b.transpose(b.add(b.mul(g, t), res), perm=(0, 2, 3, 1))
+    return b.build([_norm(b, y, (3,))])
+
+
+def test_transposes_of_computed_values_read_inputs():
+    a = analyze(head_split())
+    assert a.pattern == "elementwise" and dict(a.idx_src) and "transpose" not in [n.op for n in a.nodes]
+    c = analyze(channels_last_norm())
+    assert c.pattern == "row_reduce" and c.cls["res"] == "idx"
+    plan = tunedb.compile(head_split(8, 128, 12, 64), cost_model=False, device=None)
+    assert [s.kind for s in plan.steps] == ["fused"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_transposes_match_reference_in_emulation(tmp_path):
+    from tunedb.runtime.emu import build, generable_schedules, mismatches
+
+    graphs = [head_split(), head_split(2, 5, 2, 16, "float16"), channels_last_norm(),
+              channels_last_norm(2, 64, 2, 3)]
+    jobs = [(g, s, generate(g, s, sm_count=2)) for g in graphs for s in generable_schedules(g)[::9]]
+    lib = build([k.source for _, _, p in jobs for k in p.kernels], str(tmp_path))
+    failures = mismatches(lib, jobs)
+    assert not failures, "\n".join(failures[:20])
+    assert len(jobs) >= 12

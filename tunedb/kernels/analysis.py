@@ -52,10 +52,11 @@ from tunedb.kernels.domain import (  # noqa: F401  (class names and the error, r
     broadcast_class,
     domains,
     index_map,
+    permuted_map,
     rolled_map,
     split_at,
 )
-from tunedb.kernels.movement import lower_concats
+from tunedb.kernels.movement import lower_concats, sink_transposes
 
 PATTERNS = ("elementwise", "row_reduce", "col_reduce", "transpose", "multi")
 
@@ -105,6 +106,7 @@ class Analysis:
     # idx value -> the graph input whose buffer its index map reads (a rolled read, ``gather``
     # of constant indices (c + s) % n: ``tunedb.kernels.movement``); leaves read themselves
     idx_src: tuple[tuple[str, str], ...] = ()
+    permuted_reads: int = 0  # transposes read through index maps (no tile fits this domain)
 
     @property
     def seg(self) -> int:
@@ -190,6 +192,7 @@ class _Classifier:
         self.imaps: dict[str, IndexMap] = {}  # idx leaf -> its index map
         self.seg = 0  # rows per segment of the column reductions (0: all R)
         self.isrc: dict[str, str] = {}  # rolled read -> the graph input it reads
+        self.permuted = 0  # transposes read through index maps
 
     def resolve(self, v: str) -> str:
         while v in self.alias:
@@ -323,10 +326,16 @@ class _Classifier:
         if self.resolve(src) not in self.leaves or self.numel(src) != self.N:
             raise UnsupportedFusion(f"{what}: only full-size graph inputs can be read transposed")
         split = batched_transpose(perm, shape)
-        if split is None or split[0] * split[1] != self.R or split[2] != self.C:
-            raise UnsupportedFusion(f"{what}: perm {perm} of {shape} is not a (batched) 2-D transpose "
-                                    f"onto the [{self.R}, {self.C}] domain")
         rs = self.resolve(src)
+        if split is None or split[0] * split[1] != self.R or split[2] != self.C:
+            # no transpose tile on this domain (rows permuted, as an attention head split's):
+            # read the input through the permuted index map
+            self.imaps[out] = permuted_map(shape, perm)
+            self.isrc[out] = rs
+            self.cls[out] = IDX
+            self.dep[out] = 0
+            self.permuted += split is not None  # a tile would read it on another domain
+            return
         if self.periods.setdefault(rs, split[1]) != split[1]:
             raise UnsupportedFusion(f"{what}: {src!r} is read transposed in two ways")
         self.assign(src, TRANS, what)
@@ -481,9 +490,13 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
             k.dep[v] = 0
     rows = any(r.axis == "row" for r in k.reds)
     cols = any(r.axis == "col" for r in k.reds)
+    if rows or cols:
+        # a reduction kernel walks rows, not transpose tiles: read transposed inputs by index map
+        for v in [v for v, c in k.cls.items() if c == TRANS]:
+            p = k.periods.get(v, R)
+            k.cls[v], k.imaps[v] = IDX, ((C * p, R // p, C * p), (C, p, 1), (1, C, p))
+        k.periods.clear()
     trans = any(c == TRANS for c in k.cls.values())
-    if trans and (rows or cols):
-        raise UnsupportedFusion("transposed inputs together with reductions")
     pattern = ("transpose" if trans else "multi" if rows and cols else "row_reduce" if rows
                else "col_reduce" if cols else "elementwise")
     outs = {k.resolve(v): k.cls[k.resolve(v)] for v in graph.outputs}
@@ -532,7 +545,7 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     imaps = tuple(sorted((v, m) for v, m in k.imaps.items() if k.cls.get(v) == IDX))
     return Analysis(graph, R, C, pattern, tuple(sorted(k.cls.items())), tuple(sorted(k.dep.items())),
                     tuple(sorted(k.alias.items())), tuple(k.nodes), tuple(k.reds), bq, bp, periods,
-                    imaps, k.seg, tuple(sorted(k.isrc.items())))
+                    imaps, k.seg, tuple(sorted(k.isrc.items())), k.permuted)
 
 
 def analyze(graph: Graph) -> Analysis:
@@ -541,7 +554,8 @@ def analyze(graph: Graph) -> Analysis:
     per column of [B, 8*C] more simply than as value[r % 8, c] of [B*8, C]."""
     if not graph.nodes:
         raise UnsupportedFusion("empty subgraph")
-    graph = lower_concats(graph)  # concats of slices: rolled reads and selects, no copies
+    # concats of slices: rolled reads and selects; transposes of computed values: of inputs
+    graph = sink_transposes(lower_concats(graph))
     for v, t in graph.types:
         if t.numel == 0:
             raise UnsupportedFusion(f"value {v!r} is empty ({t})")
@@ -549,15 +563,19 @@ def analyze(graph: Graph) -> Analysis:
             raise UnsupportedFusion(f"value {v!r} has {t.numel} elements; the limit is 2^31 - 1")
     first: UnsupportedFusion | None = None
     inner: Analysis | None = None
+    permuted: Analysis | None = None  # a transpose read element-wise where a tile could read it
     for R, C in domains(graph):
         try:
             a = _analyze_with(graph, R, C)
         except UnsupportedFusion as e:
             first = first or e
             continue
-        if not a.bcol_p:
+        if a.permuted_reads:
+            permuted = permuted or a
+        elif not a.bcol_p:
             return a
-        inner = inner or a
-    if inner is not None:
-        return inner
+        else:
+            inner = inner or a
+    if inner is not None or permuted is not None:
+        return inner or permuted
     raise first or UnsupportedFusion("no [R, C] domain fits the subgraph")

@@ -181,3 +181,25 @@ def rolled_map(shape: tuple[int, ...], src_shape: tuple[int, ...], axis: int, sh
         inner *= shape[d]
         stride *= src_shape[d]
     return tuple(reversed(terms))
+
+
+def permuted_map(src_shape: tuple[int, ...], perm: tuple[int, ...]) -> IndexMap:
+    """Index map of ``transpose(src, perm)`` read in its own row-major order: output dim d steps
+    through source dim perm[d] (dims that stay in step are merged, so an attention head split
+    [B, S, H, D] -> [B, H, S, D] keeps its D-long runs contiguous and vector-loadable)."""
+    strides = [1] * len(src_shape)
+    for d in range(len(src_shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * src_shape[d + 1]
+    out = [src_shape[p] for p in perm]
+    terms: list[tuple[int, ...]] = []
+    inner = 1
+    for d in reversed(range(len(out))):
+        if out[d] > 1:
+            st = strides[perm[d]]
+            last = terms[-1] if terms else (0, 0, 0)
+            if last[0] * last[1] == inner and last[2] * last[1] == st:
+                terms[-1] = (last[0], last[1] * out[d], last[2])
+            else:
+                terms.append((inner, out[d], st))
+        inner *= out[d]
+    return tuple(reversed(terms))

@@ -150,3 +150,166 @@ def lower_concats(graph: Graph) -> Graph:
                   or any(v in n.outputs for n in nodes)}
     return infer_graph(Graph(graph.inputs, graph.outputs, tuple(nodes), keep_types,
                              tuple((c, k) for c, k in consts if c in used), graph.name))
+
+
+ALIASES = frozenset(("reshape", "squeeze", "unsqueeze", "identity"))
+ELEMENTWISE = BRANCH_OPS | frozenset(("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "mod", "where"))
+
+
+def _grouped(shape: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """Pairs (dims of ``shape``, dims of ``new``) holding the same elements, in order, for a
+    row-major reshape ``shape -> new`` (size-1 dims belong to no pair)."""
+    a = [i for i, d in enumerate(shape) if d != 1]
+    b = [j for j, d in enumerate(new) if d != 1]
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        ga, gb = [a[i]], [b[j]]
+        pa, pb = shape[a[i]], new[b[j]]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb and i < len(a):
+                ga.append(a[i])
+                pa *= shape[a[i]]
+                i += 1
+            elif pb < pa and j < len(b):
+                gb.append(b[j])
+                pb *= new[b[j]]
+                j += 1
+            else:
+                return None
+        out.append((ga, gb))
+    return out if i == len(a) and j == len(b) else None
+
+
+def _broadcast_view(si: tuple[int, ...], so: tuple[int, ...], ps: tuple[int, ...],
+                    perm: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Shape of an operand broadcast ``si -> so`` once ``so`` is reshaped to ``ps`` and
+    transposed by ``perm``, when that is a plain reshape of the operand (each reshape group
+    wholly kept or wholly broadcast, and the transpose moving only size-1 dims of it)."""
+    si = (1,) * (len(so) - len(si)) + tuple(si)
+    groups = _grouped(so, ps)
+    if groups is None:
+        return None
+    shape = [1] * len(ps)
+    for ga, gb in groups:
+        kept = [si[d] == so[d] for d in ga]
+        if all(kept):
+            for d in gb:
+                shape[d] = ps[d]
+        elif any(kept) or any(si[d] != 1 for d in ga):
+            return None
+    out = tuple(shape[p] for p in perm)
+    moved = [p for p in perm if shape[p] != 1]
+    return out if moved == sorted(moved) else None
+
+
+def _leafy(v: str, producer: dict[str, Node], inputs: set[str], consts: dict) -> bool:
+    """A graph input or constant, or a view of one (reshape-like ops only)."""
+    while v in producer and producer[v].op in ALIASES:
+        v = producer[v].inputs[0]
+    return v in inputs or v in consts
+
+
+def sink_transposes(graph: Graph, passes: int = 8) -> Graph:
+    """``transpose(reshape(f(a, b, ...)))`` -> ``f(transpose(reshape(a)), b', ...)`` for an
+    elementwise f, pass after pass, and ``transpose(transpose(x))`` -> one transpose (none
+    when they cancel): transposes end on graph inputs, read in place (a tiled transposed read,
+    or an index map) instead of copying computed values. An attention head split
+    (``(x @ W + bias).view(B, S, H, D).transpose(1, 2)``, its bias add cut into this subgraph)
+    becomes one kernel, and so does ConvNeXt's NHWC -> NCHW -> NHWC detour around a LayerNorm.
+    Broadcast operands must stay plain reshapes of themselves."""
+    for _ in range(passes):
+        new = _sink_once(graph)
+        if new is graph:
+            return graph
+        graph = new
+    return graph
+
+
+def _sink_once(graph: Graph) -> Graph:
+    producer = {o: n for n in graph.nodes for o in n.outputs}
+    readers: dict[str, int] = {}
+    for n in graph.nodes:
+        for v in set(n.inputs):
+            readers[v] = readers.get(v, 0) + 1
+    outputs, inputs = set(graph.outputs), set(graph.inputs)
+    consts = graph.constant_map
+    types = dict(graph.types)
+    taken = set(types)
+    drop: set[int] = set()
+    replace: dict[int, list[Node]] = {}
+    ids = {id(n): i for i, n in enumerate(graph.nodes)}
+
+    def fresh(base: str) -> str:
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
+
+    for i, t in enumerate(graph.nodes):
+        if t.op != "transpose" or i in drop:
+            continue
+        perm = canonical_attrs(t, [types[t.inputs[0]]])["perm"]
+        ps = types[t.inputs[0]].shape
+        chain, v = [], t.inputs[0]
+        while v in producer and producer[v].op in ALIASES and readers.get(v) == 1 and v not in outputs:
+            chain.append(producer[v])
+            v = producer[v].inputs[0]
+        e = producer.get(v)
+        if e is None or readers.get(v) != 1 or v in outputs or ids[id(e)] in drop:
+            continue
+        if e.op == "transpose" and types[v].shape == ps:
+            # transpose of a transpose (through same-shape views): one, or none
+            first = canonical_attrs(e, [types[e.inputs[0]]])["perm"]
+            both = tuple(first[p] for p in perm)
+            out = t.outputs[0]
+            op = "reshape" if both == tuple(sorted(both)) else "transpose"
+            attrs = {"shape": types[out].shape} if op == "reshape" else {"perm": both}
+            replace[i] = [Node(op, e.inputs[:1], (out,), attrs)]
+            drop.update(ids[id(n)] for n in chain + [e])
+            continue
+        if e.op not in ELEMENTWISE or types[v].numel != types[t.outputs[0]].numel:
+            continue
+        so = types[v].shape
+        new: list[Node] = []
+        ins: list[str] = []
+        for o in e.inputs:
+            ti = types[o]
+            if o in consts and ti.numel == 1:
+                ins.append(o)
+            elif ti.numel == types[v].numel:
+                # full size (an input, or a computed value the next pass sinks into)
+                r = fresh(f"{o}__as_pre")
+                types[r] = TensorType(ps, ti.dtype)
+                tr = fresh(f"{o}__transposed")
+                types[tr] = TensorType(types[t.outputs[0]].shape, ti.dtype)
+                new += [Node("reshape", (o,), (r,), {"shape": ps}),
+                        Node("transpose", (r,), (tr,), {"perm": perm})]
+                ins.append(tr)
+            elif _leafy(o, producer, inputs, consts):
+                shape = _broadcast_view(ti.shape, so, ps, perm)
+                if shape is None:
+                    break
+                r = fresh(f"{o}__as_post")
+                types[r] = TensorType(shape, ti.dtype)
+                new.append(Node("reshape", (o,), (r,), {"shape": shape}))
+                ins.append(r)
+            else:
+                break
+        else:
+            new.append(Node(e.op, tuple(ins), t.outputs, e.attrs))
+            replace[i] = new
+            drop.update(ids[id(n)] for n in chain + [e])
+    if not replace:
+        return graph
+    nodes: list[Node] = []
+    for i, n in enumerate(graph.nodes):
+        if i in replace:
+            nodes += replace[i]
+        elif i not in drop:
+            nodes.append(n)
+    used = {v for n in nodes for v in (*n.inputs, *n.outputs)} | set(graph.inputs) | set(graph.outputs)
+    return infer_graph(Graph(graph.inputs, graph.outputs, tuple(nodes),
+                             {v: tt for v, tt in types.items() if v in used}, graph.constants, graph.name))
