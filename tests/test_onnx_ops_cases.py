@@ -109,6 +109,19 @@ def _cases() -> list[tuple]:
         {"x": f32(4, 7), "i": i64(4, 1, lo=-7, hi=7), "u": f32(4, 1)})
     add("ScatterElements-computed-two-columns", node("ScatterElements", ["x", "i", "u"], axis=0),
         {"x": f32(5, 3), "i": np.array([[0, 4, 2], [3, 1, 2]], np.int64), "u": f32(2, 3)})
+    logits = {"x": f32(6, 5), "t": np.array([0, 4, 2, 2, 1, 3], np.int64)}
+    for red in ("none", "sum", "mean"):
+        add(f"SoftmaxCrossEntropyLoss-{red}", node("SoftmaxCrossEntropyLoss", ["x", "t"], reduction=red),
+            logits, opset=13)
+    add("SoftmaxCrossEntropyLoss-weight-ignore-logprob",
+        node("SoftmaxCrossEntropyLoss", ["x", "t", "w"], ["y", "lp"], ignore_index=2),
+        logits, {"w": f32(5, lo=0.5)}, opset=13, outputs=["y", "lp"])
+    add("SoftmaxCrossEntropyLoss-3d", node("SoftmaxCrossEntropyLoss", ["x", "t"], reduction="none"),
+        {"x": f32(2, 5, 3), "t": i64(2, 3, lo=0, hi=5)}, opset=13)
+    add("NegativeLogLikelihoodLoss-ignore", node("NegativeLogLikelihoodLoss", ["x", "t"], ignore_index=1),
+        logits, opset=13)
+    add("NegativeLogLikelihoodLoss-weight-sum", node("NegativeLogLikelihoodLoss", ["x", "t", "w"],
+                                                     reduction="sum"), logits, {"w": f32(5)}, opset=13)
     nchw = {"x": f32(1, 2, 3, 4)}
     for ctm in ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"):
         add(f"Resize-nearest-{ctm}", node("Resize", ["x", "", "s"], coordinate_transformation_mode=ctm,

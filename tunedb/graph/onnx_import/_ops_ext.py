@@ -213,6 +213,51 @@ class MoreOpHandlers:
         s = self.b.reduce_sum(self.b.exp(self.b.sub(x, m)), axes=ax, keepdims=keep)
         self.set(0, self.b.add(self.b.log(s), m if keep else self.reshape(m, self.b.type_of(s).shape)))
 
+    # -- losses -------------------------------------------------------------------------------
+    def _op_NegativeLogLikelihoodLoss(self, n, a, logp: str | None = None):
+        """-logp[label] per sample (class axis 1), weighted, ignore_index zeroed, then reduced:
+        'mean' divides by the summed weights of the samples not ignored, as ONNX does."""
+        b = self.b
+        logp = logp or self.val(n.input[0])
+        lab = self.val(n.input[1])
+        if self.dtype(n.input[1]) != "int64":
+            lab = b.cast(lab, to="int64")
+        keep = None
+        if "ignore_index" in a:
+            keep = b.ne(lab, self._c(int(a["ignore_index"]), lab))
+            lab = b.where(keep, lab, self._c(0, lab))  # any valid class: zeroed below
+        picked = b.squeeze(b.gather_elements(logp, b.unsqueeze(lab, axes=(1,)), axis=1), axes=(1,))
+        loss = b.neg(picked)
+        w = None
+        if len(n.input) > 2 and n.input[2]:
+            w = b.gather(self.val(n.input[2]), lab, axis=0)
+            loss = b.mul(loss, w)
+        if keep is not None:
+            zero = self._c(0.0, loss)
+            loss = b.where(keep, loss, zero)
+            w = b.where(keep, w if w is not None else self._c(1.0, loss), zero)
+        red = a.get("reduction", "mean")
+        if red == "none":
+            self.set(0, loss)
+            return
+        total = b.reduce_sum(loss, axes=None, keepdims=False)
+        if red == "sum":
+            self.set(0, total)
+        elif red == "mean":
+            den = (b.reduce_sum(w, axes=None, keepdims=False) if w is not None and
+                   b.type_of(w).shape == b.type_of(loss).shape else
+                   self._c(float(b.type_of(loss).numel), loss))
+            self.set(0, b.div(total, den))
+        else:
+            raise self.err(f"reduction={red!r} is not one of none, sum, mean")
+
+    def _op_SoftmaxCrossEntropyLoss(self, n, a):
+        x = self.val(n.input[0])
+        logp = self.b.log_softmax(x, axis=1)
+        self._op_NegativeLogLikelihoodLoss(n, a, logp)
+        if len(n.output) > 1 and n.output[1]:
+            self.set(1, logp)
+
     # -- normalization ------------------------------------------------------------------------
     def per_channel(self, v: str, rank: int) -> str:
         """A [C] parameter as [C, 1, ...] against an N C ... tensor of rank ``rank``."""
