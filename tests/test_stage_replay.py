@@ -83,3 +83,20 @@ def test_replay_of_a_full_table_matches_the_oracle_and_counts_what_it_measures(t
     assert bench_main([f"--replay={tmp_path / 'missing.json'}"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot replay") and "\n" not in err
+
+
+def test_measured_auto_keeps_the_faster_plan_and_records_both_times():
+    from tunedb.plan.stage_refine import choose_auto_measured
+
+    plan = compile_plan(randwire_graph(1, channels=4, size=6, nodes=6), device=None, cost_model=False,
+                        horizontal=False)
+    staged = compile_plan(randwire_graph(1, channels=4, size=6, nodes=6), device=None, cost_model=False,
+                          schedule="ios")
+    assert staged.stages and not plan.stages
+    slow_stages = choose_auto_measured(plan, staged, lambda p: 120.0 if p.stages else 100.0)
+    assert not slow_stages.stages and dict(slow_stages.search)["auto_ios_us"] == 120.0
+    # the stages must win by the margin, not by noise
+    assert not choose_auto_measured(plan, staged, lambda p: 99.0 if p.stages else 100.0).stages
+    fast = choose_auto_measured(plan, staged, lambda p: 80.0 if p.stages else 100.0)
+    assert fast.stages and dict(fast.search)["schedule"] == "ios (auto, measured)"
+    fast.check()

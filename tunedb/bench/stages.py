@@ -47,7 +47,7 @@ from tunedb.graph.reference import run_reference
 from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.record import Plan
-from tunedb.plan.stage_refine import choose_auto, refine_stages
+from tunedb.plan.stage_refine import choose_auto, choose_auto_measured, refine_stages
 from tunedb.plan.stages import StageEstimator, StageKeys, apply_stages, ios_search, split_blocks, step_dag
 from tunedb.runtime.device import device_info
 from tunedb.runtime.inputs import make_inputs
@@ -290,6 +290,12 @@ def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: lis
             auto = choose_auto(plans["sequential"], plans["ios"])
             rec["auto"] = {"picks": "ios" if auto.stages else "sequential",
                            "us": rec["ios" if auto.stages else "sequential"]["us"]}
+            if rec["sequential"]["us"] and rec["ios"]["us"]:  # the measured choice: times above
+                timed = {id(plans["sequential"]): rec["sequential"]["us"], id(plans["ios"]): rec["ios"]["us"]}
+                measured = choose_auto_measured(plans["sequential"], plans["ios"],
+                                                lambda p, t=timed: t[id(p)])
+                pick = "ios" if measured.stages else "sequential"
+                rec["auto_measured"] = {"picks": pick, "us": rec[pick]["us"]}
             if do_refine and name.endswith("_b1"):
                 base = replace(plans["ios"], stages=())
                 small = dict(plans["ios"].search).get("ios_candidates", 0) <= ORACLE_MAX

@@ -208,3 +208,15 @@ def choose_auto(sequential: Plan, staged: Plan) -> Plan:
     search = {**dict(sequential.search), "schedule": "sequential (auto)",
               "ios_predicted_us": ios_us, "sequential_predicted_us": round(seq_us, 2)}
     return replace(sequential, search=search)
+
+
+def choose_auto_measured(sequential: Plan, staged: Plan, time_us: Callable[[Plan], float]) -> Plan:
+    """``auto`` with a GPU: both plans timed end to end (``time_us``, e.g. an executor's
+    verified replay), the staged plan kept only when it is faster by ``AUTO_MARGIN``; the times
+    go into ``search``."""
+    seq_us, ios_us = float(time_us(sequential)), float(time_us(staged))
+    pick = staged if ios_us < AUTO_MARGIN * seq_us else sequential
+    label = "ios" if pick is staged else "sequential"
+    search = {**dict(pick.search), "schedule": f"{label} (auto, measured)",
+              "auto_sequential_us": round(seq_us, 2), "auto_ios_us": round(ios_us, 2)}
+    return replace(pick, search=search)
