@@ -122,6 +122,14 @@ def _cases() -> list[tuple]:
         logits, opset=13)
     add("NegativeLogLikelihoodLoss-weight-sum", node("NegativeLogLikelihoodLoss", ["x", "t", "w"],
                                                      reduction="sum"), logits, {"w": f32(5)}, opset=13)
+    for ex in (0, 1):
+        for rv in (0, 1):
+            add(f"CumSum-ex{ex}-rev{rv}", node("CumSum", ["x", "ax"], exclusive=ex, reverse=rv),
+                {"x": f32(3, 13, 2)}, {"ax": np.int64(1)}, opset=14)
+    add("CumSum-int-last-axis", node("CumSum", ["x", "ax"]), {"x": i64(2, 9)}, {"ax": np.int32(-1)},
+        opset=14)
+    add("CumSum-length-1", node("CumSum", ["x", "ax"], exclusive=1), {"x": f32(4, 1)},
+        {"ax": np.int64(1)}, opset=14)
     nchw = {"x": f32(1, 2, 3, 4)}
     for ctm in ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"):
         add(f"Resize-nearest-{ctm}", node("Resize", ["x", "", "s"], coordinate_transformation_mode=ctm,

@@ -346,6 +346,31 @@ class MoreOpHandlers:
         y = self.b.expand(self.reshape(x, inter), shape=full)
         self.set(0, self.reshape(y, tuple(r * d for r, d in zip(reps, src))))
 
+    def _op_CumSum(self, n, a):
+        """A prefix sum as log2(n) shifted adds (Hillis-Steele): x += x shifted by 1, 2, 4, ...
+        along the axis, each shift a slice and a zero pad: memory-bound primitives only."""
+        src = self.shape(n.input[0])
+        axis = self.axis(int(np.asarray(self.const(1, "axis")).reshape(-1)[0]), len(src))
+        size, rank = src[axis], len(src)
+        x = self.val(n.input[0])
+
+        def shift(v: str, k: int, fill_end: bool) -> str:  # v moved k places, zeros come in
+            pads = [0] * (2 * rank)
+            pads[axis + (rank if fill_end else 0)] = k
+            lo, hi = (k, size) if fill_end else (0, size - k)
+            return self.b.pad(self.b.slice(v, starts=(lo,), ends=(hi,), axes=(axis,), steps=(1,)),
+                              pads=tuple(pads), value=0.0)
+
+        rev = bool(a.get("reverse", 0))
+        k = 1
+        y = x
+        while k < size:
+            y = self.b.add(y, shift(y, k, rev))
+            k *= 2
+        if a.get("exclusive", 0):
+            y = shift(y, 1, rev) if size > 1 else self.b.mul(y, self._c(0, y))
+        self.set(0, y)
+
     def _op_DepthToSpace(self, n, a):
         nb, c, h, w = self._rank4(n)
         bs = int(a["blocksize"])
