@@ -55,6 +55,12 @@ def test_bias_rewrite_computes_the_same_and_fuses_into_the_relu():
     epilogues = [s.ops for s in plan.steps if s.kind == "fused" and "relu" in s.ops]
     assert len(epilogues) == 3 and all("add" in ops for ops in epilogues)
     assert split_conv_bias(g2) is g2  # nothing left to split
+    dw = GraphBuilder("dw")
+    x = dw.input("x", (1, 4, 5, 5))
+    y = dw.conv2d(x, dw.input("w", (4, 1, 3, 3)), dw.input("b", (4,)), strides=(1, 1), pads=(1, 1, 1, 1),
+                  dilations=(1, 1), groups=4)
+    g_dw = dw.build([dw.relu(y)])
+    assert split_conv_bias(g_dw) is g_dw  # the depthwise kernel adds its bias itself
 
 
 def test_operator_units_join_epilogues_and_r_counts_operators():

@@ -78,3 +78,23 @@ def test_plan_run_uses_the_staged_executor():
     _check(g, plan.run(dev), ref_in)
     ex = stage_exec._CACHE[id(plan)][1]
     assert ex.graph_capture and ex.summary()["streams"] > 1
+
+
+def test_depthwise_kernel_and_bias_epilogue_match_the_reference():
+    from tunedb.graph.builder import GraphBuilder
+    from tunedb.plan.driver import compile as compile_plan
+
+    b = GraphBuilder("dw_bias")
+    x = b.input("x", (2, 12, 15, 13))
+    dw = b.conv2d(x, b.input("wd", (12, 1, 5, 5)), b.input("bd", (12,)), strides=(2, 2), pads=(2, 2, 2, 2),
+                  dilations=(1, 1), groups=12)
+    y = b.relu(b.conv2d(dw, b.input("wp", (20, 12, 3, 3)), b.input("bp", (20,)), strides=(1, 1),
+                        pads=(1, 1, 1, 1), dilations=(1, 1), groups=1))
+    g = b.build([y])
+    dev, ref_in = make_inputs(g, 7)
+    for schedule in ("sequential", "ios"):
+        plan = compile_plan(g, device="cuda", schedule=schedule, bias_epilogue=True)
+        # the 3x3 conv's bias joined the ReLU; the depthwise conv keeps its own (its kernel adds it)
+        assert any("add" in s.ops and "relu" in s.ops for s in plan.steps)
+        assert sum(s.kind == "conv2d" and len(s.inputs) == 3 for s in plan.steps) == 1
+        _check(g, plan.run(dev), ref_in)

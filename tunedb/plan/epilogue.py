@@ -4,7 +4,8 @@ The executor runs a convolution as cuBLAS (after an im2col kernel unless 1x1) an
 bias in a kernel of its own; the ReLU after it is another kernel. ``split_conv_bias`` rewrites
 ``conv2d(x, w, b)`` as ``add(conv2d(x, w), reshape(b, [C, 1, 1]))``, so that the fusion search
 puts the bias add into the fused kernel of what follows (``add + relu``): one kernel fewer per
-convolution, and the reshape is a view.
+convolution, and the reshape is a view. Depthwise convolutions keep their bias: their kernel adds
+it (``tunedb.runtime.executor_ops``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ def split_conv_bias(graph: Graph) -> Graph:
 
     changed = False
     for n in graph.nodes:
-        if n.op != "conv2d" or len(n.inputs) < 3 or not n.inputs[2]:
-            nodes.append(n)
+        depthwise = n.op == "conv2d" and n.attr("groups", 1) > 1 and \
+            n.attr("groups") == types[n.inputs[0]].shape[1] == types[n.outputs[0]].shape[1]
+        if n.op != "conv2d" or len(n.inputs) < 3 or not n.inputs[2] or depthwise:
+            nodes.append(n)  # a depthwise kernel adds its bias itself
             continue
         changed = True
         y = n.outputs[0]
