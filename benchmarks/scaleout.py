@@ -383,7 +383,8 @@ def main(argv: list[str] | None = None) -> dict:
                 ap.error(f"{f}: no such file")
         result["source"] = "the databases named"
         result["checks"] = {db.name: check_collection(db, a.suite) for db in a.db}
-        result["summaries"] = {f.name: json.loads(f.read_text()) for f in a.summary}
+        # from its first brace: a replay device's DuckDB import may print a progress bar before it
+        result["summaries"] = {f.name: json.loads(f.read_text()[f.read_text().find("{"):]) for f in a.summary}
         print(json.dumps(result["checks"], indent=1))
         save(result)
         return result

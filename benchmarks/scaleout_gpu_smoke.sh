@@ -21,7 +21,13 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 export PYTHONUNBUFFERED=1
 command -v nvidia-smi > /dev/null && nvidia-smi -L > "$OUT/gpus.txt" 2>&1
-$PY -c "import importlib.metadata as m; print({p: m.version(p) for p in ('dask', 'distributed', 'dask-cuda', 'duckdb')})"
+$PY -c "
+import importlib.metadata as m
+for p in ('dask', 'distributed', 'dask-cuda', 'duckdb'):
+    try:
+        print(p, m.version(p))
+    except m.PackageNotFoundError:
+        print(p, 'not installed')"
 $PY -m distributed.cli.dask_scheduler --host 127.0.0.1 --port 8786 --no-dashboard > "$OUT/scheduler.log" 2>&1 &
 SCHED=$!
 sleep 1

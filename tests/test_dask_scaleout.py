@@ -122,3 +122,23 @@ def test_a_batch_that_fails_on_the_cluster_is_one_line() -> None:
     assert "\n" not in msg and "install tunedb" in msg and "scheduler" in msg
     msg = batch_error(OSError("disk\nfull"))
     assert msg == "a batch failed on the Dask cluster: OSError: disk full"
+
+
+@pytest.mark.slow
+def test_two_batch_threads_per_worker_store_the_rows_of_one_process(tmp_path: Path) -> None:
+    # GPU workers run two batches at once: one measures, the next generates code and compiles.
+    faults = load_script("faults")
+    source = faults.make_source(tmp_path / "source.duckdb", "quick", 3)
+    faults.single(tmp_path / "single.duckdb", source, "quick", 3)
+    expected = faults.rows(tmp_path / "single.duckdb")
+    from tunedb.collect.dask_backend import open_client
+
+    client, lc = open_client("local", 2, f"replay:{source}", threads=2)
+    try:
+        assert sorted(client.nthreads().values()) == [2, 2]
+        s = faults.cluster_collect(client, tmp_path / "two.duckdb", source, "quick", 3, pace_s=0.002)
+    finally:
+        client.close()
+        lc.close()
+    assert faults.rows(tmp_path / "two.duckdb") == expected
+    assert s.remote_build and s.killed_batches == 0 and s.measured == len(expected)

@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +39,9 @@ from tunedb.runtime.results import MeasureRequest, MeasureResult
 ALLOWED_FAILURES = 1  # a batch that was running on 2 workers that died is given up
 _DEVICES: dict[str, Any] = {}  # per worker process: device spec -> the open device
 _COLLECTORS: dict[str, Collector] = {}  # per worker process: plugin name -> instance
+_OPENING = threading.Lock()  # a worker's batch threads open its device and plugin once
+_MEASURING: dict[str, threading.Lock] = {}  # device spec -> held while a batch measures on it
+GPU_THREADS = 2  # per GPU worker: one batch measures while the next generates code and compiles
 
 
 class ClusterError(CollectError):
@@ -45,14 +49,16 @@ class ClusterError(CollectError):
 
 
 def _worker_device(spec: str) -> Any:
-    dev = _DEVICES.get(spec)
-    if dev is None:
-        if spec in ("cuda", "gpu") and multiprocessing.current_process().daemon:
-            # CudaDevice runs the GPU and its compiles in child processes; a daemonic one has none.
-            raise ClusterError("this Dask worker is a daemonic process and a GPU device needs child "
-                               "processes: start workers with DASK_DISTRIBUTED__WORKER__DAEMON=False")
-        dev = _DEVICES[spec] = open_device(spec)
-    return dev
+    with _OPENING:
+        dev = _DEVICES.get(spec)
+        if dev is None:
+            if spec in ("cuda", "gpu") and multiprocessing.current_process().daemon:
+                # CudaDevice runs the GPU and its compiles in child processes; a daemonic one has none.
+                raise ClusterError("this Dask worker is a daemonic process and a GPU device needs child "
+                                   "processes: start workers with DASK_DISTRIBUTED__WORKER__DAEMON=False")
+            dev = _DEVICES[spec] = open_device(spec)
+            _MEASURING[spec] = threading.Lock()
+        return dev
 
 
 def worker_hello(spec: str) -> str:
@@ -74,15 +80,18 @@ def measure_batch(spec: str, workload_json: str, requests_json: str, pace_s: flo
         os.kill(os.getpid(), signal.SIGKILL)
     requests = [MeasureRequest(r["candidate_hash"], r.get("plan") or {}, r.get("error", ""))
                 for r in json.loads(requests_json)]
-    dev.prefetch(requests, workload=workload)  # a GPU compiles the batch in its pool meanwhile
+    # A GPU compiles the batch in its pool now, while another batch of this worker may still be
+    # measuring; the device measures one batch at a time.
+    dev.prefetch(requests, workload=workload)
     out: list[dict | None] = [None] * len(requests)
     paces = pace_s if isinstance(pace_s, list) else [pace_s] * len(requests)
-    due = time.monotonic()
-    for i, res in dev.measure(workload, requests):
-        out[i] = None if res is None else res.to_wire()
-        if paces[i]:  # against a running deadline: sleep overshoots do not add up
-            due += paces[i]
-            time.sleep(max(0.0, due - time.monotonic()))
+    with _MEASURING[spec]:
+        due = time.monotonic()
+        for i, res in dev.measure(workload, requests):
+            out[i] = None if res is None else res.to_wire()
+            if paces[i]:  # against a running deadline: sleep overshoots do not add up
+                due += paces[i]
+                time.sleep(max(0.0, due - time.monotonic()))
     return json.dumps({"device": asdict(dev.info), "pid": os.getpid(), "results": out}, allow_nan=True)
 
 
@@ -90,10 +99,12 @@ def build_and_measure_batch(spec: str, collector: str, workload_json: str, confi
                             pace_s: float | list[float] = 0.0, kill_workloads: tuple[str, ...] = ()) -> str:
     """``measure_batch`` with code generation on the worker (its host's CPUs, not the client's):
     the collector plugin rebuilds each candidate's spec from its config (``spec_from_config``)."""
-    coll = _COLLECTORS.get(collector)
-    if coll is None:
-        coll = _COLLECTORS[collector] = load_collector(collector)
-        coll.device_info = _worker_device(spec).info
+    info = _worker_device(spec).info
+    with _OPENING:
+        coll = _COLLECTORS.get(collector)
+        if coll is None:
+            coll = _COLLECTORS[collector] = load_collector(collector)
+            coll.device_info = info
     workload = Workload(**json.loads(workload_json))
     requests, sources = [], []
     for config in json.loads(configs_json):
@@ -125,10 +136,12 @@ class ClusterSummary(Summary):
     remote_build: bool = False                              # the workers generated the code
 
 
-def open_client(cluster: str, n_workers: int | None = None, device: str = "cuda") -> tuple[Any, Any]:
+def open_client(cluster: str, n_workers: int | None = None, device: str = "cuda",
+                threads: int | None = None) -> tuple[Any, Any]:
     """``(client, cluster or None)``: ``local`` starts one worker process per GPU (dask-cuda's
-    ``LocalCUDACluster``; a ``LocalCluster`` of ``n_workers`` for replay/emu devices); an address
-    ``tcp://HOST:PORT`` connects to a running scheduler."""
+    ``LocalCUDACluster``, ``GPU_THREADS`` batch threads each; a ``LocalCluster`` of ``n_workers``
+    of one thread for replay/emu devices; ``threads`` overrides); an address ``tcp://HOST:PORT``
+    connects to a running scheduler."""
     try:
         import dask
         from distributed import Client, LocalCluster
@@ -150,9 +163,9 @@ def open_client(cluster: str, n_workers: int | None = None, device: str = "cuda"
             from dask_cuda import LocalCUDACluster
         except ImportError:
             raise ClusterError("--cluster local on GPUs needs dask-cuda: pip install dask-cuda") from None
-        lc = LocalCUDACluster(threads_per_worker=1)
+        lc = LocalCUDACluster(threads_per_worker=threads or GPU_THREADS)
     else:
-        lc = LocalCluster(n_workers=n_workers or 4, threads_per_worker=1, processes=True,
+        lc = LocalCluster(n_workers=n_workers or 4, threads_per_worker=threads or 1, processes=True,
                           dashboard_address=":0")
     return Client(lc), lc
 
@@ -198,7 +211,7 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
                 flush_every: int = 256, flush_s: float = 2.0, pace_s: float | Mapping[str, float] = 0.0,
                 kill_workloads: tuple[str, ...] = (), remote_build: bool = True) -> ClusterSummary:
     """Measure ``suite`` on every worker of ``client``'s cluster into ``store`` (exhaustive order).
-    ``window`` batches per worker are in flight, so code generation here overlaps the workers.
+    ``window`` batches per worker thread are in flight, so the client never keeps a worker waiting.
     ``pace_s`` (tests, benchmarks): seconds per candidate on a replay worker, or a candidate hash
     -> seconds mapping (recorded device times)."""
     from distributed import as_completed
@@ -280,7 +293,8 @@ def run_cluster(coll: Collector, store: Any, client: Any, device: str, suite: st
             summary.devices[device_id] = summary.devices.get(device_id, 0) + 1
 
     try:
-        for _ in range(window * max(1, len(infos))):
+        slots = sum(client.nthreads().values()) or len(infos)  # batch threads of the cluster
+        for _ in range(window * max(1, slots)):
             if not submit():
                 break
         for fut in done:
