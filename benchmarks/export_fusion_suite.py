@@ -11,7 +11,8 @@ Two steps, in two environments (not run in CI):
     python benchmarks/export_fusion_suite.py report [--out DIR]
 
 Step 1 writes each model at each of its shapes (batch 1 and a serving batch, two sequence
-lengths for transformers, some in float16 too; CNNs with a symbolic batch, sized at import)
+lengths for transformers, some in float16 and, by the dynamo exporter, bfloat16 too; CNNs
+with a symbolic batch, sized at import)
 as structure-only ONNX
 (weights stripped) plus ``models.json``. Models are built from their library's default configs
 with random weights; transformers keep 2 layers (the layers repeat: more add no workload).
@@ -56,6 +57,7 @@ TABLE_RATIO = 4              # a gather reading a graph input this much larger i
 TX_SHAPES = ((1, 128), (16, 128), (8, 512))  # (batch, sequence) of the transformers
 CNN_BATCHES = (1, 16)
 HALF = (("bert", 16, 128), ("gpt2", 16, 128), ("llama", 16, 128), ("vit", 16, 128))
+BF16 = (("bert", 16, 128), ("llama", 16, 128), ("t5_encoder", 16, 128))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,10 +213,15 @@ def _training_fns():
     }
 
 
-def _export(model, args, names: list[str], path: Path, dynamic: dict | None = None) -> None:
+def _export(model, args, names: list[str], path: Path, dynamic: dict | None = None,
+            dynamo: bool = False) -> None:
     import torch
 
     with torch.no_grad():
+        if dynamo:  # the torch.export-based exporter: it also does bfloat16
+            torch.onnx.export(model, args, str(path), dynamo=True, opset_version=18, input_names=names,
+                              output_names=["output"], external_data=True)
+            return
         torch.onnx.export(model, args, str(path), dynamo=False, opset_version=17, input_names=names,
                           output_names=["output"], dynamic_axes=dynamic, do_constant_folding=True)
 
@@ -295,6 +302,13 @@ def export_models(work: Path, only: list[str] | None) -> None:
             args = tuple(a.half() if a.is_floating_point() else a for a in args)
             _export(_First(model, names), args, names, path)
         run(f"{name}_fp16", f"{name}_fp16_b{batch}_s{seq}.onnx", [{}], fn)
+    for name, batch, seq in BF16:  # bfloat16 serving, by the dynamo exporter
+        def fn(path, build=TRANSFORMERS[name], batch=batch, seq=seq):
+            model, args, names = build(batch, seq)
+            model = model.to(torch.bfloat16).eval()
+            args = tuple(a.to(torch.bfloat16) if a.is_floating_point() else a for a in args)
+            _export(_First(model, names), args, names, path, dynamo=True)
+        run(f"{name}_bf16", f"{name}_bf16_b{batch}_s{seq}.onnx", [{}], fn)
     for name, (build, size) in CNNS.items():
         def fn(path, build=build, size=size):
             _export(build().eval(), (torch.randn(1, 3, size, size),), ["pixels"], path,

@@ -179,7 +179,8 @@ def test_the_smallest_workload_of_each_kind_runs_in_onnxruntime_as_in_the_refere
 
     picks: dict[tuple, dict] = {}
     for w in sorted(manifest()["workloads"], key=lambda w: w["floor_bytes"]):
-        if w["floor_bytes"] <= 2**20:  # seconds, not minutes, on two cores
+        # Seconds, not minutes, on two cores; onnxruntime has no bfloat16 kernels on the CPU.
+        if w["floor_bytes"] <= 2**20 and "bfloat16" not in w["dtypes"]:
             picks.setdefault((w["kind"], tuple(w["dtypes"])), w)
     assert len(picks) >= 6
     for w in picks.values():
