@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 from tunedb.graph.ir import Graph
-from tunedb.graph.onnx_import import import_onnx
 
 DIR_ENV = "TUNEDB_GENERALIZATION_DIR"
 
@@ -39,6 +38,10 @@ def manifest(folder: Path | None = None) -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _load(folder: str, tier: str | None) -> tuple[tuple[str, str, Graph], ...]:
+    # Imported here: onnx costs seconds to import, and every user of tunedb.kernels (workers,
+    # the collect and bench CLIs) would pay it for a suite it may never load.
+    from tunedb.graph.onnx_import import import_onnx
+
     out = []
     for w in manifest(Path(folder))["workloads"]:
         if tier is not None and w.get("tier") != tier:
