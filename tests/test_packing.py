@@ -21,7 +21,7 @@ from tunedb.kernels.packing import (
     padding_waste,
     partitions,
 )
-from tunedb.kernels.packing_suites import RESNET18, bench_cases, skewed, suite
+from tunedb.kernels.packing_suites import RESNET18, ZOO_SETS, bench_cases, skewed, suite
 from tunedb.runtime.pack import _lpt, bf16_bits, bf16_values, make_inputs, reference, values, worst_error
 
 
@@ -126,8 +126,17 @@ def test_suites():
     r18 = next(w for w in bench_cases() if w.family == "resnet18_tenants")
     assert len(r18.members) == 4 * len(RESNET18) == 44
     assert sum(skewed(2048, 8, 1.2)) == 2048
+    assert {"zoo"} <= fams and sum(w.family == "zoo" for w in std) == len(ZOO_SETS)
     with pytest.raises(ValueError, match="unknown packing suite"):
         suite("huge")
+
+
+def test_padded_t_stacks_the_weights_the_other_way_at_the_same_waste():
+    lora = next(w for w in bench_cases() if w.family == "lora")
+    by_name = {c.name: c for c in candidates(lora)}
+    assert {"whole:padded", "whole:padded_t"} <= set(by_name)
+    assert candidate_waste(lora, by_name["whole:padded_t"]) == candidate_waste(lora, by_name["whole:padded"])
+    assert not any(c.concurrent > 1 for c in candidates(lora) if "padded_t" in c.name)
 
 
 def test_bf16_rounding_is_nearest_even():

@@ -36,11 +36,11 @@ GRAPHS = ("bert_layer.onnx", "inception_mixed_5b.onnx", "gpt2_block.onnx", "resn
 
 def trained_predictor(data: Path) -> Any:
     frame = load_frame(data)
-    booster = fit(frame["X"], frame["y"])
+    model = fit(frame["X"], frame["y"], frame["groups"])
 
     def predict(w: Any, cands: Sequence[Any]) -> np.ndarray:
         X = np.asarray([[features(w, c)[k] for k in FEATURES] for c in cands], np.float32)
-        return predict_us(booster, X)
+        return predict_us(model, X)
     return predict
 
 
