@@ -325,3 +325,21 @@ def test_transposes_match_reference_in_emulation(tmp_path):
     failures = mismatches(lib, jobs)
     assert not failures, "\n".join(failures[:20])
     assert len(jobs) >= 12
+
+
+def test_kernels_the_model_never_saw_are_priced_by_the_roofline():
+    """A model that knows nothing of middle-axis reductions must not split them (issue 21: the
+    shipped one split x - mean over a middle block into 3 kernels)."""
+    from tunedb.plan.cost import unseen_by_model
+
+    assert unseen_by_model(analyze(mid_center())) and unseen_by_model(analyze(instnorm()))
+    assert unseen_by_model(analyze(per_head_softmax()))  # a softmax reading an index-mapped mask
+    assert not unseen_by_model(analyze(rotary())) and not unseen_by_model(analyze(kv_append()))
+    calls = []
+
+    def clueless(graph, configs):
+        calls.append(graph.name)
+        return np.full(len(configs), 1e6)  # every fused kernel "costs" a second
+
+    plan = tunedb.compile(mid_center(32, 64, 16, 256), cost_model=clueless, device=None)
+    assert [(s.kind, s.cost_source) for s in plan.steps] == [("fused", "roofline")]
