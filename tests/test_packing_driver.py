@@ -236,3 +236,29 @@ def test_plans_bench_arguments_and_forced_predictor(capsys):
     assert plan.packs[0].label == "whole:grouped"
     plan = _plan(attention(), pack_model=forced("streams"))
     assert plan.packs[0].label == "whole:streams2"  # three members: 2 streams is the most offered
+
+
+def test_the_shipped_packing_model_is_the_default_and_gets_a_say(monkeypatch):
+    from pathlib import Path
+
+    from tunedb.costmodel.packing import FEATURE_SCHEMA, load_predictor
+    from tunedb.costmodel.registry import default_models_root, model_dir
+    from tunedb.plan.packing import graph_workloads, plan_candidates
+
+    monkeypatch.delenv("TUNEDB_MODELS")  # the shipped registry, as a user gets it
+    folder = model_dir(default_models_root(), "NVIDIA H200", "packing")
+    card = json.loads((Path(folder) / "card.json").read_text())
+    assert card["kind"] == "packing" and card["feature_schema"] == FEATURE_SCHEMA
+    m = card["metrics"]
+    assert card["workloads"] >= 200 and m["model_within_5pct"] > m["rule_within_5pct"]
+    predict = load_predictor(folder)
+    (w,) = graph_workloads(attention(), "qkv")
+    us = predict(w, plan_candidates(w))
+    assert len(us) == len(plan_candidates(w)) and all(u > 0 for u in us)
+    plan = compile(attention(), cost_model=False)  # pack="auto": the shipped model decides
+    for p in plan.packs:  # whatever it decides is recorded with its evidence and can run
+        assert p.source == "model" and p.predicted_us < p.serial_us
+    _, feeds = make_inputs(plan.graph, 0)
+    out = plan.graph.outputs[0]
+    want = run_reference(plan.graph, feeds)[out]
+    np.testing.assert_allclose(plan.run(feeds, backend="reference")[out], want)

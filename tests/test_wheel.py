@@ -64,6 +64,8 @@ def test_wheel_ships_the_models_and_no_studies(installed: tuple[Path, Path]) -> 
     names = zipfile.ZipFile(whl).namelist()
     assert "tunedb/models/nvidia-h200/fusion/model.ubj" in names
     assert "tunedb/models/nvidia-h200/fusion/card.json" in names
+    packing = {f"tunedb/models/nvidia-h200/packing/{f}" for f in ("card.json", "model.ubj", "rank.ubj")}
+    assert packing <= set(names)
     assert "collectors/fusion.py" in names and "tunedb/collect/engine.py" in names
     shipped = [n for n in names if n.startswith(NOT_SHIPPED)]
     assert not shipped, f"one-off studies or test files in the wheel: {shipped}"
