@@ -17,6 +17,7 @@ from tunedb.kernels.packing import Candidate as PackCandidate
 from tunedb.kernels.packing import PackingWorkload, candidate_waste, candidates
 from tunedb.kernels.packing_suites import interleave, suite
 from tunedb.records import Workload, canonical_json
+from tunedb.runtime.pack_device import PackingDevice
 
 
 def workload_record(w: PackingWorkload) -> Workload:
@@ -47,8 +48,6 @@ class PackingCollector(Collector):
 
     def open_device(self, spec: str, **kw: Any) -> Any:
         if spec in ("cuda", "gpu"):
-            from tunedb.runtime.pack_device import PackingDevice
-
             return PackingDevice(timeout_s=kw.get("timeout_s", 60.0), protocol=kw.get("protocol"))
         if spec == "emu":
             raise ValueError("packing candidates are cuBLAS calls: no CPU emulation; use cuda or "

@@ -39,6 +39,7 @@ from tunedb._version import __version__
 from tunedb.collect.jobs import CollectError, Job, Summary, Task
 from tunedb.collect.strategy import ExhaustiveStrategy, Strategy
 from tunedb.records import Candidate, Measurement, Run, Workload, canonical_json
+from tunedb.runtime import open_device
 from tunedb.runtime.results import MeasureRequest
 
 # Plugins of this source tree, for a checkout used without installing it (no entry points).
@@ -136,8 +137,6 @@ class Collector:
     def open_device(self, spec: str, **kw: Any) -> Any:
         """The device this kind measures on (``tunedb.runtime.open_device``'s ``spec`` and keywords);
         a plugin whose candidates are not generated kernels returns its own for ``cuda``."""
-        from tunedb.runtime import open_device
-
         return open_device(spec, **kw)
 
     def candidates(self, suite: str) -> Iterator[Candidate]:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from tunedb._version import __version__
 from tunedb.costmodel.errors import TrainError
 from tunedb.costmodel.metrics import all_metrics
 from tunedb.kernels.packing import (
@@ -304,8 +305,6 @@ def save(model: Any, out_dir: Path, frame: dict[str, Any], scores: dict[str, Any
     """Model files (XGBoost UBJSON: ``model.ubj`` the regression, ``rank.ubj`` the ranker) and the
     card: kind, feature schema and names, objectives, the data it learnt from, held-out scores."""
     import xgboost as xgb
-
-    from tunedb._version import __version__
 
     model = model if isinstance(model, PackingModel) else PackingModel(model)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,13 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
+from tunedb.kernels.packing import Candidate, PackingWorkload
 from tunedb.records import DeviceInfo, Protocol, Workload
-from tunedb.runtime.device import CUPY_MISSING, NoGPUError, clocks
+from tunedb.runtime.blas import library
+from tunedb.runtime.device import CUPY_MISSING, NoGPUError, clocks, device_info, device_uuid, import_cupy
+from tunedb.runtime.pack import make_inputs, measure_candidate, reference
 from tunedb.runtime.results import MeasureRequest, MeasureResult
+from tunedb.runtime.streams import StreamPool
 from tunedb.runtime.worker import Worker, WorkerError, failure
 
 TASK = "tunedb.runtime.pack_device:measure_task"
@@ -29,10 +33,6 @@ STREAMS = 16  # the most streams a candidate forks (``candidates`` offers 2..16)
 
 
 def init_task(state: dict) -> dict:
-    from tunedb.runtime.blas import library
-    from tunedb.runtime.device import device_info, device_uuid, import_cupy
-    from tunedb.runtime.streams import StreamPool
-
     cp = import_cupy()
     library()  # before anything else loads its own cuBLAS
     state.update(cp=cp, pool=StreamPool(STREAMS), key="", inputs=None, refs=None)
@@ -52,9 +52,6 @@ def result_of(row: dict[str, Any]) -> dict:
 def measure_task(state: dict, context: dict, items: list) -> Iterator[dict]:
     """``context``: {workload (the packing record's JSON), protocol}; items: wire requests
     holding ``candidate`` (a packing candidate's JSON)."""
-    from tunedb.kernels.packing import Candidate, PackingWorkload
-    from tunedb.runtime.pack import make_inputs, measure_candidate, reference
-
     cp = state["cp"]
     w = PackingWorkload.from_json(context["workload"])
     proto = Protocol(**context.get("protocol", asdict(PROTOCOL)))
