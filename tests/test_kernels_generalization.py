@@ -343,3 +343,35 @@ def test_kernels_the_model_never_saw_are_priced_by_the_roofline():
 
     plan = tunedb.compile(mid_center(32, 64, 16, 256), cost_model=clueless, device=None)
     assert [(s.kind, s.cost_source) for s in plan.steps] == [("fused", "roofline")]
+
+
+def xent_grad(R: int = 6, C: int = 40, dtype: str = "float32"):
+    """Cross-entropy gradient as traced: softmax(x) - onehot, the one-hot an int64 compare of a
+    per-column id row [1, C] with the per-row labels."""
+    b = GraphBuilder(f"xent_grad_{R}x{C}_{dtype}")
+    x = b.input("x", (R, C), dtype)
+    ids, label = b.input("ids", (1, C), "int64"), b.input("label", (R, 1), "int64")
+    onehot = b.cast(b.eq(ids, label), to=dtype)
+    return b.build([b.sub(b.softmax(x), onehot)])
+
+
+def test_wide_per_column_ids_do_not_narrow_the_vectors(tmp_path):
+    from tunedb.kernels.schedule import full_bytes, schedule_space
+
+    a = analyze(xent_grad(8, 4096))
+    assert a.cls["ids"] == "col" and full_bytes(a) == 4
+    assert max(s.vec for s in schedule_space(a)[0]) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_wide_per_column_ids_match_reference_in_emulation(tmp_path):
+    from tunedb.runtime.emu import build, generable_schedules, mismatches
+
+    graphs = [xent_grad(), xent_grad(4, 64, "float16")]
+    jobs = [(g, s, generate(g, s, sm_count=2)) for g in graphs for s in generable_schedules(g)
+            if s.vec >= 2][::5]
+    lib = build([k.source for _, _, p in jobs for k in p.kernels], str(tmp_path))
+    failures = mismatches(lib, jobs)
+    assert not failures, "\n".join(failures[:20])
+    assert len(jobs) >= 10

@@ -178,6 +178,21 @@ class Frame:
                 lines.append(f"const tdb_vec<{self.st(v)}, {V}> bl_{self.n(v)} = {self.vec_load(v, idx, V)};")
                 env[v] = self.conv(v, f"bl_{self.n(v)}.v[k]")
 
+    def col_load(self, v: str, col: str, V: int, lines: list[str], guard: str = "") -> str:
+        """Load per-column leaf ``v`` at columns col .. col + V - 1 into ``lines``; returns the
+        expression of element k. A leaf wider than the kernel's vectors (int64 class ids next
+        to float logits) is read element by element: it is small and stays in cache, and it
+        must not cap the vector width of the full-size data (``schedule.full_bytes``)."""
+        if V * DTYPE_BYTES[self.dtype(v)] > 16:
+            return self.conv(v, f"{self.param[v]}[{col} + k]")
+        name = f"cl_{self.n(v)}"
+        if guard:
+            lines.append(f"tdb_vec<{self.st(v)}, {V}> {name};")
+            lines.append(f"if ({guard}) {name} = {self.vec_load(v, col, V)};")
+        else:
+            lines.append(f"const tdb_vec<{self.st(v)}, {V}> {name} = {self.vec_load(v, col, V)};")
+        return self.conv(v, f"{name}.v[k]")
+
     def vec_store_lines(self, v: str, index: str, V: int, vals: str) -> list[str]:
         """Store the V computed values ``vals[v]`` of value ``v`` to every output buffer of it."""
         out = []

@@ -18,9 +18,7 @@ from tunedb.kernels.frame import Frame, KText, indent
 def _leaf_loads(f: Frame, lc: dict, V: int, lines: list[str]) -> dict[str, str]:
     env = {}
     for v in lc[COL]:
-        lines.append(f"tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)};")
-        lines.append(f"if (cok) cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
-        env[v] = f.conv(v, f"cl_{f.n(v)}.v[k]")
+        env[v] = f.col_load(v, "col", V, lines, guard="cok")
     return env
 
 

@@ -192,16 +192,14 @@ class _Row:
             for v in lc[FULL]:
                 ld = f.vec_load(v, "rbase + col", V)
                 inner.append(f"const tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)} = {ld};")
-        for v in lc[COL]:
-            inner.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
+        cols = {v: f.col_load(v, "col", V, inner) for v in lc[COL]}
         f.bcol_loads(lc[BCOL] + lc[IDX], "row", "col", V, inner, e)
         for v in outs:
             inner.append(f"{f.ct(v)} res_{f.n(v)}[{V}];")
         el: list[str] = []
         for v in lc[FULL]:
             e[v] = f.conv(v, f"ld_{f.n(v)}[i].v[k]" if preload else f"ld_{f.n(v)}.v[k]")
-        for v in lc[COL]:
-            e[v] = f.conv(v, f"cl_{f.n(v)}.v[k]")
+        e.update(cols)
         if cache_avail:
             for v in self.cached:
                 e[v] = self.cache_ref(v)

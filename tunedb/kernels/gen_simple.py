@@ -38,10 +38,9 @@ def _side_loads(f: Frame, lc: dict[str, list[str]], V: int, lines: list[str],
     for v in lc[ROW]:
         lines.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[row]')};")
         env[v] = f.n(v, "r")
-    for v in lc[COL]:
-        lines.append(f"const tdb_vec<{f.st(v)}, {V}> cl_{f.n(v)} = {f.vec_load(v, 'col', V)};")
+    cols = {v: f.col_load(v, "col", V, lines) for v in lc[COL]}
     f.bcol_loads(lc[BCOL] + lc[IDX], "row", "col", V, lines, env)
-    return {v: f.conv(v, f"cl_{f.n(v)}.v[k]") for v in lc[COL]}
+    return cols
 
 
 def gen_elementwise(f: Frame) -> list[KText]:

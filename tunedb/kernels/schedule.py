@@ -188,7 +188,12 @@ def full_bytes(a: Analysis) -> int:
     cls = a.cls
     vals = [v for v in list(a.graph.inputs) + list(a.graph.outputs)
             if cls.get(a.resolve(v)) in (FULL, COL, TRANS)]
-    return max((DTYPE_BYTES[types[v].dtype] for v in vals), default=4)
+    data = max((DTYPE_BYTES[types[v].dtype] for v in vals if cls.get(a.resolve(v)) != COL), default=0)
+    # a per-column input wider than the data (int64 class ids next to float logits) is read
+    # element by element (``Frame.col_load``), so it does not narrow the data's vectors
+    return max((DTYPE_BYTES[types[v].dtype] for v in vals
+                if not (cls.get(a.resolve(v)) == COL and v in a.graph.inputs
+                        and types[v].dtype in ("int64", "int32", "bool") and data)), default=4)
 
 
 def row_iters(C: int, threads: int, vec: int) -> int:
