@@ -20,12 +20,14 @@ from tunedb.runtime.pack_exec import pack_layout
 
 
 def attention(dtype: str = "float32", name: str = "qkv"):
-    """Q/K/V projections of one input (three distinct weights), then attention."""
+    """Q/K/V projections of three inputs (three distinct weights), then attention. Projections
+    of ONE input are merged into one GEMM before packing (``tunedb.plan.rewrite``): nothing
+    would be left to pack."""
     rng = np.random.default_rng(0)
     b = GraphBuilder(name)
-    x = b.input("x", (64, 96), dtype)
+    xs = [b.input(f"x{i}", (64, 96), dtype) for i in range(3)]
     q, k, v = (b.matmul(x, b.constant(rng.uniform(-0.1, 0.1, (96, 96)).astype(np.float32), dtype))
-               for _ in range(3))
+               for x in xs)
     s = b.softmax(b.matmul(q, b.transpose(k, perm=(1, 0))), axis=-1)
     return b.build([b.matmul(s, v)])
 
@@ -63,7 +65,8 @@ def packed():
 def test_the_driver_packs_qkv_when_the_model_says_it_pays(packed):
     (pk,) = packed.packs
     members = [packed.steps[i] for i in pk.steps]
-    assert [s.kind for s in members] == ["matmul"] * 3 and {s.inputs[0] for s in members} == {"x"}
+    assert [s.kind for s in members] == ["matmul"] * 3
+    assert {s.inputs[0] for s in members} == {"x0", "x1", "x2"}
     assert pk.label == "whole:streams2" and pk.source == "model"
     assert (pk.predicted_us, pk.serial_us) == (48.0, 100.0)
     assert sorted(i for c in pk.clusters for i in c.members) == list(pk.steps)
@@ -194,7 +197,8 @@ def test_pack_plans_packs_the_tenants_ready_layers():
     for (t, k), (x, wt) in zip(tp.members, ins):
         g = plans[t].graph
         step = plans[t].steps[k]
-        want = np.asarray(feeds[t]["x"], np.float64) @ g.constant_map[step.inputs[1]].array.astype(np.float64)
+        x_in = np.asarray(feeds[t][step.inputs[0]], np.float64)
+        want = x_in @ g.constant_map[step.inputs[1]].array.astype(np.float64)
         np.testing.assert_allclose((x[0].astype(np.float64) @ wt[0].astype(np.float64)), want, rtol=1e-6)
     with pytest.raises(ValueError, match="needs two or more"):
         pack_plans([_plan(branches(), pack=False)])
