@@ -48,13 +48,16 @@ from tunedb.kernels.domain import (  # noqa: F401  (class names and the error, r
     TRANS,
     IndexMap,
     UnsupportedFusion,
+    View,
     batched_transpose,
     broadcast_class,
+    contiguous_view,
     domains,
     index_map,
-    permuted_map,
-    rolled_map,
+    permuted_view,
+    shifted_view,
     split_at,
+    view_map,
 )
 from tunedb.kernels.movement import lower_concats, sink_transposes
 
@@ -193,6 +196,7 @@ class _Classifier:
         self.seg = 0  # rows per segment of the column reductions (0: all R)
         self.isrc: dict[str, str] = {}  # rolled read -> the graph input it reads
         self.permuted = 0  # transposes read through index maps
+        self.views: dict[str, View] = {}  # idx value -> the strided view of its input
 
     def resolve(self, v: str) -> str:
         while v in self.alias:
@@ -330,10 +334,7 @@ class _Classifier:
         if split is None or split[0] * split[1] != self.R or split[2] != self.C:
             # no transpose tile on this domain (rows permuted, as an attention head split's):
             # read the input through the permuted index map
-            self.imaps[out] = permuted_map(shape, perm)
-            self.isrc[out] = rs
-            self.cls[out] = IDX
-            self.dep[out] = 0
+            self.mapped(out, permuted_view(shape, perm), rs)
             self.permuted += split is not None  # a tile would read it on another domain
             return
         if self.periods.setdefault(rs, split[1]) != split[1]:
@@ -386,14 +387,29 @@ class _Classifier:
         n = self.types[data].shape[ax]
         vals = (np.frombuffer(c.data, dtype="<i8" if c.type.dtype == "int64" else "<i4") % n
                 if c is not None and c.type.rank == 1 else None)
-        if (data not in self.g.inputs or vals is None or self.numel(out) != self.N
+        base = self.view_of(data)
+        view = None if base is None else shifted_view(base, ax, self.types[out].shape[ax], int(vals[0]))
+        if (view is None or vals is None or self.numel(out) != self.N
                 or any(int(x) != (int(vals[0]) + j) % n for j, x in enumerate(vals))):
             raise UnsupportedFusion(f"{what}: only a full-size read of a graph input at constant "
                                     f"indices (c + s) % n along one axis is generated")
-        self.imaps[out] = rolled_map(self.types[out].shape, self.types[data].shape, ax, int(vals[0]))
-        self.isrc[out] = data
-        self.cls[out] = self.cls[idx] = IDX  # the indices are folded into the map
-        self.dep[out] = self.dep[idx] = 0
+        self.mapped(out, view, data)
+        self.cls[idx] = IDX  # the indices are folded into the map
+        self.dep[idx] = 0
+
+    def view_of(self, v: str) -> View | None:
+        """``v`` as a strided view of a graph input: the input itself, or a transpose of one
+        read through a permuted map (then rolls and slices of it compose)."""
+        if v in self.g.inputs:
+            return contiguous_view(self.types[v].shape)
+        return self.views.get(v)
+
+    def mapped(self, out: str, view: View, data: str) -> None:
+        self.views[out] = view
+        self.imaps[out] = view_map(view)
+        self.isrc[out] = self.isrc.get(data, data)
+        self.cls[out] = IDX
+        self.dep[out] = 0
 
     def sliced(self, node: Node, attrs: dict, what: str) -> None:
         """Full-size pieces of a graph input cut along one axis (the halves of a fused gate/up
@@ -411,13 +427,12 @@ class _Classifier:
             if len(cut) != 1 or any(st != 1 for st in attrs["steps"]):
                 raise UnsupportedFusion(f"{what}: only a unit-step slice along one axis is read in place")
             pieces = [(node.outputs[0], cut[0][0], cut[0][1])]
+        base = self.view_of(data)
         for out, ax, start in pieces:
-            if data not in self.g.inputs or self.numel(out) != self.N:
+            view = None if base is None else shifted_view(base, ax, self.types[out].shape[ax], start)
+            if view is None or self.numel(out) != self.N:
                 raise UnsupportedFusion(f"{what}: only full-size pieces of graph inputs are read in place")
-            self.imaps[out] = rolled_map(self.types[out].shape, shape, ax, start)
-            self.isrc[out] = data
-            self.cls[out] = IDX
-            self.dep[out] = 0
+            self.mapped(out, view, data)
 
     def gather(self, node: Node, attrs: dict, what: str) -> None:
         data, idx, out = node.inputs[0], node.inputs[1], node.outputs[0]

@@ -164,42 +164,61 @@ def index_expr(m: IndexMap, flat: str, numel: int) -> str:
     return " + ".join(parts) or "0LL"
 
 
+# A strided view of an input, one (size, stride, shift, wrap) per dim of the view in row-major
+# order: coordinate c of a dim reads source coordinate (c + shift) % wrap (shift 0 and wrap 0: c).
+View = tuple[tuple[int, int, int, int], ...]
+
+
+def contiguous_view(shape: tuple[int, ...]) -> View:
+    out, stride = [], 1
+    for d in reversed(shape):
+        out.append((d, stride, 0, 0))
+        stride *= d
+    return tuple(reversed(out))
+
+
+def view_map(view: View) -> IndexMap:
+    """The index map of a view: a term per dim, dims that step as one merged (shifted dims
+    stay alone: their wrap is their own)."""
+    terms: list[tuple[int, ...]] = []
+    inner = 1
+    for size, stride, shift, wrap in reversed(view):
+        if shift or (wrap and wrap != size):
+            terms.append((inner, size, stride, shift % wrap, wrap))
+        elif size > 1:
+            last = terms[-1] if terms else (0, 0, 0, 0)
+            if len(last) == 3 and last[0] * last[1] == inner and last[2] * last[1] == stride:
+                terms[-1] = (last[0], last[1] * size, last[2])  # steps with the dim inside it
+            else:
+                terms.append((inner, size, stride))
+        inner *= size
+    return tuple(reversed(terms))
+
+
+def shifted_view(view: View, axis: int, size: int, shift: int) -> View | None:
+    """``view`` read along ``axis`` at (c + shift) % its size, ``size`` long (a slice, a roll);
+    None where that dim is shifted already."""
+    n, stride, old, wrap = view[axis]
+    if old or wrap:
+        return None
+    return view[:axis] + ((size, stride, shift % n, n),) + view[axis + 1:]
+
+
 def rolled_map(shape: tuple[int, ...], src_shape: tuple[int, ...], axis: int, shift: int) -> IndexMap:
     """Index map of ``src`` read as ``shape`` (equal to ``src_shape`` but on ``axis``) with
     coordinate c of ``axis`` taken from (c + shift) % src_shape[axis] of the source."""
-    terms: list[tuple[int, ...]] = []
-    inner, stride = 1, 1
-    for d in reversed(range(len(shape))):
-        if d == axis:
-            terms.append((inner, shape[d], stride, shift % src_shape[d], src_shape[d]))
-        elif shape[d] > 1:
-            last = terms[-1] if terms else (0, 0, 0, 0)
-            if len(last) == 3 and last[0] * last[1] == inner and last[2] * last[1] == stride:
-                terms[-1] = (last[0], last[1] * shape[d], last[2])  # steps with the dim inside it
-            else:
-                terms.append((inner, shape[d], stride))
-        inner *= shape[d]
-        stride *= src_shape[d]
-    return tuple(reversed(terms))
+    view = shifted_view(contiguous_view(src_shape), axis, shape[axis], shift)
+    assert view is not None
+    return view_map(view)
+
+
+def permuted_view(src_shape: tuple[int, ...], perm: tuple[int, ...]) -> View:
+    src = contiguous_view(src_shape)
+    return tuple(src[p] for p in perm)
 
 
 def permuted_map(src_shape: tuple[int, ...], perm: tuple[int, ...]) -> IndexMap:
     """Index map of ``transpose(src, perm)`` read in its own row-major order: output dim d steps
     through source dim perm[d] (dims that stay in step are merged, so an attention head split
     [B, S, H, D] -> [B, H, S, D] keeps its D-long runs contiguous and vector-loadable)."""
-    strides = [1] * len(src_shape)
-    for d in range(len(src_shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * src_shape[d + 1]
-    out = [src_shape[p] for p in perm]
-    terms: list[tuple[int, ...]] = []
-    inner = 1
-    for d in reversed(range(len(out))):
-        if out[d] > 1:
-            st = strides[perm[d]]
-            last = terms[-1] if terms else (0, 0, 0)
-            if last[0] * last[1] == inner and last[2] * last[1] == st:
-                terms[-1] = (last[0], last[1] * out[d], last[2])
-            else:
-                terms.append((inner, out[d], st))
-        inner *= out[d]
-    return tuple(reversed(terms))
+    return view_map(permuted_view(src_shape, perm))

@@ -49,8 +49,8 @@ def _branch(graph: Graph, v: str, axis: int, producer: dict[str, Node], readers:
     if v in graph.inputs:
         return chain[::-1], v, 0, None
     n = producer.get(v)
-    if n is None or n.op != "slice" or n.inputs[0] not in graph.inputs:
-        return None
+    if n is None or n.op != "slice":
+        return None  # (a slice of a transposed input passes: the analysis composes the reads)
     attrs = canonical_attrs(n, [types[n.inputs[0]]])
     src = types[n.inputs[0]]
     out = types[v]
