@@ -1,0 +1,146 @@
+"""Windowed kernels (depthwise convolutions, pools) with their elementwise neighbours fused in:
+every variant run in the CPU emulator against the float64 reference, the sources compiled by
+nvcc for sm_90 (slow), and the pattern's limits reported as ``UnsupportedFusion``."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from tunedb.graph.builder import GraphBuilder
+from tunedb.kernels.analysis import UnsupportedFusion
+from tunedb.kernels.gen_window import generate_window, match_window
+from tunedb.runtime.emu import build, check_plan
+from tunedb.runtime.inputs import make_inputs, reference_outputs
+
+DTYPES = ("float32", "float16", "bfloat16")
+N, C, H = 2, 8, 9  # odd spatial size: the stride-2 windows end on a partial edge
+
+
+def _chan(b: GraphBuilder, name: str, dtype: str) -> str:
+    return b.input(name, (1, C, 1, 1), dtype)
+
+
+def dwconv_block(dtype: str, k: int, stride: int, act: str = "relu6", residual: bool = False,
+                 bias: bool = True, prologue: bool = False, dilation: int = 1):
+    """Depthwise conv -> BN affine -> activation (-> residual add), as MobileNet/EfficientNet."""
+    b = GraphBuilder(f"dw{k}s{stride}_{act}_{dtype}{'_res' if residual else ''}{'_pro' if prologue else ''}")
+    x = b.input("x", (N, C, H, H), dtype)
+    w = b.input("w", (C, 1, k, k), dtype)
+    src = b.relu(x) if prologue else x
+    pad = dilation * (k // 2)
+    ins = (src, w, b.input("bias", (C,), dtype)) if bias else (src, w)
+    y = b.conv2d(*ins, strides=(stride, stride), pads=(pad,) * 4, dilations=(dilation, dilation), groups=C)
+    y = b.add(b.mul(y, _chan(b, "scale", dtype)), _chan(b, "shift", dtype))
+    if act == "relu6":
+        y = b.clip(y, min=0.0, max=6.0)
+    elif act == "silu":
+        y = b.mul(y, b.sigmoid(y))
+    elif act == "hardswish":
+        y = b.div(b.mul(y, b.clip(b.add(y, 3.0), min=0.0, max=6.0)), 6.0)
+    if residual:
+        y = b.add(y, b.input("res", (N, C, -(-H // stride), -(-H // stride)), dtype))
+    return b.build([y])
+
+
+def pool_block(dtype: str, op: str, k: int, stride: int, pad: int, include_pad: bool = False):
+    b = GraphBuilder(f"{op}{k}s{stride}p{pad}{'_inc' if include_pad else ''}_{dtype}")
+    x = b.input("x", (N, C, H, H), dtype)
+    kw = {"count_include_pad": include_pad} if op == "avg_pool2d" else {}
+    y = b.op(op, b.add(x, _chan(b, "bias", dtype)), kernel=(k, k), strides=(stride, stride),
+             pads=(pad,) * 4, **kw)
+    return b.build([b.relu(y)])
+
+
+def _variants():
+    gs = []
+    for dt in DTYPES:
+        for k in (3, 5, 7):
+            for s in (1, 2):
+                gs.append(dwconv_block(dt, k, s))
+        gs.append(dwconv_block(dt, 3, 1, act="silu", residual=True, prologue=True))
+        gs.append(dwconv_block(dt, 5, 2, act="hardswish", bias=False))
+        gs.append(dwconv_block(dt, 7, 1, act="none"))  # ConvNeXt: 7x7 then a norm elsewhere
+        gs.append(pool_block(dt, "max_pool2d", 3, 2, 1))
+        gs.append(pool_block(dt, "avg_pool2d", 3, 1, 1))
+        gs.append(pool_block(dt, "avg_pool2d", 3, 2, 1, include_pad=True))
+    return gs
+
+
+@pytest.mark.slow  # 36 variants through g++: ~7 s
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_every_window_variant_matches_the_float64_reference(tmp_path):
+    graphs = _variants()
+    plans = [generate_window(g) for g in graphs]
+    lib = build([p.kernels[0].source for p in plans], str(tmp_path))
+    bad = []
+    for g, p in zip(graphs, plans):
+        dev, ref = make_inputs(g, 7)
+        v, err = check_plan(lib, g, p, dev, reference_outputs(g, ref))
+        if not err <= 1.0:
+            bad.append(f"{g.name}: {v} off by {err:.3g}x tolerance")
+    assert not bad, bad
+    assert len(graphs) == 36
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_one_variant_passes_and_a_wrong_window_fails(tmp_path):
+    # The fast tier's check, and proof it can fail: 3x3 taps that skip the last column are off.
+    good = generate_window(dwconv_block("bfloat16", 3, 2, act="silu", residual=True, prologue=True))
+    g = dwconv_block("float32", 3, 1)
+    plan = generate_window(g)
+    k = plan.kernels[0]
+    assert "kw < 3;" in k.source
+    broken = k.source.replace("kw < 3;", "kw < 2;").replace(k.name, k.name + "_broken")
+    bad_plan = replace(plan, kernels=(replace(k, name=k.name + "_broken", source=broken),))
+    lib = build([good.kernels[0].source, broken], str(tmp_path))
+    gg = dwconv_block("bfloat16", 3, 2, act="silu", residual=True, prologue=True)
+    dev, ref = make_inputs(gg, 3)
+    assert check_plan(lib, gg, good, dev, reference_outputs(gg, ref))[1] <= 1.0
+    dev, ref = make_inputs(g, 7)
+    assert check_plan(lib, g, bad_plan, dev, reference_outputs(g, ref))[1] > 1.0
+
+
+def test_sources_are_deterministic_and_the_pattern_split_is_right():
+    g = dwconv_block("float16", 3, 1, act="silu", residual=True, prologue=True)
+    assert generate_window(g).source_hash == generate_window(g).source_hash
+    m = match_window(g)
+    assert m.node.op == "conv2d"
+    assert [n.op for n in m.prologue] == ["relu"]
+    assert [n.op for n in m.epilogue] == ["mul", "add", "sigmoid", "mul", "add"]
+
+
+def test_out_of_pattern_graphs_raise_unsupported_fusion():
+    b = GraphBuilder("dense")
+    x = b.input("x", (1, 4, 5, 5))
+    w = b.input("w", (4, 4, 3, 3))
+    with pytest.raises(UnsupportedFusion, match="depthwise"):
+        match_window(b.build([b.conv2d(x, w, pads=(1, 1, 1, 1))]))
+    b = GraphBuilder("rowwise")
+    x = b.input("x", (1, 4, 5, 5))
+    y = b.max_pool2d(b.relu(x), kernel=(3, 3), pads=(1, 1, 1, 1))
+    with pytest.raises(UnsupportedFusion, match="broadcasts"):
+        generate_window(b.build([b.add(y, b.input("r", (1, 1, 1, 5)))]))
+    b = GraphBuilder("prologue_out")
+    x = b.input("x", (1, 4, 5, 5))
+    r = b.relu(x)
+    with pytest.raises(UnsupportedFusion, match="prologue"):
+        match_window(b.build([r, b.max_pool2d(r, kernel=(3, 3), pads=(1, 1, 1, 1))]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_window_sources_compile_with_nvcc_for_sm90(tmp_path):
+    sources = {p.kernels[0].name: p.kernels[0].source for p in map(generate_window, _variants())}
+    cu = tmp_path / "window.cu"
+    cu.write_text("\n".join(sources.values()))
+    r = subprocess.run([shutil.which("nvcc"), "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
+                        str(tmp_path / "window.cubin"), str(cu)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("Compiling entry function") == len(sources)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+    assert len(spills) == len(sources) and not any(spills), spills

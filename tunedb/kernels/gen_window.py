@@ -1,0 +1,283 @@
+"""Windowed memory-bound kernels: a depthwise convolution or a max/average pool with its
+elementwise neighbours fused in, as one generated kernel (``generate_window(graph)``).
+
+The graph holds exactly one window node (``conv2d`` with ``groups == C_in == C_out`` and weight
+``[C, 1, KH, KW]``, optional bias; or ``max_pool2d`` / ``avg_pool2d``) over an NCHW tensor, plus
+elementwise nodes:
+
+* a *prologue*: nodes upstream of the window's input, applied to every tap as it is loaded (the
+  convolution's zero padding is padding of the prologue's result, so out-of-bounds taps are
+  skipped, never evaluated);
+* an *epilogue*: nodes downstream of the window, per output element (bias, BN affine, ReLU6,
+  SiLU / HardSwish, a residual add of a full-shaped graph input).
+
+Operands of either side are full-shaped tensors of that side, per-channel tensors (``[1,C,1,1]``
+after right alignment) or scalars. One thread per output element, fp32 accumulation, one rounding
+per stored value. The plan has the same launch convention as ``codegen.generate`` (graph inputs,
+graph outputs, then the scalars R = N*C and C = OH*OW), so the emulator and CuPy run it the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tunedb.graph.ir import Graph, Node
+from tunedb.graph.ops import canonical_attrs, is_elementwise
+from tunedb.kernels.analysis import UnsupportedFusion
+from tunedb.kernels.codegen import KernelPlan, KernelSpec
+from tunedb.kernels.expr import COMPUTE, FLOATS, STORAGE, flit, literal, load_conv, op_expr, store_conv
+from tunedb.kernels.prelude import PRELUDE
+from tunedb.records import sha256_hex
+
+WINDOW_OPS = ("conv2d", "max_pool2d", "avg_pool2d")
+BLOCK = 256
+MAX_CONST_ELEMS = 4096
+
+
+class _GraphView:
+    """What ``op_expr`` reads of an Analysis: the graph and value resolution (no aliases here)."""
+
+    def __init__(self, g: Graph) -> None:
+        self.graph = g
+
+    def resolve(self, v: str) -> str:
+        return v
+
+
+@dataclass(frozen=True)
+class WindowMatch:
+    node: Node
+    prologue: tuple[Node, ...]
+    epilogue: tuple[Node, ...]
+    in_shape: tuple[int, int, int, int]
+    out_shape: tuple[int, int, int, int]
+
+
+def _is_depthwise(g: Graph, n: Node) -> bool:
+    if n.op != "conv2d":
+        return False
+    x, w = g.type_of(n.inputs[0]).shape, g.type_of(n.inputs[1]).shape
+    return (len(x) == 4 and len(w) == 4 and n.attr("groups") == x[1] == w[0] and w[1] == 1)
+
+
+def is_window_node(g: Graph, n: Node) -> bool:
+    """A node the windowed generator can be built around."""
+    if n.op == "conv2d":
+        return _is_depthwise(g, n)
+    return n.op in ("max_pool2d", "avg_pool2d") and g.type_of(n.inputs[0]).rank == 4
+
+
+def match_window(g: Graph) -> WindowMatch:
+    """Split ``g`` into prologue, window node and epilogue; raises ``UnsupportedFusion``."""
+    windows = [n for n in g.nodes if n.op in WINDOW_OPS]
+    if len(windows) != 1 or not is_window_node(g, windows[0]):
+        raise UnsupportedFusion("a windowed kernel needs exactly one depthwise conv2d or 2-D pool")
+    w = windows[0]
+    for n in g.nodes:
+        if n is not w and not is_elementwise(n.op):
+            raise UnsupportedFusion(f"{n.op} {n.outputs[0]!r} is not elementwise")
+    prod = {n.outputs[0]: n for n in g.nodes}
+    up: set[str] = set()
+
+    def walk(v: str) -> None:
+        n = prod.get(v)
+        if n is not None and v not in up:
+            up.add(v)
+            for i in n.inputs:
+                walk(i)
+
+    walk(w.inputs[0])
+    for extra in w.inputs[1:]:
+        if extra in prod:
+            raise UnsupportedFusion(f"window operand {extra!r} is computed, not an input")
+    pro = tuple(n for n in g.nodes if n.outputs[0] in up)
+    epi = tuple(n for n in g.nodes if n is not w and n.outputs[0] not in up)
+    xs = g.type_of(w.inputs[0]).shape
+    ys = g.type_of(w.outputs[0]).shape
+    for n in pro:
+        if g.type_of(n.outputs[0]).shape != xs and g.type_of(n.outputs[0]).numel != 1:
+            raise UnsupportedFusion(f"prologue value {n.outputs[0]!r} is not shaped like the input")
+    for n in epi:
+        if g.type_of(n.outputs[0]).shape != ys:
+            raise UnsupportedFusion(f"epilogue value {n.outputs[0]!r} is not shaped like the output")
+        if any(i in up for i in n.inputs):
+            raise UnsupportedFusion(f"epilogue {n.outputs[0]!r} reads a prologue value")
+    for v in g.outputs:
+        if v in up:
+            raise UnsupportedFusion(f"output {v!r} is a prologue value")
+    return WindowMatch(w, pro, epi, tuple(xs), tuple(ys))
+
+
+def _aligned(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (1,) * (4 - len(shape)) + tuple(shape) if len(shape) <= 4 else tuple(shape)
+
+
+class _Gen:
+    def __init__(self, g: Graph, m: WindowMatch) -> None:
+        self.g, self.m = g, m
+        self.view = _GraphView(g)
+        self.ids = {v: i for i, v in enumerate(sorted(g.type_map))}
+        self.params = {v: f"p{self.ids[v]}" for v in list(g.inputs) + list(g.outputs)}
+        self.consts: list[str] = []
+        self.const_names: dict[str, str] = {}
+
+    def leaf(self, v: str, full: str, space: tuple[int, ...]) -> str:
+        """A leaf operand's value at the current element: ``full`` indexes a full-shaped one."""
+        t = self.g.type_of(v)
+        c = self.g.constant_map.get(v)
+        if t.numel == 1:
+            if c is not None:
+                return literal(c.array.reshape(-1)[0].item(), t.dtype)
+            return load_conv(t.dtype, f"{self.params[v]}[0]")
+        sh = _aligned(t.shape)
+        if sh == (1, space[1], 1, 1):
+            index = "c"
+        elif sh == space:
+            index = full
+        else:
+            raise UnsupportedFusion(f"operand {v!r} of shape {t.shape} broadcasts neither per "
+                                    f"channel nor fully against {space}")
+        return load_conv(t.dtype, f"{self.buffer(v)}[{index}]")
+
+    def buffer(self, v: str) -> str:
+        c = self.g.constant_map.get(v)
+        if c is None:
+            if v not in self.params:
+                raise UnsupportedFusion(f"internal: {v!r} is neither an input nor a constant")
+            return self.params[v]
+        if v not in self.const_names:
+            if c.type.numel > MAX_CONST_ELEMS:
+                raise UnsupportedFusion(f"constant {v!r} has {c.type.numel} elements > {MAX_CONST_ELEMS}")
+            arr = c.array.reshape(-1)
+            if c.type.dtype in FLOATS:  # kept as float: the loads below then need no conversion
+                items, typ = [flit(float(x)) for x in arr], "float"
+            else:
+                items, typ = [literal(x.item(), c.type.dtype) for x in arr], STORAGE[c.type.dtype]
+            name = f"@P@_c{len(self.const_names)}"
+            self.consts.append(f"__device__ __align__(16) const {typ} {name}[{len(items)}] = "
+                               f"{{{', '.join(items)}}};")
+            self.const_names[v] = name
+        return self.const_names[v]
+
+    def cone(self, nodes: tuple[Node, ...], target: str, full: str, space: tuple[int, ...],
+             env: dict[str, str], prefix: str, lines: list[str]) -> str:
+        """Emit the nodes of ``nodes`` that ``target`` needs; returns its expression."""
+        prod = {n.outputs[0]: n for n in nodes}
+        need: list[Node] = []
+
+        def walk(v: str) -> None:
+            if v in env or any(n.outputs[0] == v for n in need):
+                return
+            n = prod.get(v)
+            if n is None:
+                env[v] = self.leaf_expr(v, full, space)
+                return
+            for i in n.inputs:
+                walk(i)
+            need.append(n)
+
+        walk(target)
+        for n in need:
+            args = [env[i] for i in n.inputs]
+            name = f"{prefix}{self.ids[n.outputs[0]]}"
+            lines.append(f"const {COMPUTE[self.g.type_of(n.outputs[0]).dtype]} {name} = "
+                         f"{op_expr(self.view, n, args)};")
+            env[n.outputs[0]] = name
+        return env[target]
+
+    def leaf_expr(self, v: str, full: str, space: tuple[int, ...]) -> str:
+        return self.leaf(v, full, space)
+
+
+def _window_body(gen: _Gen, lines: list[str]) -> str:
+    """Lines accumulating the window at (n, c, oh, ow); returns the float result's name."""
+    g, m = gen.g, gen.m
+    w = m.node
+    a = canonical_attrs(w, [g.type_of(v) for v in w.inputs])
+    _, _, H, W = m.in_shape
+    sh, sw = a["strides"]
+    pt, pl, pb, pr = a["pads"]
+    dh, dw = a.get("dilations", (1, 1))
+    if w.op == "conv2d":
+        KH, KW = g.type_of(w.inputs[1]).shape[2:]
+    else:
+        KH, KW = a["kernel"]
+    x = w.inputs[0]
+    op = w.op
+    if op == "max_pool2d":
+        lines.append("float acc = -TDB_INF;")
+    else:
+        lines.append("float acc = 0.0f;")
+    if op == "avg_pool2d":
+        lines.append("int cnt = 0;")
+    lines.append(f"const long long xb = nc * {H * W}LL;")
+    lines.append(f"#pragma unroll\nfor (int kh = 0; kh < {KH}; ++kh) {{")
+    lines.append(f"  const int ih = oh * {sh} - {pt} + kh * {dh};")
+    if op == "avg_pool2d" and a["count_include_pad"]:
+        lines.append(f"  const bool rin = ih < {H + pb};")
+    lines.append(f"  #pragma unroll\n  for (int kw = 0; kw < {KW}; ++kw) {{")
+    lines.append(f"    const int iw = ow * {sw} - {pl} + kw * {dw};")
+    if op == "avg_pool2d" and a["count_include_pad"]:
+        lines.append(f"    cnt += (rin && iw < {W + pr}) ? 1 : 0;")
+    lines.append(f"    if (ih < 0 || ih >= {H} || iw < 0 || iw >= {W}) continue;")
+    if op == "avg_pool2d" and not a["count_include_pad"]:
+        lines.append("    ++cnt;")
+    tap: list[str] = [f"const long long xi = xb + (long long)ih * {W} + iw;"]
+    env: dict[str, str] = {}
+    xv = gen.cone(m.prologue, x, "xi", m.in_shape, env, "q", tap)
+    tap.append(f"const float tap = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
+    if op == "conv2d":
+        wt = g.type_of(w.inputs[1]).dtype
+        wload = f"{gen.buffer(w.inputs[1])}[c * {KH * KW} + kh * {KW} + kw]"
+        tap.append(f"acc += tap * {load_conv(wt, wload)};")
+    elif op == "max_pool2d":
+        tap.append("acc = fmaxf(acc, tap);")
+    else:
+        tap.append("acc += tap;")
+    lines += ["    " + t for t in tap]
+    lines.append("  }\n}")
+    if op == "avg_pool2d":
+        lines.append("acc = acc / (float)cnt;")
+    if op == "conv2d" and len(w.inputs) == 3:
+        b = w.inputs[2]
+        lines.append(f"acc += {load_conv(g.type_of(b).dtype, f'{gen.buffer(b)}[c]')};")
+    return "acc"
+
+
+def generate_window(g: Graph, sm_count: int = 132) -> KernelPlan:
+    """One kernel computing every output of ``g`` (a window node with its elementwise
+    neighbours); raises ``UnsupportedFusion`` for graphs outside the pattern."""
+    m = match_window(g)
+    N, C, OH, OW = m.out_shape
+    for v in list(g.inputs) + list(g.outputs):
+        if g.type_of(v).dtype not in STORAGE:
+            raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
+    gen = _Gen(g, m)
+    body: list[str] = [
+        f"const long long total = {N * C * OH * OW}LL;",
+        f"for (long long i = (long long)blockIdx.x * {BLOCK} + threadIdx.x; i < total; "
+        f"i += (long long)gridDim.x * {BLOCK}) {{"]
+    el = [f"const int ow = (int)(i % {OW});", f"const int oh = (int)((i / {OW}) % {OH});",
+          f"const long long nc = i / {OH * OW};", f"const int c = (int)(nc % {C});"]
+    acc = _window_body(gen, el)
+    env = {m.node.outputs[0]: acc}
+    for v in g.outputs:
+        e = gen.cone(m.epilogue, v, "i", m.out_shape, env, "e", el)
+        el.append(f"{gen.params[v]}[i] = {store_conv(g.type_of(v).dtype, e)};")
+    body += ["  " + t for t in "\n".join(el).split("\n")]
+    body.append("}")
+    ps = [f"const {STORAGE[g.type_of(v).dtype]}* __restrict__ {gen.params[v]}" for v in g.inputs]
+    ps += [f"{STORAGE[g.type_of(v).dtype]}* __restrict__ {gen.params[v]}" for v in g.outputs]
+    ps += ["long long R", "long long C"]
+    sig = (f'extern "C" __global__ void __launch_bounds__({BLOCK}) @K@(\n    ' + ",\n    ".join(ps) + ")")
+    text = ("\n".join([PRELUDE] + gen.consts) + "\n" + sig + " {\n"
+            + "\n".join("  " + b for b in body) + "\n}\n")
+    prefix = "tdb_w" + sha256_hex(text)[:16]
+    name = f"{prefix}_k0"
+    src = text.replace("@K@", name).replace("@P@", prefix)
+    blocks = max(1, min(-(-N * C * OH * OW // BLOCK), sm_count * 16))
+    args = tuple(g.inputs) + tuple(g.outputs) + (np.int64(N * C), np.int64(OH * OW))
+    k = KernelSpec(name, src, (blocks, 1, 1), (BLOCK, 1, 1), 0, args)
+    return KernelPlan((k,), (), sha256_hex(src), N * C, OH * OW, "window")
