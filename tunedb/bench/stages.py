@@ -3,6 +3,7 @@
     python -m tunedb.bench.stages OUT.json [--peers] [--refine] [--oracle=block|full|none]
                                   [--only=NAME,...] [--budget-s=200]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
+    python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json
 
 Per case (Inception V3 batch 1 and SqueezeNet 1.1 exported from torchvision, NASNet-A-style and
 RandWire-style graphs from ``tunedb.graph.multibranch``; batch 1 and 16 except Inception): the
@@ -24,6 +25,8 @@ refinement loop on the CPU against those times and compares it with the oracle (
 ``python -m collectors.stage ROWS.json DB`` stores them as rows of kind ``stage``.
 The loop first measures every operator alone and prices stages from those times
 (``refine_stages(alone=True)``); ``--no-alone`` uses the roofline estimator instead.
+``--auto-replay`` makes ``auto``'s predicted choice again on the CPU for each graph of a stored
+run and sets it next to that run's measured times (``auto_replay``).
 """
 
 from __future__ import annotations
@@ -243,6 +246,35 @@ def replay(rows_file: Path, alone: bool = True, max_rounds: int = 40) -> dict[st
     return out
 
 
+def auto_replay(bench_file: Path, only: list[str] | None = None) -> dict[str, Any]:
+    """``compile(schedule="auto")``'s predicted choice, made again on the CPU for each graph of a
+    stored GPU run (``OUT.json``), next to the run's measured sequential and IOS times: did
+    ``auto`` keep the faster plan? Plans are rebuilt from today's code; kernel counts show
+    whether they still match the ones that were timed."""
+    doc = json.loads(Path(bench_file).read_text())
+    out: dict[str, Any] = {"bench": str(bench_file), "device": doc.get("device"), "cases": {}}
+    for name, load in cases():
+        rec = doc["cases"].get(name, {})
+        seq_us, ios_us = rec.get("sequential", {}).get("us"), rec.get("ios", {}).get("us")
+        if (only and name not in only) or not (seq_us and ios_us):
+            continue
+        graph, _ = load()
+        sequential = compile_plan(graph, device="cuda", schedule="sequential", bias_epilogue=True)
+        staged = compile_plan(graph, device="cuda", schedule="ios", bias_epilogue=True)
+        auto = choose_auto(sequential, staged)
+        pick = "ios" if auto.stages else "sequential"
+        search = dict(auto.search)
+        predicted = search["auto_predicted_ios_us"] / search["auto_predicted_sequential_us"]
+        out["cases"][name] = {
+            "picks": pick, "measured_sequential_us": round(seq_us, 1), "measured_ios_us": round(ios_us, 1),
+            "predicted_ratio": round(predicted, 3), "measured_ratio": round(ios_us / seq_us, 3),
+            "kept_the_faster": (pick == "ios") == (ios_us < seq_us),
+            "auto_vs_sequential": round(seq_us / (ios_us if pick == "ios" else seq_us), 3),
+            "kernels_now": [sequential.kernels, staged.kernels],
+            "kernels_timed": [rec["sequential"].get("kernels"), rec["ios"].get("kernels")]}
+    return out
+
+
 def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: list[str],
         oracle: str = "block") -> dict:
 
@@ -358,6 +390,17 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
+    bench = next((a.split("=", 1)[1] for a in argv if a.startswith("--auto-replay=")), None)
+    if bench is not None:
+        try:
+            res = auto_replay(Path(bench))
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: cannot replay {bench}: {_one_line(e)}", file=sys.stderr)
+            return 1
+        print(json.dumps(res, indent=1))
+        if argv[0] != f"--auto-replay={bench}":
+            write_json(res, Path(argv[0]))
+        return 0
     rows = next((a.split("=", 1)[1] for a in argv if a.startswith("--replay=")), None)
     if rows is not None:
         try:
