@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from collectors.fusion import FusionCollector  # noqa: E402
+from tunedb.bench.provenance import portable_argv  # noqa: E402
 from tunedb.collect.dask_backend import open_client, run_cluster  # noqa: E402
 from tunedb.collect.engine import git_sha  # noqa: E402
 from tunedb.runtime import ReplayDevice  # noqa: E402
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
     expected = rows(tmp / "single.duckdb")
     client, lc = open_client("local", a.workers, f"replay:{source}")
     addr = client.scheduler.address
-    result: dict[str, Any] = {"argv": sys.argv, "git_commit": git_sha(), "suite": a.suite,
+    result: dict[str, Any] = {"argv": portable_argv(sys.argv), "git_commit": git_sha(), "suite": a.suite,
                               "workloads": a.workloads, "workers": a.workers, "pace_s": a.pace,
                               "rows_expected": len(expected)}
     try:
