@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from collectors.packing_ingest import ingest
 from tunedb.cli import app
 from tunedb.costmodel.metrics import METRIC_KEYS
-from tunedb.costmodel.packing import load_predictor
+from tunedb.costmodel.packing import FEATURE_SCHEMA, load_predictor
 from tunedb.kernels.packing import candidates
 from tunedb.plan.packing import graph_workloads
 from tunedb.store.core import TuningStore
@@ -39,7 +39,7 @@ def test_train_packing_kind(tmp_path):
     folder = Path(m["model_dir"])
     assert folder == (out / "nvidia-h200" / "packing").resolve()
     card = json.loads((folder / "card.json").read_text())
-    assert card["kind"] == "packing" and card["feature_schema"] == "packing/2"
+    assert card["kind"] == "packing" and card["feature_schema"] == FEATURE_SCHEMA
     with TuningStore.open(db) as store:
         assert [r["kind"] for r in store.models()] == ["packing"]
     predict = load_predictor(folder)  # what tunedb.compile(pack_model=...) loads

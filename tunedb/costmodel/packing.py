@@ -43,11 +43,12 @@ from tunedb.kernels.packing import (
     PackingWorkload,
     candidate_waste,
     done_macs,
+    padded_shape,
 )
 from tunedb.records import canonical_json, sha256_hex
 from tunedb.store import BUSY_WAIT_S, TuningStore
 
-FEATURE_SCHEMA = "packing/2"  # 2: share_padded_t
+FEATURE_SCHEMA = "packing/3"  # 2: share_padded_t; 3: waves per launch (cand_*, est_wave_us)
 SMS, TILE = 132, 128
 PEAK_FLOPS = {"float32": 60e12, "bfloat16": 800e12, "float16": 800e12}  # attainable, not datasheet
 PEAK_BYTES = 4.0e12
@@ -80,11 +81,41 @@ def workload_features(w: PackingWorkload) -> dict[str, float]:
     }
 
 
+def _tiles(m: int, n: int, batch: int = 1) -> int:
+    return batch * math.ceil(m / TILE) * math.ceil(n / TILE)
+
+
+def launch_tiles(mem: Sequence[Member], backend: str) -> list[tuple[int, int]]:
+    """(output tiles, depth k) of each launch a backend makes for ``mem``: one per member for
+    serial and streams, one padded or concatenated problem set for the batched backends."""
+    if backend in ("serial", "streams"):
+        return [(_tiles(x.m, x.n, x.batch), x.k) for x in mem]
+    if backend in ("padded", "padded_t", "pointer"):
+        M, N, K = padded_shape(mem)
+        return [(_tiles(M, N, sum(x.batch for x in mem)), K)]
+    if backend == "concat":
+        return [(_tiles(sum(x.batch * x.m for x in mem), sum(x.n for x in mem)), mem[0].k)]
+    return [(sum(_tiles(x.m, x.n, x.batch) for x in mem), max(x.k for x in mem))]  # grouped
+
+
 def candidate_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
     count: dict[str, int] = defaultdict(int)
     launches, cluster_us, biggest = 0, [], 0
+    # Waves rounded up per launch: a launch of 133 tiles costs two waves on 132 SMs, and streams
+    # share the SMs, so k lanes take at least the waves of all their tiles together.
+    tiles, slots, wave_us = 0, 0.0, 0.0
+    tile_us = 1e6 * 2 * TILE * TILE * SMS / PEAK_FLOPS[w.members[0].dtype]  # per unit of k
     for cl in c.clusters:
         mem = [w.members[i] for i in cl.members]
+        ts = launch_tiles(mem, cl.backend)
+        s = sum(math.ceil(t / SMS) for t, _ in ts)
+        u = sum(math.ceil(t / SMS) * k for t, k in ts)
+        if cl.streams > 1:
+            together = math.ceil(sum(t for t, _ in ts) / SMS)
+            s, u = max(together, s / cl.streams), max(u / cl.streams, together * max(k for _, k in ts))
+        tiles += sum(t for t, _ in ts)
+        slots += s
+        wave_us += u * tile_us
         count[cl.backend] += len(mem)
         per_call = cl.backend in ("serial", "streams")
         launches += len(mem) if per_call else 1
@@ -99,6 +130,10 @@ def candidate_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
                 "launches": launches, "waste": candidate_waste(w, c), "biggest_cluster": biggest,
                 "est_sum_us": float(sum(cluster_us)), "est_max_us": float(max(cluster_us)),
                 "est_lanes_us": float(max(max(cluster_us), sum(cluster_us) / lanes))})
+    conc = max(1, c.concurrent)
+    useful = sum(_tiles(x.m, x.n, x.batch) for x in w.members)
+    out.update({"cand_tiles": tiles, "cand_wave_slots": slots / conc,
+                "cand_fill": useful / max(1.0, slots * SMS), "est_wave_us": wave_us / conc})
     return out
 
 
