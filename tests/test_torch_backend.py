@@ -1,0 +1,106 @@
+"""The ``torch.compile`` backend hands tunedb the graph its ONNX path gets: same plan, same values.
+
+CPU only: the backend plans on the CPU and then runs CPU tensors eagerly, so these tests compare
+plans and the planned graph's float64 reference against eager. Skipped where PyTorch or
+onnxscript is missing (tunedb does not depend on them; CI has neither).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from tunedb.graph.reference import run_reference
+from tunedb.plan.driver import compile as compile_plan
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxscript")  # torch.onnx.export(dynamo=True) needs it
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _through_backend(model: Any, args: tuple) -> tuple[list[Any], Any]:
+    from tunedb.frontends.torch_backend import TunedbGraph
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(TunedbGraph(gm, example_inputs, {"cost_model": False}))
+        return graphs[-1]
+
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend)(*args)
+    return graphs, got
+
+
+def _shape(plan: Any) -> tuple:
+    """What the comparison holds equal: kernels, their kinds, and the planned graph's ops."""
+    return plan.kernels, plan.totals()["by_kind"], Counter(n.op for n in plan.graph.nodes)
+
+
+class ConvBnRelu(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.mark.slow
+def test_backend_folds_batch_norm_as_the_onnx_export_does(tmp_path):
+    torch.manual_seed(0)
+    model = ConvBnRelu().eval()
+    with torch.no_grad():  # non-trivial running statistics, so that a lost fold shows
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+        model.bn.weight.uniform_(0.5, 1.5)
+        model.bn.bias.uniform_(-1, 1)
+    x = torch.randn(1, 8, 12, 12)
+    (g,), got = _through_backend(model, (x,))
+    assert g.plan is not None, g.fallback
+    ops = Counter(n.op for n in g.plan.graph.nodes)
+    assert not ops["rsqrt"] and not ops["unsqueeze"]  # no batch norm left as arithmetic
+    with torch.no_grad():
+        program = torch.onnx.export(model, (x,), dynamo=True, opset_version=18, verbose=False)
+    program.save(str(tmp_path / "m.onnx"))
+    onnx_plan = compile_plan(onnx.load(str(tmp_path / "m.onnx")), cost_model=False)
+    assert _shape(g.plan) == _shape(onnx_plan)
+    # The folded graph computes what eager does (float64 reference of the planned graph).
+    (name,) = g.plan.graph.inputs
+    ref = run_reference(g.plan.graph, {name: x.numpy()})[g.plan.graph.outputs[0]]
+    with torch.no_grad():
+        want = model(x)
+    assert np.abs(ref - want.numpy()).max() <= 1e-5 * float(want.abs().max())
+    assert g.fallback == "inputs are not on a CUDA device"  # the CPU: runs eagerly
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "bert_base"])
+def test_backend_plans_the_zoo_model_as_the_onnx_path(name):
+    """The backend's plan of the whole model equals the plan of the zoo's exported file
+    (``data/graphs/zoo``, what the zoo benchmark times): same kernels, kinds and graph ops."""
+    pytest.importorskip("torchvision" if name == "resnet50" else "transformers")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from export_zoo import MODELS, _FirstOutput
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    torch.manual_seed(0)
+    model, args, names, _ = MODELS[name]()
+    model = _FirstOutput(model, names if "input_ids" in names else None).eval()
+    (g,), _ = _through_backend(model, args)
+    assert g.plan is not None, g.fallback
+    onnx_plan = compile_plan(onnx.load(str(ROOT / f"data/graphs/zoo/{name}_dynamo_fp32.onnx")),
+                             cost_model=False)
+    assert _shape(g.plan) == _shape(onnx_plan)
