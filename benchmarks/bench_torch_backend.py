@@ -9,7 +9,7 @@ batch 1, BERT at sequence 128), in fp32 and bf16, TF32 off. Per model and dtype:
 time (Dynamo capture, ONNX export, tunedb plan, executor build and its check against the eager
 graph), the number of FX graphs Dynamo handed over and how many run as tunedb plans, the largest
 difference from eager relative to the output's largest magnitude, and three throughput times:
-eager, the compiled module end to end (inputs handed over by DLPack, outputs copied back), and
+eager, the compiled module end to end (inputs copied into the plan's buffers, outputs copied out), and
 the sum of its plans' CUDA-graph replays (what tunedb's ONNX path times). Timings hold
 ``--gpu-lock`` (``bench_zoo_plan.gpu_lock``) so that they can run beside the zoo benchmark.
 """
