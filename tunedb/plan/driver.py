@@ -30,7 +30,7 @@ from tunedb.plan.cost import Coster, GroupCost, stitch_of
 from tunedb.plan.epilogue import split_conv_bias
 from tunedb.plan.fusion import explore
 from tunedb.plan.measure import Recorder, measure_steps
-from tunedb.plan.packing import pack_plan_steps, runnable_packs, store_times
+from tunedb.plan.packing import PackMeasurer, pack_plan_steps, runnable_packs, store_times
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
 from tunedb.plan.rewrite import rewrite_for_plan
 from tunedb.plan.stage_refine import compile_staged
@@ -38,6 +38,7 @@ from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
 from tunedb.runtime import open_device
 from tunedb.runtime.device import NoGPUError, device_info
+from tunedb.runtime.pack_device import PackingDevice
 from tunedb.store import BUSY_WAIT_S, TuningStore
 
 
@@ -165,7 +166,10 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     exact database hit or the packing model (``pack_model``: a saved model folder or a predictor;
     ``None``: the registry's for the device) says it beats them one after another by 5 %;
     ``"auto"`` packs only with such evidence, ``True`` fails without a model or database,
-    ``False`` never packs. Sequential schedules only.
+    ``False`` never packs. Sequential schedules only. With ``measure_top``, the ``measure_top``
+    pack candidates the model ranks first for each ready set, and serial, are measured too (on
+    cuda or a replay, not the emulator), stored like the kernels, and the measured best decides
+    (pack source ``measured``); ``plan.search`` counts ``pack_measured`` and ``pack_stored``.
 
     ``bias_epilogue``: a convolution's bias is added in the fused kernel after it, not in a
     kernel of its own (``tunedb.plan.epilogue``)."""
@@ -217,7 +221,15 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
                 raise PlanError("pack=True needs a packing model or a database")
             times = store_times(store, ids) if store is not None and ids else None
             if predictor is not None or times is not None:
-                steps, packs = pack_plan_steps(graph, steps, model=predictor, times=times)
+                measure = None if gpu is None else _pack_measurer(
+                    stack, gpu, measure_device, store, {"graph": graph.name, "pack_measure_top": measure_top})
+                try:
+                    steps, packs = pack_plan_steps(graph, steps, model=predictor, times=times,
+                                                   measure=measure, top=measure_top)
+                finally:
+                    if measure is not None:
+                        counts["pack_measured"] = measure.requested
+                        counts["pack_stored"] = measure.recorder.flush() if measure.recorder else 0
     buffers = plan_buffers(graph, steps)
     packs = runnable_packs(graph, steps, buffers, packs)
     search = {**part.stats, **counts, "plan_s": round(time.perf_counter() - t0, 4),
@@ -227,6 +239,21 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     return Plan(graph_json=canonical_json(graph.to_json()), steps=tuple(steps), buffers=buffers,
                 device=device_text, launch_us=facts.launch_us, search=search,
                 source=source_of(model, bindings, fill_initializers), packs=tuple(packs))
+
+
+def _pack_measurer(stack: ExitStack, gpu: Any, spec: str, store: Any, config: dict[str, Any]
+                   ) -> PackMeasurer | None:
+    """What measures pack candidates (cuBLAS calls) for ``measure_top``: a ``PackingDevice`` next
+    to the CUDA device, the replay device itself; None on the emulator (it has no cuBLAS)."""
+    if getattr(gpu, "kind", "") == "replay":
+        dev = gpu
+    elif spec in ("cuda", "gpu"):
+        dev = PackingDevice(protocol=gpu.protocol)
+        stack.callback(dev.close)
+    else:
+        return None
+    recorder = Recorder(store, dev, config) if store is not None and not store.read_only else None
+    return PackMeasurer(dev, recorder)
 
 
 def _pack_predictor(pack_model: Any, info: DeviceInfo | None) -> Any:

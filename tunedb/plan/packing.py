@@ -29,10 +29,12 @@ import numpy as np
 
 from tunedb.graph.ir import Graph, Node
 from tunedb.graph.ops import canonical_attrs, infer_graph
-from tunedb.kernels.packing import Candidate, Cluster, Member, PackingWorkload, candidates
-from tunedb.records import canonical_json
+from tunedb.kernels.packing import Candidate, Cluster, Member, PackingWorkload, candidate_waste, candidates
+from tunedb.records import Candidate as Record
+from tunedb.records import Workload, canonical_json
 from tunedb.runtime.device import import_cupy
 from tunedb.runtime.pack import PackedRun, reference, storage, worst_error
+from tunedb.runtime.results import MeasureRequest
 from tunedb.runtime.streams import StreamPool
 
 GEMM_OPS = ("matmul", "gemm", "conv2d")
@@ -150,7 +152,7 @@ def choose(w: PackingWorkload, model: Any = None, min_gain: float = 0.05
 # padded/pointer/concat backends need operands restacked, copies the database did not time.
 PLAN_BACKENDS = ("serial", "streams", "grouped")
 PACK_STEP_KINDS = ("matmul", "gemm", "conv2d")
-PACK_SOURCES = ("model", "db")
+PACK_SOURCES = ("model", "db", "measured")
 
 
 @dataclass(frozen=True)
@@ -285,21 +287,31 @@ def store_times(store: Any, device_ids: Sequence[str] | None) -> Any:
 
 
 def decide(w: PackingWorkload, *, model: Any = None, times: Any = None, min_gain: float = 0.05,
-           grouped: bool = True) -> tuple[Candidate, float, float, str] | None:
+           grouped: bool = True, measure: Any = None, top: int = 0
+           ) -> tuple[Candidate, float, float, str] | None:
     """The plan candidate to run for ``w`` with its µs, serial's µs and the evidence (``db``:
     measured serial and a faster candidate; else ``model``), or None when the evidence does not
-    say a pack beats serial by ``min_gain`` (or there is none: a plan never packs on a guess)."""
+    say a pack beats serial by ``min_gain`` (or there is none: a plan never packs on a guess).
+    With ``measure`` (``PackMeasurer``) and ``top``: the ``top`` candidates the model ranks first
+    (the plan candidates' order without one) and serial are measured first (``measured``)."""
     cands = plan_candidates(w, grouped)
     by_name = {c.name: c for c in cands}
     measured = {k: v for k, v in (times(w) if times is not None else {}).items() if k in by_name}
+    pred = None if model is None else np.asarray(model(w, cands), dtype=float)
+    source = "db"
+    if measure is not None and top > 0:
+        ranked = [cands[i] for i in np.argsort(pred, kind="stable")] if pred is not None else cands
+        pick = ranked[:top] + [c for c in cands if c.name == "whole:serial" and c not in ranked[:top]]
+        fresh = measure(w, pick)
+        measured.update(fresh)
+        source = "measured" if fresh else source
     if "whole:serial" in measured and len(measured) > 1:
         name = min(measured, key=lambda k: measured[k])
         if name != "whole:serial" and measured[name] <= measured["whole:serial"] * (1 - min_gain):
-            return by_name[name], measured[name], measured["whole:serial"], "db"
+            return by_name[name], measured[name], measured["whole:serial"], source
         return None
-    if model is None:
+    if pred is None:
         return None
-    pred = np.asarray(model(w, cands), dtype=float)
     best = int(np.argmin(pred))
     serial = pred[[c.name for c in cands].index("whole:serial")]
     if cands[best].name == "whole:serial" or pred[best] > serial * (1 - min_gain):
@@ -307,8 +319,64 @@ def decide(w: PackingWorkload, *, model: Any = None, times: Any = None, min_gain
     return cands[best], float(pred[best]), float(serial), "model"
 
 
+def pack_records(w: PackingWorkload, cands: Sequence[Candidate]) -> tuple[Workload, list[Record]]:
+    """Store records of ``w`` and ``cands``, as the packing collector writes them (same hashes)."""
+    wl = Workload(w.hash, w.family, w.name, canonical_json(w.to_json()))
+    return wl, [Record(w.hash, "packing", {
+        "partition": c.partition, "backends": "+".join(sorted({cl.label for cl in c.clusters})),
+        "concurrent": c.concurrent, "clusters": canonical_json(c.to_json()["clusters"]),
+        "waste": round(candidate_waste(w, c), 6)}) for c in cands]
+
+
+def _shape(mb: Member) -> tuple:
+    return (mb.m, mb.n, mb.k, mb.batch, mb.dtype, mb.layout, mb.kind)
+
+
+class PackMeasurer:
+    """``measure(w, cands) -> {candidate name: median µs}`` of the ok results: ``cands`` measured
+    on ``device`` (a ``PackingDevice``, or a replay of stored rows), results this board stored
+    before reused. Each result goes to ``recorder`` (written when the compile ends) unless the
+    store lists ``w``'s members in another order and the candidate splits them: its cluster
+    indices would name other members there."""
+
+    def __init__(self, device: Any, recorder: Any = None) -> None:
+        self.device, self.recorder = device, recorder
+        self.requested = 0
+
+    def _same_order(self, w: PackingWorkload) -> bool:
+        stored = self.recorder.store.workload(w.hash)
+        if stored is None:
+            return True
+        mine = [_shape(mb) for mb in w.members]
+        return [_shape(mb) for mb in PackingWorkload.from_json(json.loads(stored.graph_json)).members] == mine
+
+    def __call__(self, w: PackingWorkload, cands: Sequence[Candidate]) -> dict[str, float]:
+        wl, recs = pack_records(w, cands)
+        keep = self.recorder is not None and self._same_order(w)
+        out: dict[str, float] = {}
+        todo = []
+        for c, r in zip(cands, recs):
+            known = self.recorder.known(r.hash) if self.recorder is not None else None
+            if known is None:
+                todo.append((c, r))
+            elif known.status == "ok":
+                out[c.name] = float(np.median(known.samples_us))
+        requests = [MeasureRequest(r.hash, {"candidate": c.to_json()}) for c, r in todo]
+        self.requested += len(requests)
+        for i, res in self.device.measure(wl, requests) if requests else ():
+            if res is None:  # a replay without this candidate
+                continue
+            c, r = todo[i]
+            if self.recorder is not None and (keep or c.partition == "whole"):
+                self.recorder.add(wl, r, res)
+            if res.status == "ok":
+                out[c.name] = float(np.median(res.samples_us))
+        return out
+
+
 def pack_plan_steps(graph: Graph, steps: Sequence[Any], *, model: Any = None, times: Any = None,
-                    min_gain: float = 0.05) -> tuple[list[Any], list[PlanPack]]:
+                    min_gain: float = 0.05, measure: Any = None, top: int = 0
+                    ) -> tuple[list[Any], list[PlanPack]]:
     """Steps reordered so each chosen pack's members are consecutive, and the packs.
 
     Per ready set of the graph (``ready_sets``), its members are the single-node GEMM/conv steps
@@ -332,7 +400,8 @@ def pack_plan_steps(graph: Graph, steps: Sequence[Any], *, model: Any = None, ti
             w = PackingWorkload(f"{graph.name or 'graph'}.{pairs[0][1].label}.{dt}", "graphs",
                                 tuple(mb for _, mb in pairs))
             plain = all(plain_gemm(graph, graph.nodes[s.nodes[0]]) for s, _ in pairs)
-            got = decide(w, model=model, times=times, min_gain=min_gain, grouped=plain)
+            got = decide(w, model=model, times=times, min_gain=min_gain, grouped=plain,
+                         measure=measure, top=top)
             if got is None:
                 continue
             members = [s for s, _ in pairs]

@@ -1,0 +1,81 @@
+"""``tunedb.compile(..., measure_top=N)`` measures pack candidates: the model's top N of each
+ready set and serial, on a replay of stored rows (CPU), stored in a real DuckDB file, and the
+measured best decides."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from test_packing_driver import attention
+
+from collectors.packing_ingest import candidate_record, store_results
+from tunedb.plan import compile
+from tunedb.plan.packing import graph_workloads, pack_records, plan_candidates
+from tunedb.records import DeviceInfo
+from tunedb.store.core import TuningStore
+
+DEV = DeviceInfo("NVIDIA H200", "replayed-board", "9.0", 132, 60 << 20, 141 << 30, "13.0", "13.0", "14.2.0")
+# What the "GPU" answers (µs): streams do not pay here, the grouped call does.
+MEASURED = {"whole:serial": 10.0, "whole:streams2": 9.9, "whole:grouped": 6.0}
+
+
+def streams_first(w, cands):
+    """A model that is wrong about this set: it ranks streams first, grouped second."""
+    guess = {"whole:serial": 100.0, "whole:streams2": 50.0, "whole:grouped": 80.0}
+    return [guess.get(c.name, 200.0) for c in cands]
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory):
+    """A database holding the measurements a replay device answers with."""
+    (w,) = graph_workloads(attention(), "qkv")
+    rows = [{"system": "tunedb", "variant": c.name, "status": "ok", "candidate": c.to_json(),
+             "samples_us": [MEASURED[c.name]] * 5} for c in plan_candidates(w)]
+    db = tmp_path_factory.mktemp("replay") / "gpu.duckdb"
+    store_results(db, {"results": [{"workload": w.to_json(), "rows": rows}], "samples": 5}, DEV,
+                  {"test": str(uuid.uuid4())})
+    return db
+
+
+def test_records_hash_like_the_collectors():
+    (w,) = graph_workloads(attention(), "qkv")
+    cands = plan_candidates(w)
+    wl, recs = pack_records(w, cands)
+    assert wl.hash == w.hash
+    assert [r.hash for r in recs] == [candidate_record(w, c).hash for c in cands]
+
+
+def test_without_measuring_the_wrong_model_packs_streams():
+    plan = compile(attention(), cost_model=False, device=None, pack_model=streams_first)
+    (pk,) = plan.packs
+    assert (pk.source, pk.label) == ("model", "whole:streams2")
+
+
+def test_measure_top_one_finds_streams_do_not_pay(tmp_path, replay):
+    db = tmp_path / "plans.duckdb"
+    plan = compile(attention(), cost_model=False, db=db, measure_top=1, measure_device=f"replay:{replay}",
+                   pack_model=streams_first)
+    assert plan.packs == ()  # streams2 measured 1 % faster than serial: packing must pay 5 %
+    assert dict(plan.search)["pack_measured"] == 2 and dict(plan.search)["pack_stored"] == 2
+    with TuningStore.open(db) as store:
+        names = {c.config_dict["backends"] for c in store.candidates(kind="packing")}
+        assert names == {"serial", "streams2"}
+
+
+def test_measure_top_two_reaches_the_measured_best_and_stores_it(tmp_path, replay):
+    db = tmp_path / "plans.duckdb"
+    kw = {"cost_model": False, "db": db, "measure_device": f"replay:{replay}", "pack_model": streams_first}
+    plan = compile(attention(), measure_top=2, **kw)
+    (pk,) = plan.packs
+    assert (pk.source, pk.label, pk.predicted_us, pk.serial_us) == ("measured", "whole:grouped", 6.0, 10.0)
+    assert dict(plan.search)["pack_measured"] == 3 and dict(plan.search)["pack_stored"] == 3
+    with TuningStore.open(db) as store:
+        ok = [m for m in store.measurements() if m.status == "ok"]
+        packing = {c.hash for c in store.candidates(kind="packing")}
+        assert len(packing) == 3 and packing <= {m.candidate_hash for m in ok}
+        assert {r.collector for r in store.runs()} == {"plan"}
+    # The next compile reuses the stored results: nothing is measured again, same choice.
+    again = compile(attention(), measure_top=2, **kw)
+    assert dict(again.search)["pack_measured"] == 0 and dict(again.search)["pack_stored"] == 0
+    assert [p.label for p in again.packs] == ["whole:grouped"]
