@@ -45,6 +45,7 @@ def plan(
                                       help="States kept per node by the fusion search.")] = 4,
     measure_top: Annotated[int, typer.Option(
         "--measure-top", min=0, help="Measure the N best-ranked schedules of each fused kernel "
+                                     "(and pack candidates of each packable set, plus serial) "
                                      "on --measure-device and store the results in the "
                                      "database (created if missing).")] = 0,
     measure_device: Annotated[str, typer.Option(
