@@ -388,7 +388,8 @@ class _Classifier:
         vals = (np.frombuffer(c.data, dtype="<i8" if c.type.dtype == "int64" else "<i4") % n
                 if c is not None and c.type.rank == 1 else None)
         base = self.view_of(data)
-        view = None if base is None else shifted_view(base, ax, self.types[out].shape[ax], int(vals[0]))
+        view = (None if base is None or vals is None or not len(vals)  # computed indices: no map
+                else shifted_view(base, ax, self.types[out].shape[ax], int(vals[0])))
         if (view is None or vals is None or self.numel(out) != self.N
                 or any(int(x) != (int(vals[0]) + j) % n for j, x in enumerate(vals))):
             raise UnsupportedFusion(f"{what}: only a full-size read of a graph input at constant "
