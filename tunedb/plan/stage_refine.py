@@ -15,6 +15,7 @@ measured times (the argument of A*). The loop stops at the fixed point or after
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,18 +24,23 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.collect.stage_rows import write_stage_rows
+from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.record import Plan, PlanError
 from tunedb.plan.stages import (
     FORK_US,
     Groups,
     StageEstimator,
     StageKeys,
+    apply_stages,
     ios_search,
     operator_units,
     schedule_plan,
     step_dag,
 )
-from tunedb.store import TuningStore
+from tunedb.runtime import open_device
+from tunedb.runtime.stage_exec import StagedExecutor
+from tunedb.store import BUSY_WAIT_S, TuningStore
 
 WIDTH_BUCKETS = 4  # 1, 2, 3, 4+ groups
 
@@ -176,11 +182,123 @@ def compile_staged(compile_fn: Callable[..., Plan], graph: Any, schedule: str, *
         raise PlanError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     base = compile_fn(graph, horizontal=False, schedule="sequential", **kwargs)
     stored = stored_times(kwargs.get("db"), base.device)
-    staged, _ = schedule_plan(base, measured=stored)
-    if schedule == "ios":
-        return staged
-    sequential = compile_fn(graph, horizontal=horizontal, schedule="sequential", **kwargs)
-    return choose_auto(sequential, staged, stored)
+    if not kwargs.get("measure_top"):
+        staged, _ = schedule_plan(base, measured=stored)
+        sequential = compile_fn(graph, horizontal=horizontal, schedule="sequential", **kwargs) \
+            if schedule == "auto" else None
+        return staged if sequential is None else choose_auto(sequential, staged, stored)
+    # measure_top: the refinement loop measures the stages that decide (stored ones are hits)
+    measuring = StageMeasuring(kwargs.get("measure_device", "cuda"), kwargs.get("db"))
+    try:
+        staged, fresh = refine_plan(base, measuring.timer(base), stored)
+        measuring.save(base, fresh)
+        if schedule == "ios":
+            return staged
+        sequential = compile_fn(graph, horizontal=horizontal, schedule="sequential", **kwargs)
+        # the sequential plan's steps, each a stage, measured too: auto decides on measured sums
+        timer = measuring.timer(sequential)
+        keys = StageKeys(sequential.steps)
+        times = {**stored, **{r["key"]: r["samples_us"][0] for r in fresh if r["status"] == "ok"}}
+        rows = [_measure_row(timer, st, keys(st)) for st in plan_stages(sequential)
+                if keys(st) not in times and any(sequential.steps[i].kind != "layout_view" for i in st[0])]
+        measuring.save(sequential, rows)
+        times.update({r["key"]: r["samples_us"][0] for r in rows if r["status"] == "ok"})
+        return choose_auto(sequential, staged, times)
+    finally:
+        measuring.close()
+
+
+def _measure_row(timer: Callable[[Groups], float], groups: Groups, key: str) -> dict[str, Any]:
+    row: dict[str, Any] = {"groups": [list(g) for g in groups], "key": key}
+    try:
+        row.update(status="ok", samples_us=[float(timer(groups))])
+    except Exception as e:  # noqa: BLE001 - a stage that fails to run is a row, and never wins
+        row.update(status="runtime_error", message=" ".join(str(e).split())[:300])
+    return row
+
+
+def refine_plan(base: Plan, timer: Callable[[Groups], float], stored: Mapping[str, float] | None = None,
+                *, max_rounds: int = 40) -> tuple[Plan, list[dict[str, Any]]]:
+    """``base`` (a plan without horizontal packing) with the stages of the refinement loop
+    (``refine_stages(alone=True)``): stages in ``stored`` (stage key -> µs) are hits, the others
+    are timed by ``timer``; returns the plan and one row per stage timed (``collectors.stage``
+    row format, failures included)."""
+    keys = StageKeys(base.steps)
+    stored = stored or {}
+    rows: list[dict[str, Any]] = []
+
+    timed: dict[str, float] = {}  # operators of one shape and schedule are one stage: timed once
+
+    def measure(groups: Groups) -> float:
+        key = keys(groups)
+        hit = stored.get(key, timed.get(key))
+        if hit is not None:
+            return float(hit)
+        rows.append(_measure_row(timer, groups, key))
+        timed[key] = rows[-1]["samples_us"][0] if rows[-1]["status"] == "ok" else math.inf
+        return timed[key]
+
+    ref = refine_stages(base.steps, measure, estimator=StageEstimator(base.steps, launch_us=base.launch_us),
+                        max_rounds=max_rounds, alone=True)
+    if not ref.stages:  # no schedule measured in full: the predicted one
+        staged, _ = schedule_plan(base, measured=stored)
+        return staged, rows
+    info = {"schedule": "ios (measured)", "ios_measured_us": round(ref.total_us, 2),
+            "refine_candidates": ref.candidates, "refine_measured": len(rows),
+            "refine_stored_hits": len({keys(st) for st in ref.stages} & set(stored)),
+            "refine_rounds": len(ref.rounds),
+            "refine_converged": ref.converged, "refine_search_s": round(ref.search_s, 3)}
+    return apply_stages(base, ref.stages, info), rows
+
+
+class StageMeasuring:
+    """Where ``compile(..., measure_top=...)`` times stages and stores them: ``"cuda"`` times
+    each stage in a harness executor of the plan whose values never share memory; ``"replay:DB"``
+    reads the stage rows stored in DB (a stage it lacks fails). Rows go to ``db`` when it is
+    a path or a writable store."""
+
+    def __init__(self, measure_device: str, db: Any) -> None:
+        self.spec, self.db = measure_device, db
+        device = open_device(measure_device)
+        try:
+            self.info = device.info
+        finally:
+            device.close()
+        self.harnesses: list[Any] = []
+
+    def timer(self, plan: Plan) -> Callable[[Groups], float]:
+        if self.spec.startswith("replay:"):
+            table = stored_times(self.spec[len("replay:"):], f"{self.info.name} ({self.info.id})")
+            keys = StageKeys(plan.steps)
+
+            def lookup(groups: Groups) -> float:
+                hit = table.get(keys(groups))
+                if hit is None:
+                    raise PlanError(f"stage {keys(groups)} is not in the replay data")
+                return hit
+            return lookup
+        steps = plan.steps
+        separate = replace(plan, buffers=plan_buffers(plan.graph, steps, times=[0] * len(steps)), stages=())
+        harness = StagedExecutor(separate, stage_streams=8, capture=False)
+        self.harnesses.append(harness)
+        return lambda groups: harness.time_stage(groups, copies=5, reps=4)
+
+    def save(self, plan: Plan, rows: list[dict[str, Any]]) -> int:
+        if not rows or self.db is None:
+            return 0
+        config = {"source": "compile", "measure_device": self.spec}
+        if hasattr(self.db, "candidates"):
+            if getattr(self.db, "read_only", False):
+                return 0
+            return write_stage_rows(self.db, plan.steps, plan.graph.name, rows, self.info, config,
+                                    "plan")["measurements"]
+        with TuningStore.open(self.db, wait_s=BUSY_WAIT_S) as store:
+            return write_stage_rows(store, plan.steps, plan.graph.name, rows, self.info, config,
+                                    "plan")["measurements"]
+
+    def close(self) -> None:
+        for h in self.harnesses:
+            h.close_streams()
 
 
 def stored_times(db: Any, device_text: str) -> dict[str, float]:
