@@ -79,3 +79,35 @@ def test_measure_top_two_reaches_the_measured_best_and_stores_it(tmp_path, repla
     again = compile(attention(), measure_top=2, **kw)
     assert dict(again.search)["pack_measured"] == 0 and dict(again.search)["pack_stored"] == 0
     assert [p.label for p in again.packs] == ["whole:grouped"]
+
+
+def test_a_partition_is_not_stored_against_members_in_another_order(tmp_path):
+    from tunedb.kernels.packing import Member, PackingWorkload, candidates
+    from tunedb.plan.measure import Recorder
+    from tunedb.plan.packing import PackMeasurer
+    from tunedb.runtime import open_device
+
+    ms = (Member(64, 96, 96), Member(128, 96, 96), Member(64, 32, 96))
+    w, rev = PackingWorkload("het", "graphs", ms), PackingWorkload("het", "graphs", ms[::-1])
+    assert w.hash == rev.hash  # the hash ignores the order; cluster indices do not
+    cands = [c for c in candidates(rev) if c.name == "whole:serial"]
+    cands += [next(c for c in candidates(rev) if c.partition != "whole")]
+
+    def doc(work, cs):
+        return {"results": [{"workload": work.to_json(), "rows": [
+            {"system": "tunedb", "status": "ok", "candidate": c.to_json(), "samples_us": [5.0] * 3}
+            for c in cs]}], "samples": 3}
+    store_results(tmp_path / "gpu.duckdb", doc(rev, cands), DEV, {"test": "replay"})
+    plans = tmp_path / "plans.duckdb"  # already holds the workload, members in w's order
+    store_results(plans, doc(w, [c for c in candidates(w) if c.name == "whole:grouped"]), DEV, {"test": "w"})
+    dev = open_device(f"replay:{tmp_path / 'gpu.duckdb'}")
+    try:
+        with TuningStore.open(plans) as store:
+            measure = PackMeasurer(dev, Recorder(store, dev, {"test": "order"}))
+            assert set(measure(rev, cands)) == {c.name for c in cands}  # both used for the choice
+            assert measure.recorder.flush() == 1  # only the whole one is stored
+            stored = {c.hash for c in store.candidates(kind="packing")}
+            assert pack_records(rev, cands[:1])[1][0].hash in stored
+            assert pack_records(rev, cands[1:])[1][0].hash not in stored
+    finally:
+        dev.close()
