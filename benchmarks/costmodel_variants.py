@@ -3,6 +3,10 @@ family out), on the same features and rows, one after the other in this process.
 
     python benchmarks/costmodel_variants.py --export data/fusion_h200_v2 --out variants.json
 
+``--all-boards`` keeps every board of the export's device model (pairs never cross boards);
+``--score-on OTHER_EXPORT`` also scores the same held-out predictions on OTHER_EXPORT's
+workloads alone (a larger dataset against a smaller one, like for like).
+
 Variants: ``regression`` (squared error on log latency over the floor), ``top_weighted``
 (the default: the same with row weights 0.1 + exp(-gap / 0.1), gap = latency / best of the
 workload - 1), ``top_weighted_wide`` (gap scale 0.2), ``near_best`` (top_weighted plus as
@@ -32,11 +36,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tunedb.bench.provenance import provenance as _provenance
-from tunedb.costmodel.evaluate import SPLITS, Labels, evaluate_fits, evaluate_splits
+from tunedb.costmodel.evaluate import SPLITS, Labels, evaluate_fits, evaluate_splits, score
 from tunedb.costmodel.features import DeviceFacts, featurize_frame
-from tunedb.costmodel.fit import clean_frame, frame_labels
+from tunedb.costmodel.fit import clean_frame, device_facts_for, frame_labels, group_codes
 from tunedb.costmodel.metrics import METRIC_KEYS, METRIC_SHORT_NAMES
 from tunedb.costmodel.train import TrainParams
 from tunedb.store import TuningStore
@@ -53,17 +58,34 @@ VARIANTS: dict[str, dict[str, Any]] = {
 SHORT = METRIC_SHORT_NAMES
 
 
-def load(export: Path) -> tuple[np.ndarray, np.ndarray, Any, str]:
-    """Features, latencies and labels of the board with the most measurements in ``export``."""
+def load(export: Path, all_boards: bool = False) -> tuple[np.ndarray, np.ndarray, Any, str, list[str]]:
+    """Features, latencies and labels of the board with the most measurements in ``export``, or
+    (``all_boards``) of every board of its device model, pairs compared within one board."""
     with tempfile.TemporaryDirectory() as tmp, TuningStore.open(Path(tmp) / "v.duckdb") as store:
         store.import_parquet(export)
         frame = store.training_frame(kind="fusion")
         devices = {d.id: d for d in store.devices()}
     ids = frame["device_id"].to_pylist()
     board = max(set(ids), key=ids.count)
+    if all_boards:
+        t = clean_frame(frame)
+        X = featurize_frame(t, device_facts_for(t, list(devices.values())))
+        boards = t["device_id"].to_pylist()
+        pairs = group_codes(pc.binary_join_element_wise(t["workload_hash"], t["device_id"], "|")) \
+            if len(set(boards)) > 1 else None
+        return (X, t["median_us"].to_numpy(zero_copy_only=False).astype(np.float64),
+                frame_labels(t, pairs), ",".join(sorted(set(boards))), t["workload_hash"].to_pylist())
     t = clean_frame(frame.filter(pa.array([i == board for i in ids])))
     X = featurize_frame(t, DeviceFacts.from_device_info(devices[board]))
-    return X, t["median_us"].to_numpy(zero_copy_only=False).astype(np.float64), frame_labels(t), board
+    return (X, t["median_us"].to_numpy(zero_copy_only=False).astype(np.float64), frame_labels(t), board,
+            t["workload_hash"].to_pylist())
+
+
+def workload_hashes(export: Path) -> set[str]:
+    """The workload hashes an export holds (the subset to score on with ``--score-on``)."""
+    import pyarrow.parquet as pq
+
+    return set(pq.read_table(export / "workloads.parquet", columns=["hash"])["hash"].to_pylist())
 
 
 def packing_results(export: Path, splits: list[str], folds: int) -> tuple[dict[str, Any], int]:
@@ -103,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--bag", type=int, default=5, help="boosters averaged per model (the default is 5)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--all-boards", action="store_true",
+                    help="train and score on every board of the device model, not only the largest")
+    ap.add_argument("--threads", type=int, default=0, help="XGBoost threads (0: the trainer's default)")
+    ap.add_argument("--score-on", type=Path, default=None,
+                    help="an export whose workloads alone are also scored (like for like with a smaller one)")
     ap.add_argument("--kind", choices=("fusion", "packing"), default="fusion",
                     help="packing: the packing kind's model on --export (its variants are not tried)")
     args = ap.parse_args(argv)
@@ -113,11 +140,15 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps({**_provenance(), "export": str(args.export), "kind": "packing",
                                             "rows": rows, "results": {"packing": res}}, indent=1) + "\n")
         return 0
-    X, y, labels, board = load(args.export)
+    X, y, labels, board, hashes = load(args.export, args.all_boards)
+    subset = None
+    if args.score_on:
+        keep = workload_hashes(args.score_on)
+        subset = np.flatnonzero([w in keep for w in hashes])
     print(f"{len(y):,} candidates, {len(np.unique(labels.workload))} workloads, board {board}", flush=True)
     results: dict[str, Any] = {}
     for name in args.variants:
-        params = replace(TrainParams(), bag=args.bag, **VARIANTS[name])
+        params = replace(TrainParams(), bag=args.bag, nthread=args.threads, **VARIANTS[name])
         if name == "near_best":
             params = replace(params, near_best_members=args.bag)
         cpu, wall = time.process_time(), time.perf_counter()
@@ -125,11 +156,18 @@ def main(argv: list[str] | None = None) -> int:
                              progress=lambda m, n=name: print(f"  {n}: {m}", file=sys.stderr, flush=True))
         results[name] = {s: {k: ev[s].get(k) for k in (*METRIC_KEYS, "folds", "rows", "workloads")}
                          for s in args.splits if ev[s]}
+        if subset is not None:
+            results[name]["score_on"] = {s: {k: v for k, v in score(
+                y[subset], ev[s]["pred"][subset], labels.take(subset)).items() if k in METRIC_KEYS}
+                for s in args.splits if ev[s]}
         results[name]["cpu_s"] = time.process_time() - cpu
         results[name]["wall_s"] = time.perf_counter() - wall
         results[name]["params"] = VARIANTS[name] | {"bag": args.bag}
         print(f"{name}: {results[name]['cpu_s']:.0f} CPU s", flush=True)
     _print_tables(results, args.splits)
+    if subset is not None:
+        print(f"\nscored on the {len(subset):,} candidates of {args.score_on}'s workloads only")
+        _print_tables({n: r["score_on"] for n, r in results.items()}, args.splits)
     if args.out:
         args.out.write_text(json.dumps({**_provenance(), "export": str(args.export),
                                         "board": board, "rows": int(len(y)), "results": results},
