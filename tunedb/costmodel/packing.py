@@ -4,13 +4,14 @@ Features (``FEATURES``, schema ``FEATURE_SCHEMA``) come from the workload record
 alone, so the model ranks candidates before any is measured: member counts, FLOPs and bytes, the
 spread of m/n/k, waves and tail of 128x128 tiles on the H200's 132 SMs, the sum and the max of the
 members' single-op roofline times, and per candidate its backends' shares, clusters, concurrency,
-launches and padding waste. Two XGBoost models: a regression on log(µs) and a pairwise ranker of
-each workload's candidates; a workload's predictions are the regression's times in the ranker's
-order (``predict_us``).
+launches, padding waste and waves rounded up per launch. Two XGBoost models: a regression on
+log(µs) and a pairwise ranker of each workload's candidates; a workload's predictions are the
+regression's times in the ranker's order (``predict_us``).
 
-Held-out evaluation (``evaluate``): by workload (5 folds of whole workloads) and by scenario
-(leave one family out). Per held-out workload: is the model's first choice within 5 % of the best
-measured candidate, and does measuring the model's top 10 % reach the best.
+Held-out evaluation (``evaluate``): the fusion kind's four splits (``evaluate_fits``: by
+workload, op = scenario, shape, family) with its metric keys; per held-out workload also: is the
+model's first choice within 5 % of the best measured candidate, and does measuring the model's
+top 10 % reach the best.
 ``python -m tunedb.costmodel.packing --data data/packing_h200`` prints both, next to the fixed
 rule "one padded batched call if the workload allows it, else streams8".
 """
