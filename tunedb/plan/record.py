@@ -25,6 +25,7 @@ from tunedb.graph.ops import infer_graph
 from tunedb.kernels.schedule import Schedule
 from tunedb.plan.execute import run_cuda, run_reference_steps
 from tunedb.plan.packing import PlanPack, check_packs
+from tunedb.plan.rewrite import rewrite_for_plan
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import canonical_json, sha256_hex
 
@@ -277,6 +278,8 @@ def _with_constants(graph: Mapping[str, Any], source: Mapping[str, Any]) -> Mapp
         model = import_onnx(str(p), dict(source.get("bindings") or {}),
                             fill_initializers=bool(source.get("fill_initializers", True)))
     have = model.constant_map
+    if any(name not in have for name in refs):  # constants the planner's rewrites derive
+        have = {**have, **rewrite_for_plan(model).constant_map}
     out = {**graph, "constants": dict(graph["constants"])}
     for name, ref in refs.items():
         c = have.get(name)
