@@ -4,16 +4,23 @@ replay database of stage rows (``measure_device="replay:DB"``), in real DuckDB f
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from collectors.stage import store_stage_rows
 from tests.test_stage_replay import overlap_truth
 from tunedb.graph.multibranch import randwire_graph
 from tunedb.plan.driver import compile as compile_plan
+from tunedb.plan.record import Plan
+from tunedb.plan.stage_refine import refine_plan
 from tunedb.plan.stages import StageKeys, ios_search
 from tunedb.records import DeviceInfo
 from tunedb.store.core import TuningStore
 
+ROWS = Path(__file__).resolve().parents[1] / "data" / "bench" / "stages_h200_v2_rows.json"
 DEVICE = DeviceInfo("NVIDIA H200", "r1", "9.0", 132, 60 << 20, 141 << 30, "test", "13.0", "14.0")
 
 
@@ -56,3 +63,24 @@ def test_measure_top_refines_stores_and_hits_next_time(tmp_path):
     a = dict(auto.search)
     assert a["schedule"].endswith("(auto, stored)")
     assert bool(auto.stages) == (a["auto_ios_us"] < 0.95 * a["auto_sequential_us"])
+
+
+@pytest.mark.slow
+def test_the_driver_loop_replayed_on_the_stored_inception_rows():
+    # the H200 run measured all 5,387 Inception V3 b1 candidates: the oracle is known exactly
+    doc = json.loads(ROWS.read_text())["cases"]["inception_v3_b1"]
+    plan = Plan.from_json(doc["plan"])
+    table = {r["key"]: float(np.median(r["samples_us"])) for r in doc["rows"] if r["status"] == "ok"}
+    keys = StageKeys(plan.steps)
+
+    def stored_time(groups):
+        if all(plan.steps[i].kind == "layout_view" for g in groups for i in g):
+            return 0.0
+        return table[keys(groups)]
+
+    oracle, _, stats = ios_search(plan.steps, stored_time)
+    staged, rows = refine_plan(plan, stored_time)
+    search = dict(staged.search)
+    assert search["refine_converged"] and len(rows) == search["refine_measured"]
+    assert search["ios_measured_us"] <= 1.03 * oracle       # replay: 1.0056
+    assert len(rows) <= 0.10 * stats.candidates              # replay: 398 of 5,387
