@@ -13,12 +13,18 @@ import pytest
 
 from tunedb.graph.builder import GraphBuilder
 from tunedb.kernels.analysis import UnsupportedFusion
-from tunedb.kernels.gen_window import generate_window, match_window
+from tunedb.kernels.codegen import generate
+from tunedb.kernels.gen_window import WINDOW_CONFIG, match_window
+from tunedb.kernels.schedule import Schedule
 from tunedb.runtime.emu import build, check_plan
 from tunedb.runtime.inputs import make_inputs, reference_outputs
 
 DTYPES = ("float32", "float16", "bfloat16")
 N, C, H = 2, 8, 9  # odd spatial size: the stride-2 windows end on a partial edge
+
+
+def _plan(g):
+    return generate(g, Schedule.from_config(WINDOW_CONFIG))
 
 
 def _chan(b: GraphBuilder, name: str, dtype: str) -> str:
@@ -75,7 +81,7 @@ def _variants():
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 def test_every_window_variant_matches_the_float64_reference(tmp_path):
     graphs = _variants()
-    plans = [generate_window(g) for g in graphs]
+    plans = [_plan(g) for g in graphs]
     lib = build([p.kernels[0].source for p in plans], str(tmp_path))
     bad = []
     for g, p in zip(graphs, plans):
@@ -90,9 +96,9 @@ def test_every_window_variant_matches_the_float64_reference(tmp_path):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 def test_one_variant_passes_and_a_wrong_window_fails(tmp_path):
     # The fast tier's check, and proof it can fail: 3x3 taps that skip the last column are off.
-    good = generate_window(dwconv_block("bfloat16", 3, 2, act="silu", residual=True, prologue=True))
+    good = _plan(dwconv_block("bfloat16", 3, 2, act="silu", residual=True, prologue=True))
     g = dwconv_block("float32", 3, 1)
-    plan = generate_window(g)
+    plan = _plan(g)
     k = plan.kernels[0]
     assert "kw < 3;" in k.source
     broken = k.source.replace("kw < 3;", "kw < 2;").replace(k.name, k.name + "_broken")
@@ -107,7 +113,7 @@ def test_one_variant_passes_and_a_wrong_window_fails(tmp_path):
 
 def test_sources_are_deterministic_and_the_pattern_split_is_right():
     g = dwconv_block("float16", 3, 1, act="silu", residual=True, prologue=True)
-    assert generate_window(g).source_hash == generate_window(g).source_hash
+    assert _plan(g).source_hash == _plan(g).source_hash
     m = match_window(g)
     assert m.node.op == "conv2d"
     assert [n.op for n in m.prologue] == ["relu"]
@@ -124,7 +130,7 @@ def test_out_of_pattern_graphs_raise_unsupported_fusion():
     x = b.input("x", (1, 4, 5, 5))
     y = b.max_pool2d(b.relu(x), kernel=(3, 3), pads=(1, 1, 1, 1))
     with pytest.raises(UnsupportedFusion, match="broadcasts"):
-        generate_window(b.build([b.add(y, b.input("r", (1, 1, 1, 5)))]))
+        _plan(b.build([b.add(y, b.input("r", (1, 1, 1, 5)))]))
     b = GraphBuilder("prologue_out")
     x = b.input("x", (1, 4, 5, 5))
     r = b.relu(x)
@@ -135,7 +141,7 @@ def test_out_of_pattern_graphs_raise_unsupported_fusion():
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_window_sources_compile_with_nvcc_for_sm90(tmp_path):
-    sources = {p.kernels[0].name: p.kernels[0].source for p in map(generate_window, _variants())}
+    sources = {p.kernels[0].name: p.kernels[0].source for p in map(_plan, _variants())}
     cu = tmp_path / "window.cu"
     cu.write_text("\n".join(sources.values()))
     r = subprocess.run([shutil.which("nvcc"), "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",

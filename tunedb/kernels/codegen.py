@@ -41,6 +41,7 @@ from tunedb.kernels.gen_colcluster import gen_col_cluster
 from tunedb.kernels.gen_cols import gen_col_tiled
 from tunedb.kernels.gen_rows import gen_rows
 from tunedb.kernels.gen_simple import gen_elementwise, gen_transpose
+from tunedb.kernels.gen_window import has_window_op, window_kernel
 from tunedb.kernels.prelude import EVICT_LAST, PRELUDE, STREAM
 from tunedb.kernels.schedule import Schedule, check
 from tunedb.records import sha256_hex
@@ -88,10 +89,19 @@ def _texts(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
     return gen_rows(f)
 
 
+def _window_plan(graph: Graph, schedule: Schedule, sm_count: int) -> KernelPlan:
+    """A depthwise convolution or pool with its elementwise neighbours (``gen_window``)."""
+    w = window_kernel(graph, sm_count, schedule.block)
+    k = KernelSpec(w.name, w.source, w.grid, w.block, 0, w.args)
+    return KernelPlan((k,), (), sha256_hex(w.source), w.R, w.C, "window")
+
+
 def generate(graph: Graph | Analysis, schedule: Schedule, sm_count: int = 132) -> KernelPlan:
     """CUDA source and launch shapes for ``graph`` under ``schedule``. Raises
     ``UnsupportedFusion`` for subgraphs outside the generator and ``ValueError`` for a schedule
     that cannot run this graph (the reason ``schedule_space`` would prune it for)."""
+    if isinstance(graph, Graph) and has_window_op(graph):
+        return _window_plan(graph, schedule, sm_count)
     a = graph if isinstance(graph, Analysis) else analyze(graph)
     why = check(a, schedule)
     if why:

@@ -13,8 +13,10 @@ elementwise nodes:
 
 Operands of either side are full-shaped tensors of that side, per-channel tensors (``[1,C,1,1]``
 after right alignment) or scalars. One thread per output element, fp32 accumulation, one rounding
-per stored value. The plan has the same launch convention as ``codegen.generate`` (graph inputs,
-graph outputs, then the scalars R = N*C and C = OH*OW), so the emulator and CuPy run it the same way.
+per stored value. ``codegen.generate`` turns the kernel into a one-kernel plan with its usual
+launch convention (graph inputs, graph outputs, then the scalars R = N*C and C = OH*OW), so the
+emulator, the executor and CuPy run it like any other; of the schedule only the block size counts
+(``WINDOW_CONFIG`` is the one the planner gives these steps).
 """
 
 from __future__ import annotations
@@ -26,13 +28,12 @@ import numpy as np
 from tunedb.graph.ir import Graph, Node
 from tunedb.graph.ops import canonical_attrs, is_elementwise
 from tunedb.kernels.analysis import UnsupportedFusion
-from tunedb.kernels.codegen import KernelPlan, KernelSpec
 from tunedb.kernels.expr import COMPUTE, FLOATS, STORAGE, flit, literal, load_conv, op_expr, store_conv
 from tunedb.kernels.prelude import PRELUDE
 from tunedb.records import sha256_hex
 
 WINDOW_OPS = ("conv2d", "max_pool2d", "avg_pool2d")
-BLOCK = 256
+WINDOW_CONFIG = {"mapping": "elementwise", "block": 256}
 MAX_CONST_ELEMS = 4096
 
 
@@ -44,6 +45,17 @@ class _GraphView:
 
     def resolve(self, v: str) -> str:
         return v
+
+
+@dataclass(frozen=True)
+class WindowKernel:
+    name: str
+    source: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple  # graph inputs, graph outputs, then R and C as numpy.int64
+    R: int
+    C: int
 
 
 @dataclass(frozen=True)
@@ -246,7 +258,12 @@ def _window_body(gen: _Gen, lines: list[str]) -> str:
     return "acc"
 
 
-def generate_window(g: Graph, sm_count: int = 132) -> KernelPlan:
+def has_window_op(g: Graph) -> bool:
+    """Whether ``g`` is for this generator rather than the row/column ones."""
+    return any(n.op in WINDOW_OPS for n in g.nodes)
+
+
+def window_kernel(g: Graph, sm_count: int = 132, block: int = 256) -> WindowKernel:
     """One kernel computing every output of ``g`` (a window node with its elementwise
     neighbours); raises ``UnsupportedFusion`` for graphs outside the pattern."""
     m = match_window(g)
@@ -257,8 +274,8 @@ def generate_window(g: Graph, sm_count: int = 132) -> KernelPlan:
     gen = _Gen(g, m)
     body: list[str] = [
         f"const long long total = {N * C * OH * OW}LL;",
-        f"for (long long i = (long long)blockIdx.x * {BLOCK} + threadIdx.x; i < total; "
-        f"i += (long long)gridDim.x * {BLOCK}) {{"]
+        f"for (long long i = (long long)blockIdx.x * {block} + threadIdx.x; i < total; "
+        f"i += (long long)gridDim.x * {block}) {{"]
     el = [f"const int ow = (int)(i % {OW});", f"const int oh = (int)((i / {OW}) % {OH});",
           f"const long long nc = i / {OH * OW};", f"const int c = (int)(nc % {C});"]
     acc = _window_body(gen, el)
@@ -271,13 +288,12 @@ def generate_window(g: Graph, sm_count: int = 132) -> KernelPlan:
     ps = [f"const {STORAGE[g.type_of(v).dtype]}* __restrict__ {gen.params[v]}" for v in g.inputs]
     ps += [f"{STORAGE[g.type_of(v).dtype]}* __restrict__ {gen.params[v]}" for v in g.outputs]
     ps += ["long long R", "long long C"]
-    sig = (f'extern "C" __global__ void __launch_bounds__({BLOCK}) @K@(\n    ' + ",\n    ".join(ps) + ")")
+    sig = (f'extern "C" __global__ void __launch_bounds__({block}) @K@(\n    ' + ",\n    ".join(ps) + ")")
     text = ("\n".join([PRELUDE] + gen.consts) + "\n" + sig + " {\n"
             + "\n".join("  " + b for b in body) + "\n}\n")
     prefix = "tdb_w" + sha256_hex(text)[:16]
     name = f"{prefix}_k0"
     src = text.replace("@K@", name).replace("@P@", prefix)
-    blocks = max(1, min(-(-N * C * OH * OW // BLOCK), sm_count * 16))
+    blocks = max(1, min(-(-N * C * OH * OW // block), sm_count * 16))
     args = tuple(g.inputs) + tuple(g.outputs) + (np.int64(N * C), np.int64(OH * OW))
-    k = KernelSpec(name, src, (blocks, 1, 1), (BLOCK, 1, 1), 0, args)
-    return KernelPlan((k,), (), sha256_hex(src), N * C, OH * OW, "window")
+    return WindowKernel(name, src, (blocks, 1, 1), (block, 1, 1), args, N * C, OH * OW)

@@ -33,6 +33,7 @@ from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import LAYOUT_OPS
 from tunedb.kernels.analysis import Analysis, UnsupportedFusion, analyze
+from tunedb.kernels.gen_window import WINDOW_CONFIG, window_kernel
 from tunedb.kernels.schedule import Schedule, schedule_space
 from tunedb.plan.fallback import fallback_order
 from tunedb.plan.subgraph import COMPUTE_KIND, GraphIndex
@@ -200,6 +201,8 @@ class Coster:
             return GroupCost("layout_view", 0.0, "none", launches=0)
         if len(nodes) == 1 and ix.compute[nodes[0]]:
             return self._compute(nodes, key)
+        if len(nodes) > 1 and any(ix.compute[j] for j in nodes):
+            return self._window(nodes, key)
         if len(nodes) > 1 and not all(ix.fusable[j] for j in nodes):
             return None
         a = self.analysis(nodes, key) if all(ix.fusable[j] for j in nodes) else None
@@ -262,6 +265,17 @@ class Coster:
             out[key] = GroupCost("fused", best_us, "model", launches=_launches(best_cfg),
                                  config=best_cfg, ranked=ranked)
         return out
+
+    def _window(self, nodes: Sequence[int], key: tuple) -> GroupCost | None:
+        """A depthwise convolution or pool with elementwise neighbours (``plan.window``): one
+        generated kernel, priced by the roofline (the model never saw these kernels)."""
+        sub = self.subgraph(nodes, key)
+        try:
+            window_kernel(sub, self.device.sm_count)
+        except (UnsupportedFusion, GraphError):
+            return None
+        return GroupCost("fused", self._roofline_us(sub), "roofline", config=dict(WINDOW_CONFIG),
+                         note="window")
 
     def _single(self, nodes: Sequence[int], key: tuple, note: str) -> GroupCost:
         """A lone op outside the generator: a copy kernel of the runtime, roofline priced."""

@@ -15,7 +15,9 @@ generator cannot fuse (``UnsupportedFusion``, no legal schedule) is not taken, s
 stay split. A merge that would make a cycle (a path that leaves the group and comes back, also
 through other groups) is never taken. After the search, small independent groups are packed
 horizontally into one kernel when the generator can (saving launches), and groups whose
-schedule was not chosen yet get one (or are split when none is legal).
+schedule was not chosen yet get one (or are split when none is legal). Last, a depthwise
+convolution or pool takes in the elementwise work around it where that is cheaper
+(``tunedb.plan.window``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 
 from tunedb.plan.cost import Coster, GroupCost
 from tunedb.plan.subgraph import GraphIndex, extract_subgraph
+from tunedb.plan.window import window_fusion
 
 __all__ = ["Explorer", "Partition", "explore", "extract_subgraph"]
 
@@ -56,7 +59,7 @@ class Partition:
 
 class Explorer:
     def __init__(self, index: GraphIndex, coster: Coster, beam: int = 4, launch_us: float = 2.5,
-                 horizontal: bool = True) -> None:
+                 horizontal: bool = True, window: bool = True) -> None:
         if beam < 1:
             raise ValueError(f"beam must be at least 1, got {beam}")
         self.ix = index
@@ -64,6 +67,7 @@ class Explorer:
         self.beam = beam
         self.launch_us = launch_us
         self.horizontal = horizontal
+        self.window = window
         self.stats: dict = {"beam": beam, "candidates": 0, "cycle_checks": 0, "cycles_rejected": 0,
                             "unfusable_rejected": 0, "horizontal_merges": 0, "splits": 0,
                             "absorbed": 0}
@@ -93,6 +97,10 @@ class Explorer:
         if self.horizontal:
             group_list = self._pack(group_list)
         group_list = self._finalize(group_list)
+        if self.window:
+            costs = [self._final_cost(g) for g in group_list]
+            group_list, _, merges = window_fusion(self.ix, self.coster, group_list, costs, self.launch_us)
+            self.stats["window_merges"] = len(merges)
         order = self._topo(group_list)
         ordered = [group_list[i] for i in order]
         costs = [self._final_cost(g) for g in ordered]
@@ -368,6 +376,6 @@ class Explorer:
 
 
 def explore(index: GraphIndex, coster: Coster, beam: int = 4, launch_us: float = 2.5,
-            horizontal: bool = True) -> Partition:
+            horizontal: bool = True, window: bool = True) -> Partition:
     """Partition ``index.graph`` into steps; see the module docstring."""
-    return Explorer(index, coster, beam, launch_us, horizontal).run()
+    return Explorer(index, coster, beam, launch_us, horizontal, window).run()
