@@ -66,9 +66,11 @@ def _open_error(path: Path, exc: duckdb.Error, read_only: bool) -> StoreError:
 
 def _connect(path: Path | str, read_only: bool) -> duckdb.DuckDBPyConnection:
     try:
-        return duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as e:
         raise _open_error(Path(path), e, read_only) from None
+    con.execute("SET enable_progress_bar = false")  # it writes to stdout and breaks --json output
+    return con
 
 
 def _checked_inspect(con: duckdb.DuckDBPyConnection, path: Path | str) -> tuple[str, int]:
@@ -162,6 +164,7 @@ class TuningStore:
     def _open(cls, path: str | Path, read_only: bool, known: bool = False) -> TuningStore:
         if str(path) == ":memory:":
             con = duckdb.connect(":memory:")
+            con.execute("SET enable_progress_bar = false")
             return cls(con, None, False, migrate(con, 0))
         p = Path(path).expanduser()
         if p.is_dir():
