@@ -39,6 +39,7 @@ from tunedb.plan.stages import (
     step_dag,
 )
 from tunedb.runtime import open_device
+from tunedb.runtime.device import device_info
 from tunedb.runtime.stage_exec import StagedExecutor
 from tunedb.store import BUSY_WAIT_S, TuningStore
 
@@ -259,11 +260,14 @@ class StageMeasuring:
 
     def __init__(self, measure_device: str, db: Any) -> None:
         self.spec, self.db = measure_device, db
-        device = open_device(measure_device)
-        try:
-            self.info = device.info
-        finally:
-            device.close()
+        if measure_device in ("cuda", "gpu"):  # this GPU's facts, without starting measuring workers
+            self.info = device_info()
+        else:
+            device = open_device(measure_device)
+            try:
+                self.info = device.info
+            finally:
+                device.close()
         self.harnesses: list[Any] = []
 
     def timer(self, plan: Plan) -> Callable[[Groups], float]:
