@@ -160,7 +160,9 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
 
     ``schedule``: ``"sequential"`` (one stream), ``"ios"`` (IOS stages over the steps: groups of
     a stage run concurrently on their own streams; ``tunedb.plan.stages``) or ``"auto"`` (the
-    stages only where they are predicted to pay).
+    stages only where they pay: on stored stage times when the database holds both plans', else
+    predicted with a 10 % margin). With ``measure_top`` the stages are refined by measuring
+    them on ``measure_device`` and stored (``tunedb.plan.stage_refine.refine_plan``).
 
     ``pack``: launch independent GEMM/conv steps together (``tunedb.plan.packing``) where an
     exact database hit or the packing model (``pack_model``: a saved model folder or a predictor;
