@@ -34,7 +34,8 @@ def _chan(b: GraphBuilder, name: str, dtype: str) -> str:
 def dwconv_block(dtype: str, k: int, stride: int, act: str = "relu6", residual: bool = False,
                  bias: bool = True, prologue: bool = False, dilation: int = 1):
     """Depthwise conv -> BN affine -> activation (-> residual add), as MobileNet/EfficientNet."""
-    b = GraphBuilder(f"dw{k}s{stride}_{act}_{dtype}{'_res' if residual else ''}{'_pro' if prologue else ''}")
+    tags = ("_res" if residual else "") + ("_pro" if prologue else "")
+    b = GraphBuilder(f"dw{k}s{stride}d{dilation}_{act}_{dtype}{tags}")
     x = b.input("x", (N, C, H, H), dtype)
     w = b.input("w", (C, 1, k, k), dtype)
     src = b.relu(x) if prologue else x
@@ -70,7 +71,8 @@ def _variants():
                 gs.append(dwconv_block(dt, k, s))
         gs.append(dwconv_block(dt, 3, 1, act="silu", residual=True, prologue=True))
         gs.append(dwconv_block(dt, 5, 2, act="hardswish", bias=False))
-        gs.append(dwconv_block(dt, 7, 1, act="none"))  # ConvNeXt: 7x7 then a norm elsewhere
+        gs.append(dwconv_block(dt, 7, 1, act="none"))
+        gs.append(dwconv_block(dt, 3, 1, dilation=2))  # ConvNeXt: 7x7 then a norm elsewhere
         gs.append(pool_block(dt, "max_pool2d", 3, 2, 1))
         gs.append(pool_block(dt, "avg_pool2d", 3, 1, 1))
         gs.append(pool_block(dt, "avg_pool2d", 3, 2, 1, include_pad=True))
@@ -90,7 +92,7 @@ def test_every_window_variant_matches_the_float64_reference(tmp_path):
         if not err <= 1.0:
             bad.append(f"{g.name}: {v} off by {err:.3g}x tolerance")
     assert not bad, bad
-    assert len(graphs) == 36
+    assert len(graphs) == 39
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")

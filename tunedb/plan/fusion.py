@@ -335,6 +335,8 @@ class Explorer:
             h = readers.pop()
             while h in merged:
                 h = merged[h]
+            if not self.window and any(ix.compute[j] for j in groups[h]):
+                continue  # a prologue into a depthwise conv / pool: windowed fusion
             cg, ch = self.coster.group(g), self.coster.group(groups[h])
             U = tuple(sorted(g + groups[h]))
             cu = self.coster.group(U)
