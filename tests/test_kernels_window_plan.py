@@ -122,3 +122,17 @@ def test_generalization_windowed_workloads_plan_and_verify(tmp_path):
     assert len(smallest) == 3
     bad = [b for _, ix, st in smallest.values() for b in _verify(ix, [st], tmp_path)]
     assert not bad, bad
+
+
+def test_an_sfu_bound_prologue_stays_out_but_the_epilogue_fuses():
+    # SiLU before a 3x3 depthwise conv would be recomputed at 9 taps: its sigmoid stays a kernel.
+    b = GraphBuilder("silu_dw_silu")
+    x = b.input("x", (1, 32, 14, 14))
+    h = b.mul(x, b.sigmoid(x))
+    y = b.conv2d(h, b.input("wd", (32, 1, 3, 3)), pads=(1, 1, 1, 1), groups=32)
+    ix, part = _plan(b.build([b.mul(y, b.sigmoid(y))]), window=True)
+    steps = _window_steps(ix, part)
+    assert len(steps) == 1
+    conv = next(j for j in steps[0] if ix.nodes[j].op == "conv2d")
+    assert all(j > conv for j in steps[0] if j != conv)  # the SiLU after, not the one before
+    assert sorted(ix.nodes[j].op for j in steps[0]) == ["conv2d", "mul", "sigmoid"]

@@ -258,6 +258,23 @@ def _window_body(gen: _Gen, lines: list[str]) -> str:
     return "acc"
 
 
+# Prologue ops that go through the SFU (or a long sequence): a prologue runs once per tap, and at
+# 9 taps a sigmoid costs more issue time than the bytes it saves (a SiLU before a 3x3 depthwise
+# conv needs ~18 SFU ops per output element, ~2.5x the H200's SFU rate at the bandwidth floor).
+TAP_COSTLY_OPS = frozenset(("exp", "log", "sigmoid", "tanh", "erf", "gelu", "sin", "cos", "pow",
+                            "sqrt", "rsqrt", "reciprocal"))
+
+
+def costly_prologue(g: Graph, m: WindowMatch) -> bool:
+    """Whether ``m``'s prologue recomputes an SFU-bound op at more than one tap per element."""
+    w = m.node
+    if w.op == "conv2d":
+        taps = g.type_of(w.inputs[1]).shape[2] * g.type_of(w.inputs[1]).shape[3]
+    else:
+        taps = w.attr("kernel")[0] * w.attr("kernel")[1]
+    return taps > 1 and any(n.op in TAP_COSTLY_OPS for n in m.prologue)
+
+
 def has_window_op(g: Graph) -> bool:
     """Whether ``g`` is for this generator rather than the row/column ones."""
     return any(n.op in WINDOW_OPS for n in g.nodes)

@@ -33,7 +33,7 @@ from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import LAYOUT_OPS
 from tunedb.kernels.analysis import Analysis, UnsupportedFusion, analyze
-from tunedb.kernels.gen_window import WINDOW_CONFIG, window_kernel
+from tunedb.kernels.gen_window import WINDOW_CONFIG, costly_prologue, match_window, window_kernel
 from tunedb.kernels.schedule import Schedule, schedule_space
 from tunedb.plan.fallback import fallback_order
 from tunedb.plan.subgraph import COMPUTE_KIND, GraphIndex
@@ -274,6 +274,8 @@ class Coster:
             window_kernel(sub, self.device.sm_count)
         except (UnsupportedFusion, GraphError):
             return None
+        if costly_prologue(sub, match_window(sub)):
+            return None  # the roofline would miss the per-tap recomputation
         return GroupCost("fused", self._roofline_us(sub), "roofline", config=dict(WINDOW_CONFIG),
                          note="window")
 

@@ -121,6 +121,36 @@ class WindowPlanner:
                 return ()
         return g
 
+    def _try(self, j: int, nodes: tuple[int, ...], base: set[int], groups: list[tuple[int, ...]],
+             costs: list[GroupCost], where: dict[int, int]
+             ) -> tuple[list[tuple[int, ...]], list[GroupCost], WindowMerge] | None:
+        """The groups and costs with ``nodes`` as one kernel, if that is legal and cheaper."""
+        ix = self.ix
+        if len(nodes) == len(base):
+            return None
+        touched = sorted({where[i] for i in nodes})
+        rest = [tuple(i for i in groups[k] if i not in nodes) for k in touched]
+        rest = [r for r in rest if r]
+        merged = self.coster.group(nodes)  # None: outside the window generator
+        if merged is None:
+            return None
+        rest_costs = [self.coster.group(r) for r in rest]
+        rest_costs = [None if c is None else self.coster.choose_schedule(r, c)
+                      for r, c in zip(rest, rest_costs)]
+        if any(c is None for c in rest_costs):
+            return None
+        new_groups = [g for k, g in enumerate(groups) if k not in touched] + [nodes] + rest
+        if not _acyclic(ix, new_groups):
+            return None
+        before = sum(self.score(costs[k]) for k in touched)
+        after = self.score(merged) + sum(self.score(c) for c in rest_costs)
+        if after >= before - 1e-9:
+            return None
+        merge = WindowMerge(j, nodes, tuple(groups[k] for k in touched), tuple(rest),
+                            round(before, 4), round(after, 4))
+        new_costs = [c for k, c in enumerate(costs) if k not in touched] + [merged] + rest_costs
+        return new_groups, new_costs, merge
+
     def plan(self, groups: list[tuple[int, ...]], costs: list[GroupCost]
              ) -> tuple[list[tuple[int, ...]], list[GroupCost], list[WindowMerge]]:
         """The groups (and their costs) after every merge taken, and the merges."""
@@ -134,31 +164,13 @@ class WindowPlanner:
             epi = self._epilogue(j, fused, _descendants(ix, j))
             pro = self._prologue(j, groups, where, costs)
             base = set(groups[where[j]])
-            nodes = tuple(sorted(set(epi) | set(pro) | base))
-            if len(nodes) == len(base):
-                continue
-            touched = sorted({where[i] for i in nodes})
-            rest = [tuple(i for i in groups[k] if i not in nodes) for k in touched]
-            rest = [r for r in rest if r]
-            merged = self.coster.group(nodes)  # None: outside the window generator
-            if merged is None:
-                continue
-            rest_costs = [self.coster.group(r) for r in rest]
-            rest_costs = [None if c is None else self.coster.choose_schedule(r, c)
-                          for r, c in zip(rest, rest_costs)]
-            if any(c is None for c in rest_costs):
-                continue
-            new_groups = [g for k, g in enumerate(groups) if k not in touched] + [nodes] + rest
-            if not _acyclic(ix, new_groups):
-                continue
-            before = sum(self.score(costs[k]) for k in touched)
-            after = self.score(merged) + sum(self.score(c) for c in rest_costs)
-            if after >= before - 1e-9:
-                continue
-            merges.append(WindowMerge(j, nodes, tuple(groups[k] for k in touched), tuple(rest),
-                                      round(before, 4), round(after, 4)))
-            costs = [c for k, c in enumerate(costs) if k not in touched] + [merged] + rest_costs
-            groups = new_groups
+            tries = [set(epi) | set(pro) | base] + ([set(epi) | base] if pro else [])
+            for cand in tries:
+                taken = self._try(j, tuple(sorted(cand)), base, groups, costs, where)
+                if taken is not None:
+                    groups, costs, merge = taken
+                    merges.append(merge)
+                    break
         return groups, costs, merges
 
 
