@@ -123,3 +123,26 @@ def test_variants_script_scores_the_packing_kind(tmp_path: Path, capsys: pytest.
     assert doc["kind"] == "packing" and set(res) >= {"by_workload", "leave_family_out", "cpu_s"}
     assert res["by_workload"]["folds"] == 2 and 0.5 < res["by_workload"]["top1_score"] <= 1.0
     assert "leave_family_out" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two folds of one booster on 42k rows
+def test_variants_script_trains_on_both_boards_and_scores_a_subset(tmp_path: Path) -> None:
+    import importlib.util
+    import json
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "costmodel_variants.py"
+    spec = importlib.util.spec_from_file_location("costmodel_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "v3.json"
+    assert mod.main(["--export", str(data / "fusion_h200_v3"), "--all-boards", "--score-on",
+                     str(data / "fusion_h200_v2"), "--variants", "top_weighted", "--bag", "1",
+                     "--folds", "2", "--splits", "by_workload", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    res = doc["results"]["top_weighted"]
+    # v3 holds two boards; its v2 subset is scored apart from the whole
+    assert doc["rows"] == 42_375 and len(doc["board"].split(",")) == 2
+    whole, subset = res["by_workload"], res["score_on"]["by_workload"]
+    assert whole["workloads"] == 704 and whole["top1_score"] != subset["top1_score"]
+    assert 0.9 < subset["top1_score"] <= 1.0 and 0.8 < subset["pairwise_accuracy"] < 1.0
