@@ -312,6 +312,17 @@ OP_SPECS: dict[str, tuple[int, int | None, int | None, dict[str, AttrValue]]] = 
 }
 
 
+def fresh_name(taken: set[str], base: str, sep: str = "_") -> str:
+    """``base``, or ``base{sep}{k}`` with the smallest k >= 1 not in ``taken``; added to ``taken``.
+    Graph rewrites name the values they add with it."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}{sep}{k}"
+    taken.add(name)
+    return name
+
+
 def op_spec(op: str) -> tuple[int, int | None, int | None, dict[str, AttrValue]]:
     try:
         return OP_SPECS[op]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tunedb.graph.ir import Constant, Graph, Node, TensorType
+from tunedb.graph.ir import Constant, Graph, Node, TensorType, fresh_name
 from tunedb.graph.ops import canonical_attrs, infer_graph
 
 # ops a branch may apply between its slice and the concat (one tensor operand, scalars besides)
@@ -27,6 +27,17 @@ BRANCH_OPS = frozenset((
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
     "relu", "erf", "floor", "ceil", "sign", "gelu", "clip", "cast", "leaky_relu",
     "add", "sub", "mul", "div", "pow", "max", "min"))
+
+
+def _spliced(graph: Graph, replace: dict[int, list[Node]], drop: set[int]) -> list[Node]:
+    """The graph's nodes in order, node i replaced by ``replace[i]`` and the ``drop`` ones left out."""
+    nodes: list[Node] = []
+    for i, n in enumerate(graph.nodes):
+        if i in replace:
+            nodes += replace[i]
+        elif i not in drop:
+            nodes.append(n)
+    return nodes
 
 
 def _branch(graph: Graph, v: str, axis: int, producer: dict[str, Node], readers: dict[str, int],
@@ -81,14 +92,6 @@ def lower_concats(graph: Graph) -> Graph:
     replace: dict[int, list[Node]] = {}
     taken = set(types)
 
-    def fresh(base: str) -> str:
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
-
     ids = {id(n): i for i, n in enumerate(graph.nodes)}
     for i, n in enumerate(graph.nodes):
         if n.op != "concat":
@@ -104,14 +107,14 @@ def lower_concats(graph: Graph) -> Graph:
         for v, (chain, src, start, cut) in zip(n.inputs, branches):
             st = types[src]
             idx = np.array([(c - off + start) % st.shape[axis] for c in range(t.shape[axis])], np.int64)
-            cname = fresh(f"{n.outputs[0]}__roll{len(vals)}")
+            cname = fresh_name(taken, f"{n.outputs[0]}__roll{len(vals)}")
             consts.append((cname, Constant(TensorType((len(idx),), "int64"), idx.tobytes())))
             types[cname] = TensorType((len(idx),), "int64")
-            cur = fresh(f"{n.outputs[0]}__read{len(vals)}")
+            cur = fresh_name(taken, f"{n.outputs[0]}__read{len(vals)}")
             types[cur] = TensorType(t.shape, st.dtype)
             new.append(Node("gather", (src, cname), (cur,), {"axis": axis}))
             for c in chain:
-                out = fresh(f"{c.outputs[0]}__full")
+                out = fresh_name(taken, f"{c.outputs[0]}__full")
                 scalar = graph.constant_map
                 ins = tuple(x if x in scalar and scalar[x].type.numel == 1 else cur for x in c.inputs)
                 types[out] = TensorType(t.shape, types[c.outputs[0]].dtype)
@@ -128,10 +131,10 @@ def lower_concats(graph: Graph) -> Graph:
         mshape = (t.shape[axis],) + (1,) * (t.rank - 1 - axis)
         for k in range(len(vals) - 2, -1, -1):
             mask = (np.arange(t.shape[axis]) < bounds[k]).astype(np.uint8).reshape(mshape)
-            mname = fresh(f"{n.outputs[0]}__first{k}")
+            mname = fresh_name(taken, f"{n.outputs[0]}__first{k}")
             consts.append((mname, Constant(TensorType(mshape, "bool"), mask.tobytes())))
             types[mname] = TensorType(mshape, "bool")
-            out = n.outputs[0] if k == 0 else fresh(f"{n.outputs[0]}__sel{k}")
+            out = n.outputs[0] if k == 0 else fresh_name(taken, f"{n.outputs[0]}__sel{k}")
             types[out] = t
             new.append(Node("where", (mname, vals[k], acc), (out,)))
             acc = out
@@ -139,12 +142,7 @@ def lower_concats(graph: Graph) -> Graph:
         drop.add(i)
     if not replace:
         return graph
-    nodes: list[Node] = []
-    for i, n in enumerate(graph.nodes):
-        if i in replace:
-            nodes += replace[i]
-        elif i not in drop:
-            nodes.append(n)
+    nodes = _spliced(graph, replace, drop)
     used = {v for n in nodes for v in n.inputs} | set(graph.outputs)
     keep_types = {v: tt for v, tt in types.items() if v in used or v in graph.inputs
                   or any(v in n.outputs for n in nodes)}
@@ -240,14 +238,6 @@ def _sink_once(graph: Graph) -> Graph:
     replace: dict[int, list[Node]] = {}
     ids = {id(n): i for i, n in enumerate(graph.nodes)}
 
-    def fresh(base: str) -> str:
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
-
     for i, t in enumerate(graph.nodes):
         if t.op != "transpose" or i in drop:
             continue
@@ -281,9 +271,9 @@ def _sink_once(graph: Graph) -> Graph:
                 ins.append(o)
             elif ti.numel == types[v].numel:
                 # full size (an input, or a computed value the next pass sinks into)
-                r = fresh(f"{o}__as_pre")
+                r = fresh_name(taken, f"{o}__as_pre")
                 types[r] = TensorType(ps, ti.dtype)
-                tr = fresh(f"{o}__transposed")
+                tr = fresh_name(taken, f"{o}__transposed")
                 types[tr] = TensorType(types[t.outputs[0]].shape, ti.dtype)
                 new += [Node("reshape", (o,), (r,), {"shape": ps}),
                         Node("transpose", (r,), (tr,), {"perm": perm})]
@@ -292,7 +282,7 @@ def _sink_once(graph: Graph) -> Graph:
                 shape = _broadcast_view(ti.shape, so, ps, perm)
                 if shape is None:
                     break
-                r = fresh(f"{o}__as_post")
+                r = fresh_name(taken, f"{o}__as_post")
                 types[r] = TensorType(shape, ti.dtype)
                 new.append(Node("reshape", (o,), (r,), {"shape": shape}))
                 ins.append(r)
@@ -304,12 +294,7 @@ def _sink_once(graph: Graph) -> Graph:
             drop.update(ids[id(n)] for n in chain + [e])
     if not replace:
         return graph
-    nodes: list[Node] = []
-    for i, n in enumerate(graph.nodes):
-        if i in replace:
-            nodes += replace[i]
-        elif i not in drop:
-            nodes.append(n)
+    nodes = _spliced(graph, replace, drop)
     used = {v for n in nodes for v in (*n.inputs, *n.outputs)} | set(graph.inputs) | set(graph.outputs)
     return infer_graph(Graph(graph.inputs, graph.outputs, tuple(nodes),
                              {v: tt for v, tt in types.items() if v in used}, graph.constants, graph.name))

@@ -10,7 +10,7 @@ it (``tunedb.runtime.executor_ops``).
 
 from __future__ import annotations
 
-from tunedb.graph.ir import Graph, Node, TensorType
+from tunedb.graph.ir import Graph, Node, TensorType, fresh_name
 from tunedb.graph.ops import infer_graph
 
 
@@ -19,14 +19,6 @@ def split_conv_bias(graph: Graph) -> Graph:
     types = dict(graph.types)
     taken = set(types)
     nodes: list[Node] = []
-
-    def fresh(base: str) -> str:
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}{k}"
-        taken.add(name)
-        return name
 
     changed = False
     for n in graph.nodes:
@@ -37,7 +29,7 @@ def split_conv_bias(graph: Graph) -> Graph:
             continue
         changed = True
         y = n.outputs[0]
-        raw, bias = fresh(f"{y}.nobias"), fresh(f"{y}.bias")
+        raw, bias = fresh_name(taken, f"{y}.nobias", sep=""), fresh_name(taken, f"{y}.bias", sep="")
         channels = types[y].shape[1]
         nodes.append(Node("conv2d", n.inputs[:2], (raw,), n.attrs))
         nodes.append(Node("reshape", (n.inputs[2],), (bias,), {"shape": (channels, 1, 1)}))

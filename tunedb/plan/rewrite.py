@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tunedb.graph.ir import Constant, Graph, Node, TensorType
+from tunedb.graph.ir import Constant, Graph, Node, TensorType, fresh_name
 from tunedb.graph.ops import infer_graph
 from tunedb.plan.views import strided_view_nodes
 
@@ -44,15 +44,6 @@ def _rebuild(graph: Graph, nodes: Sequence[Node], types: dict[str, TensorType],
     defined = set(graph.inputs) | set(live) | {o for n in nodes for o in n.outputs}
     return infer_graph(Graph(graph.inputs, graph.outputs, tuple(nodes),
                              {v: t for v, t in types.items() if v in defined}, live, graph.name))
-
-
-def _fresh(taken: set[str], base: str) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
 
 
 def fold_matmul_scales(graph: Graph) -> Graph:
@@ -87,8 +78,8 @@ def fold_matmul_scales(graph: Graph) -> Graph:
         if tuple(ins) == m.inputs:
             continue
         out_t = types[m.outputs[0]]
-        raw = _fresh(taken, f"{m.outputs[0]}__unscaled")
-        c = _fresh(taken, f"{m.outputs[0]}__scale")
+        raw = fresh_name(taken, f"{m.outputs[0]}__unscaled")
+        c = fresh_name(taken, f"{m.outputs[0]}__scale")
         consts[c] = Constant.from_array(np.array(scale, np.float32), out_t.dtype)
         types[raw], types[c] = out_t, consts[c].type
         nodes[i] = Node("matmul", tuple(ins), (raw,), m.attrs)
@@ -169,18 +160,18 @@ def _merge(graph: Graph, group: list[int]) -> Graph | None:
         return None
     taken = set(types)
     x = mms[0].inputs[0]
-    w = _fresh(taken, f"{mms[0].inputs[1]}__merged")
+    w = fresh_name(taken, f"{mms[0].inputs[1]}__merged")
     consts[w] = _side_by_side([consts[m.inputs[1]] for m in mms])
-    y = _fresh(taken, f"{mms[0].outputs[0]}__merged")
+    y = fresh_name(taken, f"{mms[0].outputs[0]}__merged")
     sizes = tuple(consts[m.inputs[1]].type.shape[1] for m in mms)
     xt = types[x]
     types[w], types[y] = consts[w].type, TensorType(xt.shape[:-1] + (sum(sizes),), xt.dtype)
     new = [Node("matmul", (x, w), (y,))]
     drop = set(group)
     if with_bias:
-        b = _fresh(taken, f"{adds[0][1]}__merged")
+        b = fresh_name(taken, f"{adds[0][1]}__merged")
         consts[b] = _side_by_side([consts[a[1]] for a in adds])
-        z = _fresh(taken, f"{y}__biased")
+        z = fresh_name(taken, f"{y}__biased")
         types[b], types[z] = consts[b].type, types[y]
         new.append(Node("add", (y, b), (z,)))
         parts = tuple(graph.nodes[a[0]].outputs[0] for a in adds)
