@@ -21,11 +21,11 @@ from dataclasses import asdict
 from typing import Any
 
 from tunedb.records import DeviceInfo, Protocol, Workload
-from tunedb.runtime.device import CUPY_MISSING, NoGPUError, clocks
+from tunedb.runtime.device import clocks
 from tunedb.runtime.inputs import prepare_workload
 from tunedb.runtime.measure import precompile
 from tunedb.runtime.results import MeasureRequest, MeasureResult
-from tunedb.runtime.worker import Worker, WorkerError
+from tunedb.runtime.worker import start_gpu_worker
 
 MEASURE_TASK = "tunedb.runtime.measure:gpu_task"
 MEASURE_INIT = "tunedb.runtime.measure:gpu_init"
@@ -158,19 +158,8 @@ class CudaDevice:
 
     def __init__(self, workers: int | None = None, timeout_s: float = 60.0,
                  protocol: Protocol | None = None, prep_workers: int | None = None) -> None:
-        import importlib.util
-
-        if importlib.util.find_spec("cupy") is None:  # fail fast, before spawning anything
-            raise NoGPUError(CUPY_MISSING)
         self.protocol = protocol or Protocol()
-        self.worker = Worker(MEASURE_TASK, MEASURE_INIT, timeout_s=timeout_s)
-        try:
-            hello = self.worker.start()
-        except WorkerError as e:
-            msg = str(e)
-            if "no CUDA device" in msg:
-                raise NoGPUError(msg[msg.index("no CUDA device"):]) from None
-            raise
+        self.worker, hello = start_gpu_worker(MEASURE_TASK, MEASURE_INIT, timeout_s)
         self.info = DeviceInfo(**hello["device"])
         self.uuid = str(hello.get("uuid", ""))
         self.clocks_at_start = hello.get("clocks", {})

@@ -20,11 +20,11 @@ from typing import Any
 from tunedb.kernels.packing import Candidate, PackingWorkload
 from tunedb.records import DeviceInfo, Protocol, Workload
 from tunedb.runtime.blas import library
-from tunedb.runtime.device import CUPY_MISSING, NoGPUError, clocks, device_info, device_uuid, import_cupy
+from tunedb.runtime.device import clocks, device_info, device_uuid, import_cupy
 from tunedb.runtime.pack import make_inputs, measure_candidate, reference
 from tunedb.runtime.results import MeasureRequest, MeasureResult
 from tunedb.runtime.streams import StreamPool
-from tunedb.runtime.worker import Worker, WorkerError, failure
+from tunedb.runtime.worker import failure, start_gpu_worker
 
 TASK = "tunedb.runtime.pack_device:measure_task"
 INIT = "tunedb.runtime.pack_device:init_task"
@@ -83,19 +83,8 @@ class PackingDevice:
     kind = "cuda"
 
     def __init__(self, timeout_s: float = 60.0, protocol: Protocol | None = None) -> None:
-        import importlib.util
-
-        if importlib.util.find_spec("cupy") is None:
-            raise NoGPUError(CUPY_MISSING)
         self.protocol = protocol or PROTOCOL
-        self.worker = Worker(TASK, INIT, timeout_s=timeout_s)
-        try:
-            hello = self.worker.start()
-        except WorkerError as e:
-            msg = str(e)
-            if "no CUDA device" in msg:
-                raise NoGPUError(msg[msg.index("no CUDA device"):]) from None
-            raise
+        self.worker, hello = start_gpu_worker(TASK, INIT, timeout_s)
         self.info = DeviceInfo(**hello["device"])
         self.uuid = str(hello.get("uuid", ""))
         self._counts: dict[str, int] = {}

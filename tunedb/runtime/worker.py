@@ -22,6 +22,7 @@ An optional ``init(state) -> dict`` runs once at start; its dict is the worker's
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tunedb.runtime.device import CUPY_MISSING, NoGPUError
 from tunedb.runtime.results import MeasureResult
 
 TaskFn = Callable[[dict, dict, list], Iterator[dict]]
@@ -284,3 +286,18 @@ def selftest_task(state: dict, context: dict, items: list) -> Iterator[dict]:
 
 def selftest_init(state: dict) -> dict:
     return {"pid": os.getpid()}
+
+
+def start_gpu_worker(task: str, init: str, timeout_s: float) -> tuple[Worker, dict[str, Any]]:
+    """A started worker process for a GPU device and its hello; no CuPy (checked before
+    spawning anything) or no CUDA device in the worker is a ``NoGPUError``."""
+    if importlib.util.find_spec("cupy") is None:
+        raise NoGPUError(CUPY_MISSING)
+    worker = Worker(task, init, timeout_s=timeout_s)
+    try:
+        return worker, worker.start()
+    except WorkerError as e:
+        msg = str(e)
+        if "no CUDA device" in msg:
+            raise NoGPUError(msg[msg.index("no CUDA device"):]) from None
+        raise
