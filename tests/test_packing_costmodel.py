@@ -15,7 +15,6 @@ from tunedb.costmodel.packing import (
     features,
     fit,
     load_frame,
-    main,
     predict_us,
     save,
 )
@@ -57,9 +56,32 @@ def test_held_out_choice_beats_the_fixed_rule_on_shipped_data(tmp_path):
     assert np.all(predict_us(b, frame["X"][:5]) > 0)
 
 
-def test_missing_data_is_one_line(tmp_path, capsys):
-    assert main(["--data", str(tmp_path)]) == 1
-    assert capsys.readouterr().err.count("\n") == 1
+def test_train_cli_is_the_one_entry_point_and_fails_in_one_line(tmp_path):
+    """`tunedb train --kind packing` trains the kind (the module has no main of its own); a
+    database whose packing rows all failed gets a one-line error and keeps its rows."""
+    import uuid
+
+    from typer.testing import CliRunner
+
+    import tunedb.costmodel.packing as packing
+    from collectors.packing_ingest import store_results
+    from tunedb.cli import app
+    from tunedb.records import DeviceInfo
+    from tunedb.store.core import TuningStore
+
+    assert not hasattr(packing, "main")
+    w = next(c for c in bench_cases() if c.family == "lora")
+    rows = [{"system": "tunedb", "status": "error", "candidate": c.to_json(), "error": "out of memory"}
+            for c in candidates(w)[:3]]
+    db = tmp_path / "failed.duckdb"
+    dev = DeviceInfo("NVIDIA H200", "b0", "9.0", 132, 60 << 20, 141 << 30, "13.0", "13.0", "14.2.0")
+    store_results(db, {"results": [{"workload": w.to_json(), "rows": rows}], "samples": 5}, dev,
+                  {"test": str(uuid.uuid4())})
+    out = str(tmp_path / "m")
+    res = CliRunner().invoke(app, ["train", "--db", str(db), "--kind", "packing", "--out", out])
+    assert res.exit_code != 0 and len(res.output.strip().splitlines()) == 1, res.output
+    with TuningStore.open(db) as store:
+        assert len(store.measurements()) == 3 and store.models() == []
 
 
 def test_ranker_orders_and_regression_scales_one_workloads_candidates(tmp_path):

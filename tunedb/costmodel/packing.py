@@ -11,17 +11,14 @@ regression's times in the ranker's order (``predict_us``).
 Held-out evaluation (``evaluate``): the fusion kind's four splits (``evaluate_fits``: by
 workload, op = scenario, shape, family) with its metric keys; per held-out workload also: is the
 model's first choice within 5 % of the best measured candidate, and does measuring the model's
-top 10 % reach the best.
-``python -m tunedb.costmodel.packing --data data/packing_h200`` prints both, next to the fixed
-rule "one padded batched call if the workload allows it, else streams8".
+top 10 % reach the best, next to the fixed rule "one padded batched call if the workload allows
+it, else streams8". The one entry point is ``tunedb train --kind packing`` (``train_on_store``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
@@ -468,23 +465,3 @@ def train_on_store(db: Path, *, out_root: Path, device_id: str | None = None, fo
             "workloads": int(len(np.unique(groups))), "boards": ids, "model_dir": str(where.resolve()),
             "model_id": model_id, "device_name": name}
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tunedb.costmodel.packing")
-    ap.add_argument("--data", type=Path, required=True, help="a packing Parquet export")
-    ap.add_argument("--out", type=Path, default=None, help="write the model files and card.json here")
-    args = ap.parse_args(argv)
-    try:
-        frame = load_frame(args.data)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"error: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
-        return 1
-    scores = evaluate(frame)
-    print(json.dumps(scores, indent=1))
-    if args.out:
-        save(fit(frame["X"], frame["y"], frame["groups"]), args.out, frame, scores)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
