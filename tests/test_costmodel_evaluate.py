@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tunedb.costmodel.evaluate import SPLITS, Labels, evaluate_fits
+from tunedb.costmodel.evaluate import SPLITS, Labels, evaluate_fits, evaluate_splits, out_of_fold
 from tunedb.costmodel.metrics import METRIC_KEYS
 
 PACKING = Path(__file__).resolve().parents[1] / "data" / "packing_h200"
@@ -75,6 +75,54 @@ def test_labels_missing_for_a_split_leave_it_empty() -> None:
 def test_too_few_workloads_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 3 workloads"):
         evaluate_fits(lambda tr: (lambda te: te), np.ones(4), Labels.of(np.array([0, 0, 1, 1])))
+
+
+def test_out_of_fold_pools_each_output_and_refuses_a_short_fold() -> None:
+    parts = [(np.array([2, 3]), np.array([0, 1])), (np.array([0, 1]), np.array([2, 3]))]
+    seen: list[int] = []
+
+    def predict(i: int, tr: np.ndarray, te: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seen.append(i)
+        return te * 10.0, tr.astype(float)
+
+    pred, other = out_of_fold(5, parts, predict, outputs=2, workers=2)
+    assert sorted(seen) == [0, 1]
+    assert pred[:4].tolist() == [0.0, 10.0, 20.0, 30.0] and np.isnan(pred[4])  # row 4 never held out
+    assert other[:4].tolist() == [2.0, 3.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="gave 1 predictions, expected 2"):
+        out_of_fold(5, parts, lambda i, tr, te: (te,), outputs=2)
+
+
+def test_fusion_and_any_kind_share_folds_and_scores() -> None:
+    """The fusion kind's ``evaluate_splits`` and the any-kind ``evaluate_fits`` run one fold
+    loop: the same booster per fold gives the same held-out numbers on every split."""
+    from tunedb.costmodel.evaluate import _fold_params, _predict_us, hide_measured
+    from tunedb.costmodel.features import featurize_frame
+    from tunedb.costmodel.fit import clean_frame
+    from tunedb.costmodel.synthetic import synthetic_frame
+    from tunedb.costmodel.train import TrainParams, train_booster
+
+    t = clean_frame(synthetic_frame(n_workloads=12, candidates_per_workload=8, seed=3))
+    X, y = featurize_frame(t), t["median_us"].to_numpy()
+    labels = Labels.of(t["workload_hash"], names=t["workload_name"].to_pylist(),
+                       family=t["family"].to_pylist(), lo=t["p20_us"].to_numpy(), hi=t["p80_us"].to_numpy())
+    params = TrainParams(objective="reg:squarederror", bag=1, num_boost_round=8, max_depth=3, nthread=1)
+    fusion = evaluate_splits(X, y, labels, params, folds=3)
+    calls = iter(range(10 ** 6))
+
+    def fit(tr: np.ndarray):
+        # Fold i of each split trains with seed + i, as the fusion kind's loop does.
+        r = train_booster(X[tr], y[tr], labels.workload[tr], _fold_params(params, next(calls)))
+        return lambda te: _predict_us(r, hide_measured(X[te]))
+
+    for split in SPLITS:
+        calls = iter(range(10 ** 6))
+        anyk = evaluate_fits(fit, y, labels, splits=(split,), folds=3)[split]
+        assert fusion[split]["folds"] == anyk["folds"] >= 2
+        np.testing.assert_allclose(fusion[split]["pred"], anyk["pred"], rtol=1e-6)
+        for k in METRIC_KEYS:
+            np.testing.assert_allclose(fusion[split][k], anyk[k], rtol=1e-9)
+    assert set(fusion["leave_family_out"]["families"]) == set(labels.family.tolist())
 
 
 @pytest.mark.slow  # 12 small packing models

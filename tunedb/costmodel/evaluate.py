@@ -178,32 +178,52 @@ def _fold_params(params: TrainParams, i: int) -> TrainParams:
     return TrainParams.from_json({**params.to_json(), "seed": params.seed + i})
 
 
+# Per fold: (fold index, training rows, held-out rows) -> predictions of the held-out rows.
+FoldPredict = Callable[[int, np.ndarray, np.ndarray], Sequence[np.ndarray]]
+
+
+def out_of_fold(n_rows: int, parts: Sequence[tuple[np.ndarray, np.ndarray]], predict: FoldPredict,
+                outputs: int = 1, workers: int = 1) -> list[np.ndarray]:
+    """The fold loop of every kind: ``predict`` on each fold of ``parts`` (in ``workers``
+    threads), its ``outputs`` arrays of held-out predictions pooled into arrays over all
+    ``n_rows`` rows (NaN where no fold held the row out)."""
+    pooled = [np.full(n_rows, np.nan) for _ in range(outputs)]
+
+    def one(i: int) -> tuple[np.ndarray, Sequence[np.ndarray]]:
+        tr, te = parts[i]
+        return te, predict(i, tr, te)
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for te, preds in pool.map(one, range(len(parts))):
+            if len(preds) != outputs:
+                raise TrainError(f"a fold gave {len(preds)} predictions, expected {outputs}")
+            for out, p in zip(pooled, preds):
+                out[te] = np.asarray(p, dtype=np.float64).reshape(-1)
+    return pooled
+
+
 def held_out(X: np.ndarray, y: np.ndarray, labels: Labels, splits: list[tuple[np.ndarray, np.ndarray]],
              params: TrainParams, hide: bool = True) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Out-of-fold predictions (µs; NaN on rows no fold held out): with compile facts hidden
     (when ``hide``) and as given; the objective of each fold's model. Folds train in parallel
     threads when each is small enough to train on one thread (XGBoost releases the GIL)."""
-    pred = np.full(len(y), np.nan)
-    pred_m = np.full(len(y), np.nan)
+    objectives = [""] * len(splits)
 
-    def one(i: int) -> tuple[int, Any]:
-        tr, _ = splits[i]
+    def predict(i: int, tr: np.ndarray, te: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         fold = _fold_params(params, i)
         if labels.merge is not None:
             rows, y_tr = merge_rows(tr, labels.merge, y)
-            return i, train_booster(X[rows], y_tr, labels.workload[rows], fold)
-        query = None if labels.compare is None else labels.compare[tr]
-        return i, train_booster(X[tr], y[tr], labels.workload[tr], fold, query=query)
+            result = train_booster(X[rows], y_tr, labels.workload[rows], fold)
+        else:
+            query = None if labels.compare is None else labels.compare[tr]
+            result = train_booster(X[tr], y[tr], labels.workload[tr], fold, query=query)
+        objectives[i] = result.objective
+        given = _predict_us(result, X[te])
+        return (_predict_us(result, hide_measured(X[te])) if hide else given), given
 
     small = all(len(tr) < SMALL_DATA for tr, _ in splits) and params.nthread <= 0
     workers = min(len(splits), auto_threads()) if small else 1
-    objectives = [""] * len(splits)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for i, result in pool.map(one, range(len(splits))):
-            te = splits[i][1]
-            objectives[i] = result.objective
-            pred_m[te] = _predict_us(result, X[te])
-            pred[te] = _predict_us(result, hide_measured(X[te])) if hide else pred_m[te]
+    pred, pred_m = out_of_fold(len(y), splits, predict, outputs=2, workers=workers)
     return pred, pred_m, objectives
 
 
@@ -227,29 +247,46 @@ def per_label(y: np.ndarray, pred: np.ndarray, labels: Labels, names: np.ndarray
     return out
 
 
+def _need_workloads(labels: Labels) -> None:
+    # Each training fold is split again for early stopping, so it needs two workloads.
+    n = len(np.unique(labels.workload))
+    if n < 3:
+        raise TrainError(f"held-out evaluation needs at least 3 workloads, got {n}")
+
+
+def _split_result(y: np.ndarray, pred: np.ndarray, labels: Labels, split: str, folds: int, seed: int,
+                  with_mape: bool = True) -> tuple[dict[str, Any], np.ndarray, Labels]:
+    """The metrics of one split's pooled out-of-fold predictions, its counts, ``pred`` and (for
+    ``leave_family_out``) ``families``; and the scored rows and their labels."""
+    rows = np.flatnonzero(np.isfinite(pred))
+    sub = labels.take(rows)
+    res: dict[str, Any] = score(y[rows], pred[rows], sub, seed, with_mape)
+    res.update(folds=folds, rows=int(len(rows)), workloads=int(len(np.unique(sub.workload))),
+               held_out=SPLIT_LABEL[split], pred=pred)
+    if split == "leave_family_out" and labels.family is not None:
+        res["families"] = per_label(y[rows], pred[rows], sub, labels.family[rows], seed)
+    return res, rows, sub
+
+
 def evaluate_split(X: np.ndarray, latency_us: np.ndarray, labels: Labels, split: str = "by_workload",
                    params: TrainParams | None = None, folds: int = 5, hide_measured_facts: bool = True,
                    seed: int = 0) -> dict[str, Any]:
     """One split: its metrics on the pooled out-of-fold predictions, the same metrics with
     compile facts given (``with_measured``), folds, rows and workloads scored, the objective of
-    each fold, and ``pred`` (µs per row, NaN where not held out). {} when the split does not
-    apply (no label, or a single value)."""
+    each fold, ``pred`` (µs per row, NaN where not held out) and, for ``leave_family_out``,
+    ``families``. {} when the split does not apply (no label, or a single value)."""
     params = params or TrainParams()
     X = np.asarray(X, dtype=np.float32)
     y = np.asarray(latency_us, dtype=np.float64)
-    splits = split_folds(labels, split, folds)
-    if not splits:
+    parts = split_folds(labels, split, folds)
+    if not parts:
         return {}
-    pred, pred_m, objectives = held_out(X, y, labels, splits, params, hide_measured_facts)
-    rows = np.flatnonzero(np.isfinite(pred))
-    sub = labels.take(rows)
-    out: dict[str, Any] = score(y[rows], pred[rows], sub, seed)
+    pred, pred_m, objectives = held_out(X, y, labels, parts, params, hide_measured_facts)
+    out, rows, sub = _split_result(y, pred, labels, split, len(parts), seed)
     if hide_measured_facts:
         given = score(y[rows], pred_m[rows], sub, seed)
         out["with_measured"] = {k: given[k] for k in METRIC_KEYS}
-    out.update(folds=len(splits), rows=int(len(rows)), workloads=int(len(np.unique(sub.workload))),
-               held_out=SPLIT_LABEL[split], fold_objectives=objectives,
-               measured_facts="hidden" if hide_measured_facts else "given", pred=pred)
+    out.update(fold_objectives=objectives, measured_facts="hidden" if hide_measured_facts else "given")
     return out
 
 
@@ -265,26 +302,15 @@ def evaluate_fits(fit: FoldFit, latency_us: np.ndarray, labels: Labels, splits: 
     not apply is {}. ``leave_family_out`` also holds ``families``. ``with_mape=False`` for a
     predictor whose output is a score, not a latency."""
     y = np.asarray(latency_us, dtype=np.float64)
-    n = len(np.unique(labels.workload))
-    if n < 3:
-        raise TrainError(f"held-out evaluation needs at least 3 workloads, got {n}")
+    _need_workloads(labels)
     out: dict[str, Any] = {}
     for split in splits:
         parts = split_folds(labels, split, folds)
         if not parts:
             out[split] = {}
             continue
-        pred = np.full(len(y), np.nan)
-        for tr, te in parts:
-            pred[te] = np.asarray(fit(tr)(te), dtype=np.float64).reshape(-1)
-        rows = np.flatnonzero(np.isfinite(pred))
-        sub = labels.take(rows)
-        res: dict[str, Any] = score(y[rows], pred[rows], sub, seed, with_mape)
-        res.update(folds=len(parts), rows=int(len(rows)), workloads=int(len(np.unique(sub.workload))),
-                   held_out=SPLIT_LABEL[split], pred=pred)
-        if split == "leave_family_out" and labels.family is not None:
-            res["families"] = per_label(y[rows], pred[rows], sub, labels.family[rows], seed)
-        out[split] = res
+        (pred,) = out_of_fold(len(y), parts, lambda _i, tr, te: (fit(tr)(te),))
+        out[split] = _split_result(y, pred, labels, split, len(parts), seed, with_mape)[0]
     return out
 
 
@@ -302,19 +328,11 @@ def evaluate_splits(X: np.ndarray, latency_us: np.ndarray, labels: Labels, param
     ``baselines``. ``leave_family_out`` also holds ``families``: the metrics of each family."""
     say = progress or (lambda _msg: None)
     y = np.asarray(latency_us, dtype=np.float64)
-    n = len(np.unique(labels.workload))
-    if n < 3:
-        # Each training fold is split again for early stopping, so it needs two workloads.
-        raise TrainError(f"held-out evaluation needs at least 3 workloads, got {n}")
+    _need_workloads(labels)
     out: dict[str, Any] = {}
     for split in splits:
         say(f"held out: {split} ({folds} folds)")
         out[split] = evaluate_split(X, y, labels, split, params, folds, hide_measured_facts, seed)
-        if split == "leave_family_out" and out[split] and labels.family is not None:
-            pred = out[split]["pred"]
-            rows = np.flatnonzero(np.isfinite(pred))
-            out[split]["families"] = per_label(y[rows], pred[rows], labels.take(rows),
-                                               labels.family[rows], seed)
     out["baselines"] = baselines(X, y, labels, seed)
     return out
 
@@ -325,9 +343,7 @@ def cross_validate(X: np.ndarray, latency_us: np.ndarray, groups: Any, params: T
     """GroupKFold by workload (the ``by_workload`` split) with the baselines on the same rows;
     ``lo``/``hi``: per-row p20/p80 for the decisive pairs."""
     labels = Labels.of(groups, compare=pairs, merge=merge, lo=lo, hi=hi)
-    n = len(np.unique(labels.workload))
-    if n < 3:
-        raise TrainError(f"cross-validation needs at least 3 workloads, got {n}")
+    _need_workloads(labels)
     out = evaluate_split(X, latency_us, labels, "by_workload", params, folds, hide_measured_facts, seed)
     out["baselines"] = baselines(X, latency_us, labels, seed)
     return out
