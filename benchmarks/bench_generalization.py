@@ -4,6 +4,8 @@ torch eager, torch.compile and JAX (``tunedb.bench.plan``: verified against the 
 reference first, throughput timing). Not run in CI; needs a GPU with CuPy.
 
     python benchmarks/bench_generalization.py OUT_DIR [--limit S] [--db DB]
+    python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --workers 14 --limit 500
+    python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --workers 2 --plan-only  # CPU
 
 Writes ``OUT_DIR/anchors_plan.json`` and ``OUT_DIR/generalization_plan.json`` (the ``tunedb
 bench plan`` JSON plus ``floor_bytes``/``floor_us`` per entry and ``copy_TBps``: each input
@@ -11,6 +13,15 @@ read once and each output written once at the measured device-to-device copy ban
 Suite workloads: the bandwidth tier of ``data/graphs/generalization/manifest.json`` without
 the windowed kind (convolutions), interleaved by kind and model, largest floor first;
 ``--limit`` seconds after which no new graph starts.
+
+``--tier bandwidth`` (next to ``--workers N``) runs the whole tier instead, every kind (the
+windowed depthwise convolutions and pools too), 153 workloads, as ``OUT_DIR/generalization_tier.json``:
+N worker processes (``benchmarks/bench_zoo_plan.py``'s ``run_parallel``) import, plan, build the
+executors and compile the peers (TorchInductor, XLA) at once on the host's cores, while each
+timing holds the GPU alone (a lock); every plan is verified against the float64 reference first.
+``--limit`` there stops the run (the graphs not finished are recorded so), sized so that the JSON
+is written inside one 9-minute device call. ``--plan-only`` does the same on the CPU without a
+GPU (plans and floors only: the kernels each workload gets).
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import argparse
 import collections
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +44,9 @@ from tunedb.runtime.device import import_cupy  # noqa: E402
 
 SUITE = ROOT / "data" / "graphs" / "generalization"
 KINDS = ("norm", "softmax", "data_movement", "elementwise", "reduce")
+TIER_KINDS = KINDS + ("windowed",)
+TIER_PEERS = ("torch_eager", "torch_compile", "jax")
+NOMINAL_TBPS = 4.8  # an H200's HBM3e, for floors planned without a GPU
 
 
 def patterns() -> list[Entry]:
@@ -48,11 +63,13 @@ def patterns() -> list[Entry]:
     return [Entry(n, "pattern", graph=g) for n, g in cases]
 
 
-def suite_paths() -> list[Path]:
+def suite_paths(kinds: tuple[str, ...] = KINDS) -> list[Path]:
+    """Bandwidth-tier workloads of ``kinds``, one per (kind, model) a round, largest floor first
+    (a run cut short still covers every kind and model)."""
     m = json.loads((SUITE / "manifest.json").read_text())
     by: dict[str, list[dict]] = collections.defaultdict(list)
     for w in m["workloads"]:
-        if w.get("tier") == "bandwidth" and w["kind"] in KINDS:
+        if w.get("tier") == "bandwidth" and w["kind"] in kinds:
             by[w["kind"]].append(w)
     for ws in by.values():
         ws.sort(key=lambda w: -w["floor_us_h200"])
@@ -61,7 +78,7 @@ def suite_paths() -> list[Path]:
     for rnd in range(len(m["workloads"])):
         if not any(by.values()):
             break
-        for k in KINDS:  # one workload per (kind, model) a round: every model early
+        for k in kinds:  # one workload per (kind, model) a round: every model early
             for j, w in enumerate(by[k]):
                 if used[(k, w["model"])] <= rnd:
                     out.append(SUITE / by[k].pop(j)["file"])
@@ -82,14 +99,72 @@ def add_floors(result: dict, entries: list[Entry], bw: float) -> None:
     result["copy_TBps"] = bw
 
 
+def _done(prev: Path | None) -> dict[str, dict]:
+    """Entries of an earlier tier run that finished (timed, or planned with --plan-only)."""
+    if prev is None:
+        return {}
+    try:
+        old = json.loads(prev.read_text())["entries"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: --resume {prev}: not a tier result ({e})") from None
+    return {e["name"]: e for e in old
+            if (e.get("tunedb") or {}).get("us") or ("plan" in e and not e.get("error"))}
+
+
+def run_tier(out: Path, workers: int, limit: float, plan_only: bool, lock: Path,
+             peers: tuple[str, ...] = TIER_PEERS, paths: list[Path] | None = None,
+             resume: Path | None = None) -> dict:
+    """The whole bandwidth tier in ``workers`` processes (module docstring); returns the result,
+    also written to ``out`` with floors: at the measured copy bandwidth on the GPU, at the
+    nominal H200 bandwidth with ``plan_only``. ``resume``: an earlier run's JSON whose finished
+    workloads are kept, not run again (a second call finishes what the first could not)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_zoo_plan import run_parallel
+
+    from tunedb.bench.plan import collect_entries, summarize
+
+    kept = _done(resume)
+    entries = [e for e in collect_entries(paths if paths is not None else suite_paths(TIER_KINDS),
+                                          anchors=False) if e.name not in kept]
+    if plan_only:
+        bw = NOMINAL_TBPS
+    else:
+        cp = import_cupy()
+        bw = copy_tbps(cp, cp.cuda.Stream.null.synchronize, 1 << 30)
+        print(f"copy {bw:.3f} TB/s", flush=True)
+    result = run_parallel(entries, out, workers, () if plan_only else peers, limit, lock,
+                          plan_only=plan_only, say=lambda s: print(s, flush=True))
+    add_floors(result, entries, bw)
+    if kept:
+        result["entries"] = list(kept.values()) + result["entries"]
+        result["resumed_from"] = {"file": resume.name, "kept": len(kept)}
+        result["summary"] = summarize(result)
+    result["nominal_bandwidth"] = plan_only
+    out.write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--limit", type=float, default=600.0)
     ap.add_argument("--db", default=None)
+    ap.add_argument("--tier", choices=("bandwidth",), default=None,
+                    help="the whole bandwidth tier in worker processes (generalization_tier.json)")
+    ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--plan-only", action="store_true", help="with --tier: plan on the CPU, no GPU")
+    ap.add_argument("--gpu-lock", type=Path, default=Path(tempfile.gettempdir()) / "tunedb-gpu.lock")
+    ap.add_argument("--resume", type=Path, default=None,
+                    help="with --tier: keep the finished workloads of this earlier result")
     args = ap.parse_args()
     t0 = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.tier:
+        res = run_tier(args.out / "generalization_tier.json", args.workers, args.limit, args.plan_only,
+                       args.gpu_lock, resume=args.resume)
+        print(f"done {len(res['entries'])} workloads, complete {res['complete']}, "
+              f"{round(time.monotonic() - t0, 1)} s", flush=True)
+        return
     cp = import_cupy()
     bw = copy_tbps(cp, cp.cuda.Stream.null.synchronize, 1 << 30)
     print(f"copy {bw:.3f} TB/s", flush=True)

@@ -226,3 +226,38 @@ def test_bench_plan_takes_the_suite_folder_without_its_manifest():
     entries = collect_entries([], suite_dir(), anchors=False)
     assert len(entries) == len(manifest()["workloads"])
     assert all(e.path.suffix == ".onnx" for e in entries)
+
+
+def test_coverage_audit_flags_copies_splits_and_traffic():
+    audit = load_script("generalization_coverage").audit
+    from tunedb.kernels.suite_generalization import suite_dir
+
+    ok = audit(suite_dir() / "elementwise_llama_b8_s512_f93794d5.onnx")
+    assert (ok["kernels"], ok["launches"], ok["flags"]) == (1, 1, [])
+    assert ok["planned_bytes"] == ok["floor_bytes"]
+    # UNet's nearest upsample: two gathers at indices the kernel cannot see (graph inputs)
+    up = audit(suite_dir() / "data_movement_unet_320x32_b8_6857b207.onnx")
+    assert up["kernels"] == 3 and up["flags"][0] == "split"
+    assert up["flags"].count("copy:gather") == 2 and "traffic" in up["flags"]
+    assert 1.99 < up["planned_bytes"] / up["floor_bytes"] < 2.01
+
+
+@pytest.mark.slow
+def test_tier_run_plans_on_the_cpu_and_resumes(tmp_path):
+    import json
+
+    bench = load_script("bench_generalization")
+    paths = bench.suite_paths(bench.TIER_KINDS)
+    assert len(paths) == 153 and {p.name.split("_")[0] for p in paths[:6]} >= {"norm", "windowed"}
+    small = sorted(paths, key=lambda p: p.stat().st_size)[:2]
+    first = tmp_path / "first.json"
+    res = bench.run_tier(first, 2, 300, True, tmp_path / "lock", paths=small)
+    assert res["complete"] and len(res["entries"]) == 2
+    for e in res["entries"]:
+        assert e["plan"]["kernels"] >= 1 and e["floor_us"] == e["floor_bytes"] / 4.8e6
+    # a second call keeps what the first finished and runs only the rest
+    again = bench.run_tier(tmp_path / "second.json", 1, 300, True, tmp_path / "lock",
+                           paths=small + paths[-1:], resume=first)
+    names = [e["name"] for e in json.loads((tmp_path / "second.json").read_text())["entries"]]
+    assert names[:2] == [e["name"] for e in res["entries"]] and names[2] == paths[-1].stem
+    assert again["resumed_from"]["kept"] == 2
