@@ -21,7 +21,9 @@ from tunedb.plan.stages import (
     apply_stages,
     components,
     ios_search,
+    operator_units,
     schedule_plan,
+    search_blocks,
     split_blocks,
     stage_key,
     step_dag,
@@ -121,6 +123,24 @@ def test_blocks_cut_where_the_graph_narrows():
     # a block over the state budget is split again
     assert len(split_blocks(len(steps), succs, preds, max_states=3)) > 3
 
+
+
+def test_one_block_searched_alone_is_the_whole_search_inside_it():
+    # the block oracle: every block of the whole search, searched alone with only=, gives that
+    # search's stages and cost; NASNet has epilogues with a second producer outside their block,
+    # which a search over the block's steps alone glued to their conv (a smaller space)
+    plan = compile_plan(nasnet_a_graph(1, channels=8, size=8, cells=1), device=None, cost_model=False,
+                        horizontal=False)
+    est = StageEstimator(plan.steps)
+    total, stages, _ = ios_search(plan.steps, est)
+    blocks = search_blocks(plan.steps)
+    assert sorted(i for b in blocks for i in b) == list(range(len(plan.steps)))
+    parts = [ios_search(plan.steps, est, only=b) for b in blocks]
+    assert sum(p[0] for p in parts) == pytest.approx(total)
+    assert [st for p in parts for st in p[1]] == stages
+    conv_relu = next(u for u in operator_units(plan.steps, *step_dag(plan.steps)) if len(u) > 1)
+    with pytest.raises(PlanError, match="cuts operator"):
+        ios_search(plan.steps, est, only=conv_relu[:1])
 
 def _branchy_graph(batch: int = 1):
     b = GraphBuilder("branches")

@@ -51,7 +51,7 @@ from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.record import Plan
 from tunedb.plan.stage_refine import choose_auto, choose_auto_measured, refine_stages
-from tunedb.plan.stages import StageEstimator, StageKeys, apply_stages, ios_search, split_blocks, step_dag
+from tunedb.plan.stages import StageEstimator, StageKeys, apply_stages, ios_search, search_blocks
 from tunedb.runtime.device import device_info
 from tunedb.runtime.inputs import make_inputs
 from tunedb.runtime.stage_exec import StagedExecutor
@@ -171,36 +171,24 @@ def refine(base: Any, say: Callable[[str], None], deadline: float, oracle: str =
         say(f"oracle (full): {o_stats.candidates} candidates, {o_total:.1f} us vs refined {total:.1f} us"
             f"{'' if complete else ' (incomplete: budget)'}")
     if oracle == "block":
-        preds, succs = step_dag(steps)
-        blocks = [b for b in split_blocks(len(steps), succs, preds) if len(b) >= 6]
+        # the largest block of the refinement's own search: its stages never leave it, so the
+        # oracle there searches the space the loop searched, every candidate measured
+        blocks = [b for b in search_blocks(steps) if len(b) >= 6]
         blk = max(blocks, key=len) if blocks else None
         if blk is not None and time.perf_counter() < deadline:
-            sub = list(blk)
-            sub_steps = [steps[i] for i in sub]
-
-            def lift(groups: Any) -> tuple:
-                return tuple(tuple(sub[k] for k in g) for g in groups)
-
-            seen: dict[tuple, float] = {}
-
             def oracle_cost(groups: Any) -> float:
-                g = lift(groups)
-                if g not in seen:
-                    seen[g] = measure(g) if time.perf_counter() < deadline else est(g)
-                return seen[g]
+                return measure(groups) if time.perf_counter() < deadline else est(groups)
 
-            o_total, o_stages, o_stats = ios_search(sub_steps, oracle_cost, cut_width=0, max_block=len(sub),
-                                                    max_states=10**6)
-            # the refined schedule's stages inside the block, at their measured times
+            o_total, o_stages, o_stats = ios_search(steps, oracle_cost, only=blk, max_endings=10**6)
             inside = [st for st in stages if all(i in blk for g in st for i in g)]
-            # comparable only when those stages cover the block: a stage straddling its edge is left out
+            # a refined stage leaving the block would mean the two searches cut blocks differently
             covered = {i for st in inside for g in st for i in g} == set(blk)
             r_total = (sum(refined_measured.get(stage_key(st), math.nan) for st in inside)
                        if covered else math.nan)
-            out["oracle_block"] = {"steps": [sub[0], sub[-1]], "candidates": o_stats.candidates,
+            out["oracle_block"] = {"steps": [blk[0], blk[-1]], "candidates": o_stats.candidates,
                                    "oracle_us": round(o_total, 2), "refined_us": _finite(r_total),
                                    "complete": time.perf_counter() < deadline,
-                                   "oracle_stages": [[list(g) for g in lift(st)] for st in o_stages],
+                                   "oracle_stages": [[list(g) for g in st] for st in o_stages],
                                    "refined_stages": [[list(g) for g in st] for st in inside],
                                    "refined_vs_oracle": _finite(r_total / o_total) if o_total else None,
                                    "comparable": covered}

@@ -345,19 +345,18 @@ def operator_units(steps: Sequence[Any], preds: Sequence[set[int]],
     return [tuple(units[h]) for h in sorted(units)]
 
 
-def ios_search(steps: Sequence[Any], cost: Callable[[Groups], float], *, r: int = 3, s: int = 8,
-               max_block: int = 40, cut_width: int = 1, max_states: int = 3000,
-               max_endings: int = 4000, cache: dict | None = None,
-               contract: bool = True) -> tuple[float, list[Groups], SearchStats]:
-    """The least-latency partition of ``steps`` (plan order, a topological order) into stages:
-    (total µs, stages as groups of step indices, statistics). ``cache``: a dict kept between
-    searches of the same steps with other costs (the refinement loop) to reuse their DAG work.
-    ``contract``: the DP runs over operators (``operator_units``: a conv and its ReLU are one),
-    so ``r`` counts operators and an epilogue never runs in another stage than its producer."""
-    cache = {} if cache is None else cache
-    if r < 1 or s < 1:
-        raise PlanError(f"IOS pruning needs r >= 1 and s >= 1, got r={r} s={s}")
-    t0 = time.perf_counter()
+@dataclass(frozen=True)
+class _Operators:
+    """The DP's view of a plan: views of graph inputs set apart (``sources``), the operators
+    (``units``, tuples of step indices) and their DAG."""
+    sources: tuple[int, ...]
+    units: tuple[tuple[int, ...], ...]
+    upreds: tuple[set[int], ...]
+    usuccs: tuple[set[int], ...]
+    kernel: tuple[bool, ...]
+
+
+def _operators(steps: Sequence[Any], contract: bool) -> _Operators:
     preds, succs = step_dag(steps)
     for j, p in enumerate(preds):
         if any(i > j for i in p):
@@ -372,9 +371,47 @@ def ios_search(steps: Sequence[Any], cost: Callable[[Groups], float], *, r: int 
     units = (operator_units(steps, preds, succs) if contract else [(i,) for i in range(len(steps))])
     units = [m for m in units if m[0] not in sources]
     unit_of = {i: u for u, members in enumerate(units) for i in members}
-    upreds = [{unit_of[j] for i in m for j in preds[i]} - {u} for u, m in enumerate(units)]
-    usuccs = [{unit_of[j] for i in m for j in succs[i]} - {u} for u, m in enumerate(units)]
-    kernel = [any(steps[i].kind != "layout_view" for i in m) for m in units]
+    upreds = tuple({unit_of[j] for i in m for j in preds[i]} - {u} for u, m in enumerate(units))
+    usuccs = tuple({unit_of[j] for i in m for j in succs[i]} - {u} for u, m in enumerate(units))
+    kernel = tuple(any(steps[i].kind != "layout_view" for i in m) for m in units)
+    return _Operators(tuple(sources), tuple(units), upreds, usuccs, kernel)
+
+
+def search_blocks(steps: Sequence[Any], *, max_block: int = 40, cut_width: int = 1, max_states: int = 3000,
+                  contract: bool = True) -> list[tuple[int, ...]]:
+    """The step indices of each block ``ios_search`` splits ``steps`` into with these settings
+    (views of graph inputs, which form a stage of their own, belong to none). A block's stages
+    never leave it, so ``ios_search(..., only=block)`` searches exactly the space the whole
+    search had inside that block."""
+    ops = _operators(steps, contract)
+    blocks = split_blocks(len(ops.units), ops.usuccs, ops.upreds, max_block, cut_width, max_states)
+    return [tuple(sorted(i for u in block for i in ops.units[u])) for block in blocks]
+
+
+def ios_search(steps: Sequence[Any], cost: Callable[[Groups], float], *, r: int = 3, s: int = 8,
+               max_block: int = 40, cut_width: int = 1, max_states: int = 3000,
+               max_endings: int = 4000, cache: dict | None = None,
+               contract: bool = True,
+               only: Sequence[int] | None = None) -> tuple[float, list[Groups], SearchStats]:
+    """The least-latency partition of ``steps`` (plan order, a topological order) into stages:
+    (total µs, stages as groups of step indices, statistics). ``cache``: a dict kept between
+    searches of the same steps with other costs (the refinement loop) to reuse their DAG work.
+    ``contract``: the DP runs over operators (``operator_units``: a conv and its ReLU are one),
+    so ``r`` counts operators and an epilogue never runs in another stage than its producer.
+    ``only``: schedule just these steps (a block of ``search_blocks``), as one block, with the
+    operators and dependences of the whole plan; the other steps are taken as already run."""
+    cache = {} if cache is None else cache
+    if r < 1 or s < 1:
+        raise PlanError(f"IOS pruning needs r >= 1 and s >= 1, got r={r} s={s}")
+    t0 = time.perf_counter()
+    ops = _operators(steps, contract)
+    units, sources = ops.units, ops.sources
+    if only is not None:
+        inside = set(only)
+        split = [m for m in units if inside.intersection(m) and not inside.issuperset(m)]
+        if split:
+            raise PlanError(f"only= cuts operator {list(split[0])} in two: pass a block of search_blocks")
+        sources = tuple(i for i in sources if i in inside)
 
     def expand(groups: Groups) -> Groups:
         return tuple(tuple(sorted(i for u in g for i in units[u])) for g in groups)
@@ -382,13 +419,20 @@ def ios_search(steps: Sequence[Any], cost: Callable[[Groups], float], *, r: int 
     def unit_cost(groups: Groups) -> float:
         return cost(expand(groups))
 
+    if only is None:
+        blocks = [list(b) for b in split_blocks(len(units), ops.usuccs, ops.upreds, max_block, cut_width,
+                                                max_states)]
+    else:
+        blocks = [[u for u, m in enumerate(units) if m[0] in inside]]
     stats = SearchStats()
     total, stages = 0.0, [(tuple(sources),)] if sources else []
-    for block in split_blocks(len(units), usuccs, upreds, max_block, cut_width, max_states):
+    for block in blocks:
+        if not block:
+            continue
         stats.blocks += 1
         stats.largest_block = max(stats.largest_block, len(block))
-        key = (block.start, block.stop, r, s, max_endings, contract)
-        c, st = _dp_block(list(block), upreds, usuccs, kernel, unit_cost, r, s, max_endings, stats,
+        key = (block[0], block[-1], len(block), r, s, max_endings, contract)
+        c, st = _dp_block(block, ops.upreds, ops.usuccs, ops.kernel, unit_cost, r, s, max_endings, stats,
                           cache.setdefault(key, {}))
         total += c
         stages += [expand(g) for g in st]
