@@ -60,12 +60,11 @@ def test_stage_model_learns_held_out_stages_and_saves_a_card(rows_file, tmp_path
         stage_model.load_booster(out)
 
 
-def test_stage_model_cli_refuses_a_bad_rows_file(tmp_path, capsys):
+def test_stage_model_refuses_a_rows_file_without_rows(tmp_path):
     bad = tmp_path / "rows.json"
     bad.write_text(json.dumps({"cases": {}}))
-    assert stage_model.main(["--rows", str(bad)]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error:") and "no measured stage rows" in err and "\n" not in err
+    with pytest.raises(ValueError, match="no measured stage rows"):
+        stage_model.load_frame(bad)
 
 
 @pytest.mark.slow

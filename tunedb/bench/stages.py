@@ -382,26 +382,20 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    bench = next((a.split("=", 1)[1] for a in argv if a.startswith("--auto-replay=")), None)
-    if bench is not None:
+    # the two CPU replays: one stored file in, the result printed and written to OUT if given
+    replays = {"--auto-replay": lambda f: auto_replay(f),
+               "--replay": lambda f: replay(f, alone="--no-alone" not in argv)}
+    for flag, make in replays.items():
+        src = next((a.split("=", 1)[1] for a in argv if a.startswith(f"{flag}=")), None)
+        if src is None:
+            continue
         try:
-            res = auto_replay(Path(bench))
+            res = make(Path(src))
         except (OSError, ValueError, KeyError) as e:
-            print(f"error: cannot replay {bench}: {_one_line(e)}", file=sys.stderr)
+            print(f"error: cannot replay {src}: {_one_line(e)}", file=sys.stderr)
             return 1
         print(json.dumps(res, indent=1))
-        if argv[0] != f"--auto-replay={bench}":
-            write_json(res, Path(argv[0]))
-        return 0
-    rows = next((a.split("=", 1)[1] for a in argv if a.startswith("--replay=")), None)
-    if rows is not None:
-        try:
-            res = replay(Path(rows), alone="--no-alone" not in argv)
-        except (OSError, ValueError, KeyError) as e:
-            print(f"error: cannot replay {rows}: {_one_line(e)}", file=sys.stderr)
-            return 1
-        print(json.dumps(res, indent=1))
-        if argv[0] != f"--replay={rows}":
+        if not argv[0].startswith("--"):
             write_json(res, Path(argv[0]))
         return 0
     only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]

@@ -16,17 +16,15 @@ share of the stage's time in compute-bound members. Target: log(µs), XGBoost.
 Held-out evaluation: by workload (5 folds of whole stages) and by model family (each graph held
 out in turn), against the two rules a planner would use without a model: the longest group alone
 (perfect overlap) and the sum of the groups (no overlap).
-``python -m tunedb.costmodel.stage --rows ROWS.json [--out DIR]`` prints the scores and saves
-``model.ubj`` + ``card.json`` (kind ``stage``, the feature schema, the data's hash).
+``tunedb train --kind stage --db DB`` (after ``python -m collectors.stage ROWS.json DB``) prints
+the scores and saves ``model.ubj`` + ``card.json`` (kind ``stage``, the feature schema, the data's hash).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
-import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -306,25 +304,3 @@ def train_on_store(db: Path, *, out_root: Path, device_id: str | None = None, fo
         store.add_model(model_id, "stage", name, str(where.resolve()), card_json)
     return {**scores, "rows": int(len(frame["y"])), "workloads": int(len(np.unique(frame["groups"]))),
             "model_dir": str(where.resolve()), "model_id": model_id, "device_name": name}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tunedb.costmodel.stage")
-    ap.add_argument("--rows", type=Path, required=True, help="stage rows of the stage bench (OUT_rows.json)")
-    ap.add_argument("--out", type=Path, default=None, help="write model.ubj and card.json here")
-    args = ap.parse_args(argv)
-    try:
-        frame = load_frame(args.rows)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"error: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
-        return 1
-    scores = evaluate(frame)
-    print(json.dumps(scores, indent=1))
-    if args.out:
-        device = json.loads(args.rows.read_text()).get("device", "")
-        save(fit(frame["X"], frame["y"]), args.out, frame, scores, device)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
