@@ -321,10 +321,12 @@ def test_help_keeps_the_workers_default(tmp_path: Path) -> None:
 
 
 def _replay_collect(db: Path, cwd: Path) -> subprocess.Popen:
-    """The whole standard suite from the replay device: long enough (about a minute on an idle
-    2-core machine) that the callers' checks happen while it runs; they all stop it early."""
+    """The full suite from the replay device: measurements from about 20 s in and for about 100 s
+    more on an idle 2-core machine, so that the callers' checks happen while it runs (the standard
+    suite ended within 40 s of its first commit, and a Ctrl-C then met a process already exiting);
+    the callers all stop it early."""
     data = ROOT / "data" / "fusion_h200_v2"
-    return subprocess.Popen([sys.executable, "-m", "tunedb", "collect", "--suite", "standard", "--device",
+    return subprocess.Popen([sys.executable, "-m", "tunedb", "collect", "--suite", "full", "--device",
                              f"replay:{data}", "--db", str(db), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=_env(),
                             preexec_fn=_sigint_default)
@@ -374,8 +376,10 @@ def test_db_info_works_while_collect_runs_and_ctrl_c_is_one_line(tmp_path: Path)
         assert r.returncode == 0, r.stderr
         seen = [json.loads(r.stdout)["counts"]["measurements"]]
         assert seen[0] > 0
+        assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=120)
+    assert '"stopped": ""' not in out, "the collection had finished before Ctrl-C"
     assert proc.returncode == 130, err
     assert err.splitlines() == [err.splitlines()[0]] and err.startswith("error: interrupted")
     with TuningStore.open(db, read_only=True) as store:
