@@ -1,7 +1,10 @@
 """Attention as the dynamo exporter writes it (three projections of one input, heads
 transposed, then each scaled by sqrt(scale)): after ``rewrite_for_plan`` the projections are one
 GEMM, the scale follows the matmul, and the split and every head transpose plan as strided
-views."""
+views. The heads' way back to rows after PV is an output view: PV's GEMM writes the rows layout
+itself. ``_emulate`` runs a plan with the executor's memory on the CPU (the planned buffers as
+bytes, views as NumPy views, GEMMs as the cuBLAS calls ``plan_matmul`` gives), so a wrong stride,
+ld or buffer reuse shows as a wrong value."""
 
 from __future__ import annotations
 
@@ -9,14 +12,18 @@ import numpy as np
 
 from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.ir import Graph
+from tunedb.graph.ops import check_node, slice_bounds
 from tunedb.graph.reference import run_reference
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.rewrite import fold_matmul_scales, merge_parallel_matmuls, rewrite_for_plan
+from tunedb.runtime.blas import OP_N, plan_matmul
+from tunedb.runtime.executor_views import input_view, is_output_view, output_view_steps
 
 S, H, D = 16, 4, 8
 
 
-def _attention(dtype: str = "float32") -> Graph:
+def _attention(dtype: str = "float32", rows: bool = False) -> Graph:
+    """``rows``: the heads back to rows after PV and the output projection, as in BERT."""
     b = GraphBuilder("sdpa_exported")
     x = b.input("x", (1, S, H * D), dtype)
     scale = b.constant(np.array(D ** -0.25, np.float32), dtype=dtype)
@@ -31,7 +38,12 @@ def _attention(dtype: str = "float32") -> Graph:
     q, k, v = heads("q"), heads("k"), heads("v")
     kt = b.reshape(b.transpose(b.reshape(k, shape=(H, S, D)), perm=(0, 2, 1)), shape=(1, H, D, S))
     p = b.softmax(b.matmul(b.mul(q, scale), b.mul(kt, scale)))
-    return b.build([b.matmul(p, v)])
+    pv = b.matmul(p, v)
+    if not rows:
+        return b.build([pv])
+    back = b.reshape(b.transpose(pv, perm=(0, 2, 1, 3)), shape=(1, S, H * D))
+    wo = b.constant(np.random.default_rng(7).standard_normal((H * D, H * D)).astype(np.float32), dtype=dtype)
+    return b.build([b.add(b.matmul(back, wo), x)])
 
 
 def _run(g: Graph) -> dict[str, np.ndarray]:
@@ -63,3 +75,147 @@ def test_a_scale_that_would_broadcast_stays_where_it_is():
     c = b.constant(np.ones((1, 1, 1), np.float32))  # rank 3: the multiply widens its input
     g = b.build([b.matmul(b.mul(x, c), b.input("y", (3, 2), "float32"))])
     assert fold_matmul_scales(g) is g
+
+
+# -- the executor's memory, emulated on the CPU -----------------------------------------------------
+def _cublas(call, flat_x, x0, flat_y, y0, flat_o, o0):
+    """Column-major ``cublasGemmStridedBatchedEx`` (beta 0) on flat buffers; A from y, B from x."""
+    def mat(buf, base, rows, cols, ld):
+        assert ld >= max(1, rows), (ld, rows)
+        idx = base + np.arange(rows)[:, None] + np.arange(cols)[None, :] * ld
+        assert idx.min() >= 0 and idx.max() < buf.size, "outside the buffer"
+        return buf[idx].astype(np.float64), idx
+
+    for i in range(call.batch):
+        ar, ac = (call.m, call.k) if call.transa == OP_N else (call.k, call.m)
+        A, _ = mat(flat_y, y0 + call.a_off + i * call.stride_a, ar, ac, call.lda)
+        br, bc = (call.k, call.n) if call.transb == OP_N else (call.n, call.k)
+        B, _ = mat(flat_x, x0 + call.b_off + i * call.stride_b, br, bc, call.ldb)
+        _, idx = mat(flat_o, o0 + call.c_off + i * call.stride_c, call.m, call.n, call.ldc)
+        flat_o[idx] = (A if call.transa == OP_N else A.T) @ (B if call.transb == OP_N else B.T)
+
+
+def _flat(a, roots):
+    """(the float32 root buffer holding ``a``, ``a``'s element offset in it)."""
+    ptr = a.__array_interface__["data"][0]
+    for r in roots:
+        lo = r.__array_interface__["data"][0]
+        if lo <= ptr < lo + r.nbytes:
+            return r, (ptr - lo) // 4
+    raise AssertionError("array outside every planned buffer")
+
+
+def _forward_view(node, types, src):
+    a = check_node(node, [types[v] for v in node.inputs])[1]
+    shapes = [types[o].shape for o in node.outputs]
+    if node.op == "transpose":
+        outs = [src.transpose(a["perm"])]
+    elif node.op == "split":
+        ax, start, outs = a["axis"] % src.ndim, 0, []
+        for n in a["sizes"]:
+            outs.append(src[(slice(None),) * ax + (slice(start, start + n),)])
+            start += n
+    elif node.op == "slice":
+        idx = [slice(None)] * src.ndim
+        bounds = slice_bounds([src.shape[i] for i in a["axes"]], a["starts"], a["ends"], a["steps"])
+        for ax, (lo, hi, _n), st in zip(a["axes"], bounds, a["steps"]):
+            idx[ax] = slice(lo, hi, st)
+        outs = [src[tuple(idx)]]
+    else:
+        outs = [src.reshape(shapes[0])]
+    for o in outs:
+        assert np.shares_memory(o, src), f"{node.op} would copy"
+    return outs
+
+
+def _emulate(plan, inputs):
+    """``plan`` run as the executor lays it out (float32 plans): buffers of NaN bytes, each step
+    writing where the buffer plan and the output views put it."""
+    g, types = plan.graph, plan.graph.type_map
+    bufs = [np.full(max(1, s) // 4 + 1, np.nan, np.float32) for s in plan.buffers.sizes]
+    roots = list(bufs)
+    env = {v: np.ascontiguousarray(inputs[v], np.float32) for v in g.inputs}
+    env.update({v: np.ascontiguousarray(c.array, np.float32) for v, c in g.constants})
+    roots += [a.reshape(-1) for a in env.values()]
+    assign = plan.buffers.assignment
+    views = output_view_steps(plan.steps)
+
+    def placed(v):
+        b, off = assign[v]
+        n = int(np.prod(types[v].shape))
+        return bufs[b][off // 4:off // 4 + n].reshape(types[v].shape)
+
+    for step in plan.steps:
+        sub = step.graph
+        if is_output_view(step):
+            assert step.inputs[0] in env and step.outputs[0] in env, "no matmul wrote through it"
+            assert np.shares_memory(env[step.inputs[0]], env[step.outputs[0]])
+            continue
+        if step.kind == "layout_view":
+            local = dict(zip(sub.inputs, (env[v] for v in step.inputs)))
+            for node in sub.nodes:
+                local.update(zip(node.outputs, _forward_view(node, sub.type_map, local[node.inputs[0]])))
+            env.update({v: local[s] for s, v in zip(sub.outputs, step.outputs)})
+            continue
+        for v in step.outputs:
+            if v in views:
+                owner = plan.steps[views[v]]
+                env.setdefault(owner.outputs[0], placed(owner.outputs[0]))
+                env[v] = input_view(owner, env[owner.outputs[0]])
+                assert np.shares_memory(env[v], env[owner.outputs[0]])
+            else:
+                env[v] = placed(v)
+        if step.kind == "matmul":
+            x, y = (env[v] for v in step.inputs[:2])
+            out = env[step.outputs[0]]
+            geom = [t for a in (x, y, out) for t in (a.shape, tuple(s // 4 for s in a.strides))]
+            calls = plan_matmul(*geom)
+            assert calls is not None, "the executor would stage a copy"
+            (fx, x0), (fy, y0), (fo, o0) = (_flat(a, roots) for a in (x, y, out))
+            for c in calls:
+                _cublas(c, fx, x0, fy, y0, fo, o0)
+            continue
+        outs = run_reference(sub, {s: env[v] for s, v in zip(sub.inputs, step.inputs)})
+        for s, v in zip(sub.outputs, step.outputs):
+            np.copyto(env[v], outs[s].astype(np.float32))
+    return {v: env[v].copy() for v in g.outputs}
+
+
+def test_pv_writes_rows_directly_and_the_transpose_copy_is_gone():
+    g = _attention(rows=True)
+    plan = compile_plan(g, device=None)
+    kinds = [s.kind for s in plan.steps]
+    assert "layout" not in kinds, [(s.kind, s.ops) for s in plan.steps]
+    assert kinds.count("matmul") == 4
+    out_views = [s for s in plan.steps if is_output_view(s)]
+    assert len(out_views) == 1 and out_views[0].ops[0] == "transpose"
+    pv = next(s for s in plan.steps if out_views[0].inputs[0] in s.outputs)
+    assert pv.kind == "matmul"
+    # the buffer of the rows owns PV's output; no other value lives in those bytes meanwhile
+    assign = plan.buffers.assignment
+    assert assign[pv.outputs[0]] == assign[out_views[0].outputs[0]]
+    x = np.random.default_rng(0).standard_normal((1, S, H * D)).astype(np.float32)
+    want = run_reference(g, {"x": x})
+    got = _emulate(plan, {"x": x})
+    for o in g.outputs:
+        np.testing.assert_allclose(got[o], want[o], rtol=1e-4, atol=1e-4)
+
+
+def test_the_emulation_sees_a_wrong_layout():
+    # The same plan with the output view's mark removed: PV then writes its contiguous
+    # [1, H, S, D] into the rows' buffer, and the values come out permuted.
+    import dataclasses
+
+    from tunedb.plan.record import Plan
+
+    g = _attention(rows=True)
+    plan = compile_plan(g, device=None)
+    steps = tuple(dataclasses.replace(s, config=()) if is_output_view(s) else s for s in plan.steps)
+    broken = Plan(graph_json=plan.graph_json, steps=steps, buffers=plan.buffers)
+    x = np.random.default_rng(0).standard_normal((1, S, H * D)).astype(np.float32)
+    want = run_reference(g, {"x": x})[g.outputs[0]]
+    try:
+        got = _emulate(broken, {"x": x})[g.outputs[0]]
+    except AssertionError:
+        return  # the forward transpose of a contiguous buffer is no view: caught as well
+    assert not np.allclose(got, want, rtol=1e-3, atol=1e-3)

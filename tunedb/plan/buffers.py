@@ -1,10 +1,11 @@
 """Intermediate buffers of a plan: one arena shared by liveness, placed greedy-by-size.
 
 Every value a step writes lives from the step that defines it to the last step that reads it
-(views extend their source's life and share its bytes). Values are placed largest first at the
-lowest arena offset that does not overlap, in time and in space, any value placed before (the
-greedy-by-size offset planner of TFLite). Intervals are inclusive, so a step never reads and
-writes overlapping bytes. Graph outputs get buffers of their own: the caller keeps them.
+(views extend their source's life and share its bytes; an output view's input, which a matmul
+writes before the view step, shares its output's bytes from the matmul on). Values are placed
+largest first at the lowest arena offset that does not overlap, in time and in space, any value
+placed before (the greedy-by-size offset planner of TFLite). Intervals are inclusive, so a step
+never reads and writes overlapping bytes. Graph outputs get buffers of their own: the caller keeps them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from tunedb.graph.ir import Graph
 from tunedb.plan.record import BufferPlan
+from tunedb.runtime.executor_views import is_output_view
 
 ALIGN = 256
 
@@ -44,7 +46,9 @@ def plan_buffers(graph: Graph, steps: Sequence[Any], times: Sequence[int] | None
     for k, s in enumerate(steps):
         for v in s.outputs:
             defined.setdefault(v, at[k])
-        if s.kind == "layout_view":
+        if is_output_view(s):  # the matmul writes its input into this step's output
+            alias[s.inputs[0]] = s.outputs[0]
+        elif s.kind == "layout_view":
             alias.update(_view_sources(s))
 
     def root(v: str) -> str:
@@ -75,7 +79,8 @@ def plan_buffers(graph: Graph, steps: Sequence[Any], times: Sequence[int] | None
             sizes.append(nbytes)
             assign += [(v, len(sizes) - 1, 0, types[v].nbytes) for v in vs]
         else:
-            arena.append((nbytes, defined[r], last[r], r))
+            # An output view's root is defined after the matmul that writes through it.
+            arena.append((nbytes, min(defined[v] for v in vs), last[r], r))
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
     offsets: dict[str, int] = {}
     for nbytes, first, end, r in sorted(arena, key=lambda a: (-a[0], a[1], a[3])):

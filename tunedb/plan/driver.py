@@ -9,6 +9,7 @@ return the frozen Plan. Planning needs no GPU unless ``measure_top``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -38,6 +39,7 @@ from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
 from tunedb.runtime import open_device
 from tunedb.runtime.device import NoGPUError, device_info
+from tunedb.runtime.executor_views import OUTPUT_VIEW, check_output_view
 from tunedb.runtime.pack_device import PackingDevice
 from tunedb.store import BUSY_WAIT_S, TuningStore
 
@@ -127,12 +129,23 @@ def load_cost_model(cost_model: Any, device: DeviceInfo | None) -> Any:
 
 def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: GroupCost) -> KernelStep:
     sub = index.cut(nodes)
-    return KernelStep(
+    output_view = cost.kind == "layout_view" and any(j in index.output_view for j in nodes)
+    if output_view:  # the matmul before it writes straight into this step's output
+        cost = GroupCost("layout_view", 0.0, "none", launches=0, config={"view": OUTPUT_VIEW})
+    step = KernelStep(
         kind=cost.kind, inputs=sub.inputs, outputs=sub.outputs, nodes=nodes,
         ops=tuple(index.nodes[j].op for j in nodes), subgraph=canonical_json(sub.graph.to_json()),
         workload_hash=coster.workload_hash(nodes), config=cost.config or {},
         stitch=stitch_of(cost.config) if cost.kind == "fused" else (), predicted_us=cost.us,
         cost_source=cost.source, launches=cost.launches, note=cost.note)
+    if output_view:
+        try:
+            check_output_view(step)  # the executor undoes a transpose-then-reshapes chain only
+        except ValueError as e:  # grouped otherwise: a copy kernel, as before output views
+            us = sub.graph.floor_bytes() / coster.device.bandwidth_bytes_per_s * 1e6
+            return dataclasses.replace(step, kind="layout", config=(), predicted_us=us,
+                                       cost_source="roofline", launches=1, note=f"copied: {e}")
+    return step
 
 
 def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any = "cuda",

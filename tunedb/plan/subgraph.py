@@ -16,7 +16,7 @@ from typing import Any
 
 from tunedb.graph.ir import Graph, GraphError, Node, TensorType
 from tunedb.graph.ops import COMPUTE_OPS
-from tunedb.plan.views import strided_view_nodes
+from tunedb.plan.views import output_view_nodes, strided_view_nodes
 
 # Ops that cost no kernel when they stand alone: every buffer is contiguous row-major, so a
 # reshape of one is the same bytes under another shape.
@@ -82,7 +82,10 @@ class GraphIndex:
                            if v in self.inline}
         self.sig = [(n.op, n.attrs, tuple(self.types[o] for o in n.outputs)) for n in self.nodes]
         strided = strided_view_nodes(self.nodes, self.types, self.consumers, self.outputs)
-        self.view = [is_view(n, self.types) or i in strided for i, n in enumerate(self.nodes)]
+        # Transposes whose input the matmul before them writes in their layout (no copy).
+        self.output_view = output_view_nodes(self.nodes, self.types, self.consumers, self.outputs) - strided
+        self.view = [is_view(n, self.types) or i in strided or i in self.output_view
+                     for i, n in enumerate(self.nodes)]
         self.compute = [n.op in COMPUTE_OPS or n.op in COMPUTE_KIND for n in self.nodes]
         self.fusable = [n.op in FUSABLE_OPS for n in self.nodes]
 

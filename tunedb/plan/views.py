@@ -10,6 +10,12 @@ reshape-like views, is a matmul operand is planned as a view: no kernel, no buff
 
 Layouts are (shape, element strides, element offset) computed without arrays; the executor
 builds the same views on the device and checks that they share their source's bytes.
+
+The other way round, an *output view*: attention's heads go back to rows after the PV matmul
+(``[B, H, S, D] -> [B, S, H, D]``), a transpose copy per layer. cuBLAS can write the matmul's
+output in the rows layout directly (``ldc = H*D``, a per-head stride of ``D``), so a transpose
+whose input a matmul writes and nothing else reads is a view too: the transpose's output owns
+the buffer, and the matmul's output is the strided view of it (``output_view_nodes``).
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from dataclasses import dataclass
 
 from tunedb.graph.ir import Node
 from tunedb.graph.ops import slice_bounds
-from tunedb.runtime.blas import as_transposed
+from tunedb.runtime.blas import OP_N, as_transposed
 
 STRIDED_OPS = frozenset(("transpose", "slice", "split"))
 RESHAPE_OPS = frozenset(("reshape", "squeeze", "unsqueeze", "identity"))
+# Dtypes whose matmuls the executor runs on cuBLAS (tunedb.runtime.executor.COMPUTE_DIRECT).
+OUTPUT_VIEW_DTYPES = frozenset(("float32", "float16", "bfloat16"))
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,52 @@ def _matmul_operand(lay: Layout) -> bool:
         return False
     r, c = lay.shape[-2:]
     return as_transposed(r, c, lay.strides[-2], lay.strides[-1]) is not None and min(lay.strides) >= 0
+
+
+def _matmul_output(lay: Layout) -> bool:
+    """Whether cuBLAS writes ``lay`` in place: a row-major matrix (unit column stride, rows at
+    least a row apart), batches at non-negative strides."""
+    if len(lay.shape) < 2:
+        return False
+    r, c = lay.shape[-2:]
+    t = as_transposed(r, c, lay.strides[-2], lay.strides[-1])
+    return t is not None and t[0] == OP_N and min(lay.strides) >= 0
+
+
+def inverse_perm(perm: Sequence[int]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def transpose_perm(node: Node, rank: int) -> tuple[int, ...]:
+    return tuple(node.attr("perm") or reversed(range(rank)))
+
+
+def output_view_nodes(nodes: Sequence[Node], types: dict, consumers: dict[str, list[int]],
+                      outputs: set[str], dtypes: frozenset[str] = OUTPUT_VIEW_DTYPES) -> set[int]:
+    """Indices of the transposes whose input a matmul writes as a strided view of the
+    transpose's output (module docstring): the input is a ``matmul`` output of a cuBLAS dtype,
+    the transpose is its one reader, and neither value is a graph output."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
+    found: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "transpose" or len(n.inputs) != 1 or n.outputs[0] in outputs:
+            continue
+        x = n.inputs[0]
+        p = producer.get(x)
+        if p is None or nodes[p].op != "matmul" or x in outputs or consumers.get(x) != [i]:
+            continue
+        if types[x].dtype not in dtypes:
+            continue
+        perm = transpose_perm(n, len(types[x].shape))
+        out = contiguous(types[n.outputs[0]].shape)
+        inv = inverse_perm(perm)
+        lay = Layout(types[x].shape, tuple(out.strides[j] for j in inv))
+        if _matmul_output(lay):
+            found.add(i)
+    return found
 
 
 def strided_view_nodes(nodes: Sequence[Node], types: dict, consumers: dict[str, list[int]],

@@ -10,7 +10,9 @@
    one buffer per graph output; persistent buffers for the graph inputs; constants uploaded once.
    Views (``layout_view`` steps) are reshapes of the same memory, or strided transposes /
    slices / splits that only matmuls read (``tunedb.plan.views``; cuBLAS takes them in place,
-   a batch of matrices at uneven strides as a device array of pointers): no kernel.
+   a batch of matrices at uneven strides as a device array of pointers): no kernel. An output
+   view (``executor_views``) goes the other way: the matmul writes its result as a strided view
+   of the view step's output (attention's heads straight into rows).
 2. builds every step: fused steps are generated (``tunedb.kernels.codegen.generate`` with the
    step's schedule) and compiled with NVRTC (``cupy.RawModule``, cached by source); compute and
    layout steps use ``executor_ops`` (cuBLAS GEMMs called through ``tunedb.runtime.blas`` on the
@@ -56,6 +58,7 @@ from tunedb.runtime.executor_ops import (
     storage_dtype,
     to_bf16_bits,
 )
+from tunedb.runtime.executor_views import input_view, is_output_view, output_view_steps
 from tunedb.runtime.inputs import bf16_bits, index_bounds, make_inputs
 from tunedb.runtime.launch import kernel_function, launcher
 
@@ -223,6 +226,10 @@ class PlanExecutor:
             self.eval_ops = ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)),
                                        self.blas)
             self._allocate()
+            try:
+                self._output_views = output_view_steps(plan.steps)
+            except ValueError as e:
+                raise ExecutorError(str(e)) from None
             self._launch_fns: list[Any] = []
             for k, step in enumerate(plan.steps):
                 self._build(k, step)
@@ -281,7 +288,7 @@ class PlanExecutor:
                 return
             for v in step.outputs:
                 if v not in self.env:
-                    self.env[v] = self._array(v)
+                    self.env[v] = self._output_view(v) if v in self._output_views else self._array(v)
             sub = step.graph
             local = {s: self.env[v] for s, v in zip(sub.inputs, step.inputs)}
             outs = [self.env[v] for v in step.outputs]
@@ -309,7 +316,24 @@ class PlanExecutor:
         self.launches += n
         self.paths.append(path)
 
+    def _output_view(self, v: str) -> Any:
+        """``v`` as the strided view of the later output-view step's output (``executor_views``),
+        which gets its planned buffer here."""
+        step = self.plan.steps[self._output_views[v]]
+        owner = step.outputs[0]
+        if owner not in self.env:
+            self.env[owner] = self._array(owner)
+        view = input_view(step, self.env[owner])
+        if view.data.mem is not self.env[owner].data.mem or view.data.ptr != self.env[owner].data.ptr:
+            raise ExecutorError(f"output view {'+'.join(step.ops)}: {v!r} is not a view of {owner!r}")
+        self._owned.add(v)
+        return view
+
     def _views(self, step: Any) -> None:
+        if is_output_view(step):  # its input, written by the matmul, already is its output
+            if step.outputs[0] not in self.env or step.inputs[0] not in self.env:
+                raise ExecutorError(f"output view {'+'.join(step.ops)}: no matmul wrote {step.inputs[0]!r}")
+            return
         sub = step.graph
         local = {s: self.env[v] for s, v in zip(sub.inputs, step.inputs)}
         for name, c in sub.constants:
