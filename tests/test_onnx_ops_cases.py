@@ -151,6 +151,20 @@ def _cases() -> list[tuple]:
     add("Resize-18-not_larger", node("Resize", ["x", "", "", "sz"], axes=[2, 3],
                                      keep_aspect_ratio_policy="not_larger"),
         nchw, {"sz": ints(6, 6)}, opset=18)
+    # Pad's other modes: constant-index gathers (negative pads crop)
+    for mode, opset in (("reflect", 13), ("edge", 13), ("wrap", 19)):
+        add(f"Pad-{mode}", node("Pad", ["x", "p"], mode=mode), {"x": f32(2, 3, 5, 6)},
+            {"p": ints(0, 0, 2, 1, 0, 0, 1, 3)}, opset=opset)
+    add("Pad-edge-crop", node("Pad", ["x", "p"], mode="edge"), {"x": f32(3, 7)}, {"p": ints(-1, 2, 1, -3)})
+    add("Pad-reflect-18-axes", node("Pad", ["x", "p", "", "ax"], mode="reflect"), {"x": f32(2, 4, 5)},
+        {"p": ints(3, 2, 2, 1), "ax": ints(-1, 1)}, opset=18)
+    add("CenterCropPad", node("CenterCropPad", ["x", "s"]), {"x": f32(3, 8, 5)}, {"s": ints(2, 5, 8)},
+        opset=18)
+    add("CenterCropPad-axes", node("CenterCropPad", ["x", "s"], axes=[-2, -1]), {"x": f32(2, 7, 6)},
+        {"s": ints(4, 9)}, opset=18)
+    for p in (1, 2, 3):
+        add(f"GlobalLpPool-p{p}", node("GlobalLpPool", ["x"], p=p), {"x": f32(2, 3, 4, 5)})
+    add("GlobalLpPool-1d", node("GlobalLpPool", ["x"]), {"x": f32(2, 3, 7)})
     return c
 
 

@@ -30,6 +30,7 @@ from tunedb.graph.onnx_import._model import (
 )
 from tunedb.graph.onnx_import._ops import BINARY, FOLD_ONLY, UNARY, OpHandlers
 from tunedb.graph.onnx_import._ops_ext import MoreOpHandlers
+from tunedb.graph.onnx_import._ops_more import PadCropHandlers
 from tunedb.graph.reference import run_reference
 
 _log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def supported_ops() -> tuple[str, ...]:
 # The opsets whose op semantics the handlers implement (the package docstring says the same).
 MIN_OPSET, MAX_OPSET = 11, 23
 
-class Importer(OpHandlers, MoreOpHandlers):
+class Importer(OpHandlers, MoreOpHandlers, PadCropHandlers):
     def __init__(self, model: onnx.ModelProto, bindings: dict[str, int]) -> None:
         self.model = model
         self.bindings = bindings

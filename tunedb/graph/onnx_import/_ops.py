@@ -241,8 +241,8 @@ class OpHandlers:
 
     def _op_Pad(self, n, a):
         mode = a.get("mode", "constant")
-        if mode != "constant":
-            raise self.err(f"Pad mode {mode!r} is not supported (only 'constant')")
+        if mode not in ("constant", "reflect", "edge", "wrap"):
+            raise self.err(f"Pad mode {mode!r} is not supported")
         rank = len(self.shape(n.input[0]))
         if self.opset < 11:
             pads, value = list(a["pads"]), float(a.get("value", 0.0))
@@ -258,6 +258,9 @@ class OpHandlers:
                     full[ax], full[ax + rank] = pads[j], pads[j + len(axes)]
                 pads = full
         x = self.val(n.input[0])
+        if mode != "constant":  # constant-index gathers (``_ops_more``)
+            self.set(0, self._pad_indexed(x, list(pads), mode))
+            return
         self.set(0, self.b.pad(x, pads=tuple(pads), value=value) if any(pads) else x)
 
     def _op_Gather(self, n, a):
