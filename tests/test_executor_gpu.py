@@ -228,3 +228,21 @@ def test_heads_read_in_place_by_one_pointer_batched_gemm():
     s.synchronize()
     want = np.matmul(cp.asnumpy(qh).astype(np.float64), cp.asnumpy(kt).astype(np.float64))
     np.testing.assert_allclose(cp.asnumpy(out), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pv_writes_the_rows_layout_through_an_output_view(dtype):
+    """Attention with the heads back to rows after PV: no copy kernel, PV's GEMM writes the rows
+    (ldc = H*D, a per-head stride), verified against the reference and captured whole."""
+    from test_zoo_attention_plan import _attention
+
+    from tunedb.runtime.executor import PlanExecutor
+
+    plan = _compile(_attention(dtype, rows=True))
+    assert "layout" not in [s.kind for s in plan.steps]
+    assert any(s.config_dict.get("view") == "output" for s in plan.steps)
+    ex = PlanExecutor(plan)
+    dev, ref_in = make_inputs(plan.graph, 0)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+    assert not ex.fallbacks and ex.launches == plan.kernels

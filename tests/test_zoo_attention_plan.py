@@ -8,7 +8,10 @@ ld or buffer reuse shows as a wrong value."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.ir import Graph
@@ -17,9 +20,11 @@ from tunedb.graph.reference import run_reference
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.rewrite import fold_matmul_scales, merge_parallel_matmuls, rewrite_for_plan
 from tunedb.runtime.blas import OP_N, plan_matmul
+from tunedb.runtime.executor_ops import storage_dtype
 from tunedb.runtime.executor_views import input_view, is_output_view, output_view_steps
 
 S, H, D = 16, 4, 8
+ZOO = Path(__file__).resolve().parents[1] / "data" / "graphs" / "zoo"
 
 
 def _attention(dtype: str = "float32", rows: bool = False) -> Graph:
@@ -96,12 +101,12 @@ def _cublas(call, flat_x, x0, flat_y, y0, flat_o, o0):
 
 
 def _flat(a, roots):
-    """(the float32 root buffer holding ``a``, ``a``'s element offset in it)."""
+    """(the float32 view of the buffer holding ``a``, ``a``'s element offset in it)."""
     ptr = a.__array_interface__["data"][0]
     for r in roots:
         lo = r.__array_interface__["data"][0]
         if lo <= ptr < lo + r.nbytes:
-            return r, (ptr - lo) // 4
+            return r[:r.nbytes // 4 * 4].view(np.float32), (ptr - lo) // 4
     raise AssertionError("array outside every planned buffer")
 
 
@@ -132,18 +137,16 @@ def _emulate(plan, inputs):
     """``plan`` run as the executor lays it out (float32 plans): buffers of NaN bytes, each step
     writing where the buffer plan and the output views put it."""
     g, types = plan.graph, plan.graph.type_map
-    bufs = [np.full(max(1, s) // 4 + 1, np.nan, np.float32) for s in plan.buffers.sizes]
-    roots = list(bufs)
-    env = {v: np.ascontiguousarray(inputs[v], np.float32) for v in g.inputs}
-    env.update({v: np.ascontiguousarray(c.array, np.float32) for v, c in g.constants})
-    roots += [a.reshape(-1) for a in env.values()]
+    bufs = [np.full(max(1, s), 0xFF, np.uint8) for s in plan.buffers.sizes]  # float32 NaNs
+    env = {v: np.ascontiguousarray(inputs[v], storage_dtype(types[v].dtype)) for v in g.inputs}
+    env.update({v: np.ascontiguousarray(c.array, storage_dtype(c.type.dtype)) for v, c in g.constants})
+    roots = bufs + [a.reshape(-1).view(np.uint8) for a in env.values()]
     assign = plan.buffers.assignment
     views = output_view_steps(plan.steps)
 
     def placed(v):
         b, off = assign[v]
-        n = int(np.prod(types[v].shape))
-        return bufs[b][off // 4:off // 4 + n].reshape(types[v].shape)
+        return bufs[b][off:off + types[v].nbytes].view(storage_dtype(types[v].dtype)).reshape(types[v].shape)
 
     for step in plan.steps:
         sub = step.graph
@@ -177,7 +180,7 @@ def _emulate(plan, inputs):
             continue
         outs = run_reference(sub, {s: env[v] for s, v in zip(sub.inputs, step.inputs)})
         for s, v in zip(sub.outputs, step.outputs):
-            np.copyto(env[v], outs[s].astype(np.float32))
+            np.copyto(env[v], outs[s].astype(env[v].dtype))
     return {v: env[v].copy() for v in g.outputs}
 
 
@@ -219,3 +222,18 @@ def test_the_emulation_sees_a_wrong_layout():
     except AssertionError:
         return  # the forward transpose of a contiguous buffer is no view: caught as well
     assert not np.allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_bert_base_plan_under_the_executors_memory_layout_equals_the_reference():
+    """All 12 layers: 136 kernels (the 12 transpose copies are output views), the buffer plan
+    and every GEMM's strides emulated, against the reference (fp32)."""
+    from tunedb.runtime.inputs import make_inputs
+
+    plan = compile_plan(str(ZOO / "bert_base_dynamo_fp32.onnx"), device=None)
+    assert plan.kernels == 136
+    assert sum(is_output_view(s) for s in plan.steps) == 12
+    _, host = make_inputs(plan.graph, 3)
+    got, want = _emulate(plan, host), run_reference(plan.graph, host)
+    for v in plan.graph.outputs:
+        np.testing.assert_allclose(got[v], want[v], rtol=1e-5, atol=1e-5)
