@@ -12,6 +12,14 @@ stage in another graph, or in the next compile of this one, is therefore the sam
 that fails to build or capture is a row too (status ``runtime_error``, with its one-line
 message).
 
+* ``StageCollector`` (``tunedb collect --collector stage --suite CANDIDATES.json``): every stage
+  candidate of a candidates file on the collection engine, resumable, failures as rows. The file
+  is the stage bench's form (per graph: its plan's JSON and rows of ``groups`` and ``key``):
+  ``python -m tunedb.bench.stages CANDIDATES.json --candidates`` writes every candidate of the
+  IOS search, and a bench run's ``OUT_rows.json`` works too. ``--device replay:DB`` replays
+  stored rows; ``--device cuda`` times each stage with ``StageDevice``, which runs plans and so
+  needs the planner's loader (``load_plan``, lent by ``tunedb collect``: this layer may not
+  import the planner).
 * ``measure_stages(plan, stages)`` (GPU): time each stage with the harness executor
   (``StagedExecutor(plan, stage_streams=W).time_stage``, values never sharing memory).
 * ``store_stage_rows(db, plan, rows, device, config)``: one Run with every row.
@@ -22,21 +30,39 @@ schedule="ios", db=DB)`` prices every stored stage at its measured time.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tunedb.collect import Collector, Job
 from tunedb.collect.stage_rows import KIND, SCHEME, member_text, records_of, stage_records, write_stage_rows
 from tunedb.costmodel.stage import family_of
-from tunedb.records import DeviceInfo
+from tunedb.records import DeviceInfo, Protocol, Workload
+from tunedb.runtime.device import clocks, device_info, device_uuid
+from tunedb.runtime.results import MeasureRequest, MeasureResult
 from tunedb.runtime.stage_exec import StagedExecutor
 from tunedb.store.core import TuningStore
 
-__all__ = ["KIND", "SCHEME", "import_rows", "measure_stages", "member_text", "records_of", "stage_records",
-           "store_stage_rows"]
+__all__ = ["KIND", "SCHEME", "StageCollector", "StageDevice", "StageSpec", "import_rows", "measure_stages",
+           "member_text", "records_of", "stage_records", "store_stage_rows"]
 COLLECTOR = "stage"
+COPIES, REPS, SAMPLES = 5, 4, 3   # a stage's graph holds COPIES copies, replayed REPS times per sample
+HARNESS_STREAMS = 8               # the widest stage the harness runs (IOS's s = 8)
 Groups = Sequence[Sequence[int]]
+
+
+def _time_stage(ex: Any, groups: tuple[tuple[int, ...], ...], copies: int, reps: int,
+                samples: int) -> dict[str, Any]:
+    """One row: ``groups`` timed ``samples`` times by a harness executor, or why it failed."""
+    row: dict[str, Any] = {"groups": [list(g) for g in groups]}
+    try:
+        row["samples_us"] = [ex.time_stage(groups, copies=copies, reps=reps) for _ in range(samples)]
+        row["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - a failing stage is a row
+        row.update(status="runtime_error", message=" ".join(str(e).split())[:300])
+    return row
 
 
 def measure_stages(plan: Any, stages: Iterable[tuple[Groups, str]], *, copies: int = 5, reps: int = 4,
@@ -46,19 +72,10 @@ def measure_stages(plan: Any, stages: Iterable[tuple[Groups, str]], *, copies: i
     ``StageKeys`` key. One row per stage, failures included."""
     todo = [(tuple(tuple(g) for g in st), key) for st, key in stages]
     ex = StagedExecutor(plan, stage_streams=max([len(st) for st, _ in todo] + [1]), capture=False)
-    rows = []
     try:
-        for st, key in todo:
-            row: dict[str, Any] = {"groups": [list(g) for g in st], "key": key}
-            try:
-                row["samples_us"] = [ex.time_stage(st, copies=copies, reps=reps) for _ in range(samples)]
-                row["status"] = "ok"
-            except Exception as e:  # noqa: BLE001 - a failing stage is a row
-                row.update(status="runtime_error", message=" ".join(str(e).split())[:300])
-            rows.append(row)
+        return [{**_time_stage(ex, st, copies, reps, samples), "key": key} for st, key in todo]
     finally:
         ex.close_streams()
-    return rows
 
 
 def store_stage_rows(db: str | Path, plan: Any, rows: Sequence[dict[str, Any]], device: DeviceInfo,
@@ -109,6 +126,134 @@ def import_rows(rows_file: str | Path, db: str | Path) -> dict[str, int]:
         for k, v in counts.items():
             total[k] = total.get(k, 0) + v
     return total
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage candidate of a candidates file: the graph (``case``) whose plan its step indices
+    refer to, its groups, and its ``StageKeys`` key."""
+
+    case: str
+    groups: tuple[tuple[int, ...], ...]
+    key: str
+
+
+def candidate_jobs(doc: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], list[Job]]:
+    """A candidates file's plans by case and one ``Job`` per stage workload (its members); the
+    same members split another way, or met in another graph, are candidates of the same job."""
+    plans: dict[str, dict[str, Any]] = {}
+    jobs: dict[str, tuple[Workload, list[tuple[dict, StageSpec]]]] = {}
+    seen: set[str] = set()
+    for name, case in sorted(doc["cases"].items()):
+        plans[name] = case["plan"]
+        plan = JsonPlan(case["plan"])
+        for r in case["rows"]:
+            groups = tuple(tuple(int(i) for i in g) for g in r["groups"])
+            if all(plan.steps[i].kind == "layout_view" for g in groups for i in g):
+                continue  # views only: nothing launches
+            w, c = stage_records(plan.steps, groups, str(r["key"]))
+            if c.hash in seen:
+                continue
+            seen.add(c.hash)
+            jobs.setdefault(w.hash, (w, []))[1].append((c.config, StageSpec(name, groups, str(r["key"]))))
+    return plans, [Job(w, specs) for w, specs in jobs.values()]
+
+
+class StageDevice:
+    """Times stage candidates on this machine's GPU, in this process: per graph one harness
+    executor (``StagedExecutor(plan, stage_streams=8)``, built from the plan's JSON by
+    ``load_plan``, which must keep every value apart). A stage that fails is a row."""
+
+    kind = "cuda"
+
+    def __init__(self, plans: Mapping[str, dict[str, Any]], load_plan: Callable[[dict[str, Any]], Any],
+                 protocol: Protocol | None = None) -> None:
+        self.info = device_info()
+        self.uuid = device_uuid()
+        self.protocol = protocol or Protocol(warmup=3, samples=SAMPLES, flush_l2=False, batch=COPIES * REPS)
+        self.plans, self.load_plan = plans, load_plan
+        self._case, self._ex = "", None
+        self._counts: dict[str, int] = {}
+
+    def clocks(self) -> dict[str, float]:
+        return clocks(self.uuid)
+
+    def prefetch(self, requests: list[MeasureRequest], workload: Workload | None = None) -> None:
+        return None  # the harness builds every step once per stream when a graph comes up
+
+    def _executor(self, case: str) -> Any:
+        if case != self._case:
+            self.close()
+            self._ex = StagedExecutor(self.load_plan(self.plans[case]), stage_streams=HARNESS_STREAMS,
+                                      capture=False)
+            self._case = case
+        return self._ex
+
+    def measure(self, workload: Workload, requests: list[MeasureRequest]
+                ) -> Iterator[tuple[int, MeasureResult]]:
+        for i, req in enumerate(requests):
+            if req.error:
+                res = MeasureResult.failure("compile_error", req.error)
+            else:
+                groups = tuple(tuple(g) for g in req.plan["groups"])
+                try:
+                    if len(groups) > HARNESS_STREAMS:
+                        raise ValueError(f"{len(groups)} groups: the harness runs at most {HARNESS_STREAMS}")
+                    row = _time_stage(self._executor(req.plan["case"]), groups, COPIES, REPS,
+                                      self.protocol.samples)
+                except Exception as e:  # noqa: BLE001 - a plan that cannot be built fails its stages
+                    row = {"status": "runtime_error", "message": " ".join(str(e).split())[:300]}
+                res = (MeasureResult("ok", tuple(row["samples_us"])).checked() if row["status"] == "ok"
+                       else MeasureResult.failure("runtime_error", row["message"]))
+            self._counts[res.status] = self._counts.get(res.status, 0) + 1
+            yield i, res
+
+    def stats(self) -> dict:
+        return {f"status_{k}": v for k, v in sorted(self._counts.items())}
+
+    def close(self) -> None:
+        if self._ex is not None:
+            self._ex.close_streams()
+        self._case, self._ex = "", None
+
+
+class StageCollector(Collector):
+    """``tunedb collect --collector stage --suite CANDIDATES.json`` (module docstring)."""
+
+    name = COLLECTOR
+    kind = KIND
+
+    def __init__(self) -> None:
+        self.plans: dict[str, dict[str, Any]] = {}  # filled by jobs(); the device reads it
+
+    def jobs(self, suite: str) -> Iterator[Job]:
+        path = Path(suite)
+        if not path.is_file():
+            raise ValueError(f"the stage collector's suite is a stage candidates file "
+                             f"(python -m tunedb.bench.stages FILE --candidates); {suite} is not a file")
+        try:
+            doc = json.loads(path.read_text())
+            plans, jobs = candidate_jobs(doc)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise ValueError(f"{suite} is not a stage candidates file: {type(e).__name__}: {e}") from None
+        self.plans.clear()
+        self.plans.update(plans)
+        yield from jobs
+
+    def build(self, workload: Workload, spec: StageSpec) -> tuple[str, dict]:
+        return "", {"case": spec.case, "groups": [list(g) for g in spec.groups]}
+
+    def open_device(self, spec: str, **kw: Any) -> Any:
+        load_plan = kw.pop("load_plan", None)
+        if spec in ("cuda", "gpu"):
+            if load_plan is None:
+                raise ValueError("the stage collector times plans: it needs the planner's load_plan "
+                                 "(tunedb collect lends it)")
+            return StageDevice(self.plans, load_plan, protocol=kw.get("protocol"))
+        if spec == "emu":
+            raise ValueError("stage candidates are timed on streams: no CPU emulation; "
+                             "use cuda or replay:PATH")
+        return super().open_device(spec, **kw)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,7 @@
                                   [--only=NAME,...] [--budget-s=200]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
     python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json
+    python -m tunedb.bench.stages CANDIDATES.json --candidates [--only=NAME,...]
 
 Per case (Inception V3 batch 1 and SqueezeNet 1.1 exported from torchvision, NASNet-A-style and
 RandWire-style graphs from ``tunedb.graph.multibranch``; batch 1 and 16 except Inception): the
@@ -25,6 +26,8 @@ refinement loop on the CPU against those times and compares it with the oracle (
 ``python -m collectors.stage ROWS.json DB`` stores them as rows of kind ``stage``.
 The loop first measures every operator alone and prices stages from those times
 (``refine_stages(alone=True)``); ``--no-alone`` uses the roofline estimator instead.
+``--candidates`` writes every stage candidate of each graph with its plan, the suite of
+``tunedb collect --collector stage`` (CPU only).
 ``--auto-replay`` makes ``auto``'s predicted choice again on the CPU for each graph of a stored
 run and sets it next to that run's measured times (``auto_replay``).
 """
@@ -238,6 +241,29 @@ def replay(rows_file: Path, alone: bool = True, max_rounds: int = 40) -> dict[st
     return out
 
 
+def candidates(only: list[str] | None = None) -> dict[str, Any]:
+    """Every stage candidate of the IOS search (r = 3, s = 8: IOS's full profiling set) of each
+    graph, with the plan its step indices refer to (the plan the refinement measures: IOS's, no
+    horizontal packing, no stages): the suite of ``tunedb collect --collector stage``. CPU only."""
+    out: dict[str, Any] = {"cases": {}}
+    for name, load in cases():
+        if only and name not in only:
+            continue
+        graph, _ = load()
+        base = replace(compile_plan(graph, device="cuda", schedule="ios", bias_epilogue=True), stages=())
+        keys = StageKeys(base.steps)
+        rows: dict[str, list[list[int]]] = {}
+
+        def record(groups: Any, keys: Any = keys, rows: dict = rows) -> float:
+            rows.setdefault(keys(groups), [list(g) for g in groups])
+            return 1.0
+
+        ios_search(base.steps, record)
+        out["cases"][name] = {"plan": base.to_json(),
+                              "rows": [{"groups": g, "key": k} for k, g in rows.items()]}
+    return out
+
+
 def auto_replay(bench_file: Path, only: list[str] | None = None) -> dict[str, Any]:
     """``compile(schedule="auto")``'s predicted choice, made again on the CPU for each graph of a
     stored GPU run (``OUT.json``), next to the run's measured sequential and IOS times: did
@@ -399,8 +425,11 @@ def main(argv: list[str]) -> int:
             write_json(res, Path(argv[0]))
         return 0
     only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]
-    budget = next((float(a.split("=", 1)[1]) for a in argv if a.startswith("--budget-s=")), 200.0)
     names = ",".join(only).split(",") if only else []
+    if "--candidates" in argv:
+        write_json(candidates(names), Path(argv[0]))
+        return 0
+    budget = next((float(a.split("=", 1)[1]) for a in argv if a.startswith("--budget-s=")), 200.0)
     oracle = next((a.split("=", 1)[1] for a in argv if a.startswith("--oracle=")), "block")
     if oracle not in ("block", "full", "none"):
         print(f"error: --oracle must be block, full or none, got {oracle!r}", file=sys.stderr)

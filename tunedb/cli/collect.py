@@ -78,7 +78,13 @@ def collect(
         _collect_on_cluster(coll, db, cluster, device, suite, budget, workers, strategy, json_out)
         return
     try:
-        dev = coll.open_device(device, workers=workers, timeout_s=timeout)
+        # stage candidates are plans: the planner lends its loader to the plugin below it
+        lent: dict[str, Any] = {}
+        if coll.kind == "stage":
+            from tunedb.plan.stage_refine import harness_plan
+
+            lent["load_plan"] = harness_plan
+        dev = coll.open_device(device, workers=workers, timeout_s=timeout, **lent)
     except ValueError as e:
         usage_error(str(e))
     from tunedb.store.runs import close_abandoned_runs, drop_run_if_empty

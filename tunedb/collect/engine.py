@@ -44,7 +44,8 @@ from tunedb.runtime.results import MeasureRequest
 
 # Plugins of this source tree, for a checkout used without installing it (no entry points).
 BUILTIN_COLLECTORS = {"fusion": "collectors.fusion:FusionCollector",
-                      "packing": "collectors.packing:PackingCollector"}
+                      "packing": "collectors.packing:PackingCollector",
+                      "stage": "collectors.stage:StageCollector"}
 
 
 def now_iso() -> str:

@@ -77,6 +77,14 @@ class AloneEstimator:
         return max(times) + self.fork_us * (len(groups) - 1)
 
 
+def harness_plan(doc: Mapping[str, Any] | str) -> Plan:
+    """A plan's JSON as the stage harness runs it: no stages, and buffers that keep every value
+    apart, so that the members of any candidate stage can run at once (the ``load_plan`` that
+    ``tunedb collect --collector stage`` lends ``collectors.stage``)."""
+    plan = Plan.from_json(doc)
+    return replace(plan, stages=(), buffers=plan_buffers(plan.graph, plan.steps, times=[0] * len(plan.steps)))
+
+
 def refine_stages(steps: Sequence[Any], measure: Callable[[Groups], float], *,
                   estimator: Callable[[Groups], float] | None = None, optimism: float = 0.05,
                   cap: float = float("inf"),
