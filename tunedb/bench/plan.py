@@ -40,7 +40,6 @@ from tunedb.bench.peers import Frameworks, outputs_float64, peer_call, throughpu
 from tunedb.bench.provenance import provenance
 from tunedb.graph.ir import Graph
 from tunedb.graph.ops import COMPUTE_OPS, infer_graph
-from tunedb.graph.reference import run_reference
 from tunedb.kernels.suites import ANCHOR_CASES
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.driver import load_graph
@@ -49,7 +48,7 @@ from tunedb.runtime.device import clocks, device_info, import_cupy
 from tunedb.runtime.executor import PlanExecutor
 from tunedb.runtime.inputs import make_inputs
 from tunedb.runtime.measure import context_ok
-from tunedb.runtime.tolerance import check_host, tolerance
+from tunedb.runtime.tolerance import check_host, reference_and_exp_span, tolerance
 
 PEERS = ("torch_eager", "torch_compile", "torch_compile_ro", "jax")
 PEER_LABELS = {"torch_eager": "torch eager", "torch_compile": "torch.compile",
@@ -194,12 +193,13 @@ def is_memory_bound(graph: Graph) -> bool:
 
 
 def verify(graph: Graph, outs: dict[str, np.ndarray], refs: dict[str, np.ndarray],
-           slack: float = 1.0) -> dict:
-    """Outputs against reference arrays with the collector's tolerance (times ``slack``)."""
+           slack: float = 1.0, exp_span: float = 0.0) -> dict:
+    """Outputs against reference arrays with the collector's tolerance (times ``slack``;
+    ``exp_span``: the reference's exp-argument span, see ``tolerance``)."""
     res: dict[str, Any] = {"ok": True, "max_abs_err": 0.0, "rel_err": 0.0, "worst_output": None}
     for v in graph.outputs:
         t = graph.type_of(v)
-        ok, err = check_host(outs[v], refs[v], tolerance(graph, t.dtype).scaled(slack))
+        ok, err = check_host(outs[v], refs[v], tolerance(graph, t.dtype, exp_span).scaled(slack))
         rel = rel_l2(outs[v], refs[v])
         if not ok:
             res["ok"] = False
@@ -266,7 +266,8 @@ def run_entry(entry: Entry, fw: Any, peers: Sequence[str], db: Any, cost_model: 
                     "outputs": {v: str(graph.type_of(v)) for v in graph.outputs}}
     try:
         dev, ref_in = make_inputs(graph, INPUT_SEED)
-        refs = run_reference(graph, ref_in)
+        refs, span = reference_and_exp_span(graph, ref_in)
+        rec["graph"]["exp_span"] = span
     except Exception as e:  # noqa: BLE001
         rec["error"] = f"reference failed: {_one_line(e)}"
         return rec
@@ -285,12 +286,13 @@ def run_entry(entry: Entry, fw: Any, peers: Sequence[str], db: Any, cost_model: 
             f"{ex.launches} launch(es), graph capture {'on' if ex.graph_capture else 'off'}"
             + (f" ({ex.capture_error})" if ex.capture_error else ""))
         got = _host(ex.run(dev))
-        rec["verify"] = {"reference": verify(graph, got, refs)}
+        rec["verify"] = {"reference": verify(graph, got, refs, exp_span=span)}
         if model is not None:
             try:
                 ort_out = onnxruntime_outputs(model, graph, dev)
-                rec["verify"]["onnxruntime"] = verify(graph, got, ort_out, ORT_SLACK)
-                rec["verify"]["onnxruntime_vs_reference"] = verify(graph, ort_out, refs, ORT_SLACK)
+                rec["verify"]["onnxruntime"] = verify(graph, got, ort_out, ORT_SLACK, span)
+                rec["verify"]["onnxruntime_vs_reference"] = verify(graph, ort_out, refs, ORT_SLACK,
+                                                                    span)
             except Exception as e:  # noqa: BLE001
                 rec["verify"]["onnxruntime"] = {"ok": None, "error": _one_line(e)}
         rec["tunedb"]["us"] = _finite(timer(ex.replay, ex.synchronize))
