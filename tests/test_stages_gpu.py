@@ -98,3 +98,29 @@ def test_depthwise_kernel_and_bias_epilogue_match_the_reference():
         assert any("add" in s.ops and "relu" in s.ops for s in plan.steps)
         assert sum(s.kind == "conv2d" and len(s.inputs) == 3 for s in plan.steps) == 1
         _check(g, plan.run(dev), ref_in)
+
+
+def test_the_stage_collector_times_every_candidate_of_a_small_graph(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from tunedb.bench.stages import candidates
+    from tunedb.cli import app
+    from tunedb.store import TuningStore
+
+    doc = candidates(["randwire_b1"])
+    case = doc["cases"]["randwire_b1"]
+    case["rows"] = case["rows"][:40]
+    suite = tmp_path / "candidates.json"
+    suite.write_text(json.dumps(doc))
+    db = tmp_path / "stage.duckdb"
+    args = ["collect", "--collector", "stage", "--suite", str(suite), "--device", "cuda", "--db", str(db),
+            "--json"]
+    res = CliRunner().invoke(app, args, env={"TUNEDB_DB": None, "XDG_DATA_HOME": None})
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["measured"] == out["total"] > 0 and out["statuses"].get("ok") == out["measured"]
+    with TuningStore.open(db, read_only=True) as store:
+        times = [m.median_us for m in store.measurements() if m.status == "ok"]
+    assert len(times) == out["measured"] and all(0 < t < 10_000 for t in times)
