@@ -65,10 +65,13 @@ def test_span_sums_the_operands_magnitude_where_exp_matters():
     args = exp_arguments(graph)
     assert len(args) == LAYERS  # the importer's softmax: exp(x - max(x)), one per layer
     (arg, (x, m)), (arg2, ops2) = args
-    values = {arg: np.array([[-1.0, 0.0, -30.0], [0.0, -np.inf, -2.0]]),
-              x: np.array([[9.0, 10.0, -20.0], [-3.0, -np.inf, -5.0]]), m: np.array([[10.0], [-3.0]]),
+    lowest = float(np.finfo(np.float32).min)  # a mask's fill: row 2 is fully masked
+    values = {arg: np.array([[-1.0, 0.0, -30.0], [0.0, -np.inf, -2.0], [0.0, 0.0, 0.0]]),
+              x: np.array([[9.0, 10.0, -20.0], [-3.0, -np.inf, -5.0], [lowest] * 3]),
+              m: np.array([[10.0], [-3.0], [lowest]]),
               arg2: np.zeros(3)}  # arg2's operands missing: skipped
-    # Largest |x| + |max| where exp's argument is above -20: 20 (row 0); -30 and -inf left out.
+    # Largest |x| + |max| where exp's argument is above -20: 20 (row 0); -30, -inf and the
+    # masked row (x - max = 0 exactly) left out.
     assert exp_argument_span(values, args) == 20.0
     assert tolerance(graph, "float32", 100.0).atol == pytest.approx(
         tolerance(graph, "float32").atol + 100.0 * TOLERANCES["float32"][2])

@@ -132,6 +132,9 @@ def tolerance(graph: Graph, out_dtype: str, exp_span: float = 0.0) -> Tolerance:
 # per attention layer, carried by the residual stream), so the term sums the magnitudes. onnxruntime
 # on T5-small fp32 errs at 3.3x the bound without it (docs/frontends.md).
 NEGLIGIBLE_EXP_ARG = -20.0  # exp(-20) = 2e-9: such elements add nothing a rounding could show
+# A mask's fill (float32's lowest, -3.4e38) is no logit: a fully masked row subtracts the same
+# value from itself, exactly, so magnitudes this large are left out.
+MASK_SENTINEL = 1e30
 
 
 def exp_arguments(graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -150,7 +153,8 @@ def exp_arguments(graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def exp_argument_span(values: Mapping[str, Any], args: Sequence[tuple[str, Sequence[str]]]) -> float:
     """Sum over ``exp_arguments`` of the largest ``sum |operand|`` where the argument is above
-    ``NEGLIGIBLE_EXP_ARG`` (NaN and infinities skipped; arguments missing from ``values`` too)."""
+    ``NEGLIGIBLE_EXP_ARG`` (NaN, infinities and mask fills skipped; arguments missing from
+    ``values`` too)."""
     total = 0.0
     for arg, operands in args:
         if arg not in values or any(o not in values for o in operands):
@@ -158,7 +162,7 @@ def exp_argument_span(values: Mapping[str, Any], args: Sequence[tuple[str, Seque
         a = np.asarray(values[arg], dtype=np.float64)
         mag = sum(np.abs(np.asarray(values[o], dtype=np.float64)) for o in operands)
         mag = np.broadcast_to(mag, np.broadcast_shapes(np.shape(mag), a.shape))
-        keep = (a > NEGLIGIBLE_EXP_ARG) & np.isfinite(a) & np.isfinite(mag)
+        keep = (a > NEGLIGIBLE_EXP_ARG) & np.isfinite(a) & (mag < MASK_SENTINEL)
         if keep.any():
             total += float(mag[keep].max())
     return total
