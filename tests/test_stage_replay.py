@@ -100,3 +100,22 @@ def test_measured_auto_keeps_the_faster_plan_and_records_both_times():
     fast = choose_auto_measured(plan, staged, lambda p: 80.0 if p.stages else 100.0)
     assert fast.stages and dict(fast.search)["schedule"] == "ios (auto, measured)"
     fast.check()
+
+
+@pytest.mark.slow
+def test_the_stage_space_study_on_the_stored_inception_times(tmp_path):
+    """The claims of docs/stages.md about Inception's stage space, from the stored H200 rows."""
+    from bench_scripts import load_script
+
+    out = tmp_path / "space.json"
+    assert load_script("stage_space").main([f"--out={out}"]) == 0
+    doc = json.loads(out.read_text())
+    sp = doc["space"]["inception_v3_b1"]
+    # larger r or s does not lower the perfect-overlap bound; stages across blocks cannot pay
+    assert sp["bound_r10_s8"] == pytest.approx(sp["bound_r3_s8"], rel=1e-3)
+    assert sp["block_critical_paths"] == pytest.approx(sp["critical_path"])
+    assert sp["critical_path"] <= sp["bound_r3_s8"] < sp["oracle"] < sp["sum_alone"]
+    fit = doc["contention"]["in family (Inception)"]
+    assert fit["mape_inception"] < 0.12 and fit["vs_oracle"] < 1.03
+    before, after = doc["merged"]["contention_dp"]
+    assert 1.0 <= before / after < 1.05  # merging same-input 1x1 convs: under 5 %
