@@ -12,6 +12,11 @@ Variants: ``regression`` (squared error on log latency over the floor), ``top_we
 workload - 1), ``top_weighted_wide`` (gap scale 0.2), ``near_best`` (top_weighted plus as
 many members trained only on each workload's candidates within 30 % of its best),
 ``rank_pairwise`` and ``rank_ndcg`` (XGBoost's ranking objectives, calibrated to microseconds).
+Blends train their members on each fold once and average them in log space: ``blend_rp_cal``
+/ ``blend_rpn_cal`` (top_weighted with rank_pairwise / and rank_ndcg, each member's calibrated
+microseconds: a row-wise model), ``blend_rp_z`` / ``blend_rpn_z`` (the members' z-scores within
+each workload, mapped back to the regression's per-workload mean and spread: a prediction that
+depends on the other candidates predicted with it).
 Prints one table per split and writes every number, the CPU seconds of each variant, argv and
 the git commit as JSON.
 
@@ -39,11 +44,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tunedb.bench.provenance import provenance as _provenance
-from tunedb.costmodel.evaluate import SPLITS, Labels, evaluate_fits, evaluate_splits, score
+from tunedb.costmodel.evaluate import (
+    SPLITS,
+    Labels,
+    evaluate_fits,
+    evaluate_splits,
+    hide_measured,
+    out_of_fold,
+    score,
+    split_folds,
+)
 from tunedb.costmodel.features import DeviceFacts, featurize_frame
 from tunedb.costmodel.fit import clean_frame, device_facts_for, frame_labels, group_codes
 from tunedb.costmodel.metrics import METRIC_KEYS, METRIC_SHORT_NAMES
-from tunedb.costmodel.train import TrainParams
+from tunedb.costmodel.train import TrainParams, predict_us, train_booster
 from tunedb.store import TuningStore
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -55,7 +69,69 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rank_pairwise": {"objective": "rank:pairwise"},
     "rank_ndcg": {"objective": "rank:ndcg"},
 }
+# Blends: (members, how they are averaged); members are VARIANTS.
+BLENDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "blend_rp_cal": (("top_weighted", "rank_pairwise"), "cal"),
+    "blend_rpn_cal": (("top_weighted", "rank_pairwise", "rank_ndcg"), "cal"),
+    "blend_rp_z": (("top_weighted", "rank_pairwise"), "z"),
+    "blend_rpn_z": (("top_weighted", "rank_pairwise", "rank_ndcg"), "z"),
+}
 SHORT = METRIC_SHORT_NAMES
+
+
+def _zscores(v: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-row z-score of ``v`` within its group, and the group's mean and spread per row."""
+    _, inv, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    mean = np.bincount(inv, v) / counts
+    sd = np.sqrt(np.maximum(np.bincount(inv, v * v) / counts - mean ** 2, 0.0))
+    sd = np.where(sd > 0, sd, 1.0)
+    return (v - mean[inv]) / sd[inv], mean[inv], sd[inv]
+
+
+def blend_log_us(logs: list[np.ndarray], how: str, groups: np.ndarray) -> np.ndarray:
+    """Members' log latencies (the first a regression) -> the blend's log latency."""
+    if how == "cal":
+        return np.mean(logs, axis=0)
+    z = np.mean([_zscores(v, groups)[0] for v in logs], axis=0)
+    _, mean, sd = _zscores(logs[0], groups)
+    return mean + sd * z
+
+
+def blend_results(X: np.ndarray, y: np.ndarray, labels: Labels, names: list[str], bag: int, threads: int,
+                  splits: list[str], folds: int) -> dict[str, Any]:
+    """The blends ``names`` on ``splits``: every member trained once per fold (compile facts hidden
+    on the held-out rows, fold i seeded i, as ``evaluate_splits``), every blend scored on them."""
+    members = sorted({m for n in names for m in BLENDS[n][0]}, key=list(VARIANTS).index)
+    out: dict[str, Any] = {n: {} for n in names}
+    for split in splits:
+        parts = split_folds(labels, split, folds)
+        if not parts:
+            continue
+        cpu = time.process_time()
+
+        def predict(i: int, tr: np.ndarray, te: np.ndarray) -> list[np.ndarray]:
+            query = None if labels.compare is None else labels.compare[tr]
+            preds = []
+            for m in members:
+                p = replace(TrainParams(), bag=bag, nthread=threads, seed=i, **VARIANTS[m])
+                r = train_booster(X[tr], y[tr], labels.workload[tr], p, query=query)
+                preds.append(predict_us(r.booster, hide_measured(X[te]), r.objective, r.calibration,
+                                        r.calibration_floor))
+            return preds
+
+        pooled = dict(zip(members, out_of_fold(len(y), parts, predict, outputs=len(members))))
+        rows = np.flatnonzero(np.isfinite(pooled[members[0]]))
+        sub = labels.take(rows)
+        for n in names:
+            logs = [np.log(pooled[m][rows]) for m in BLENDS[n][0]]
+            m = score(y[rows], np.exp(blend_log_us(logs, BLENDS[n][1], sub.cmp)), sub)
+            out[n][split] = {k: m[k] for k in METRIC_KEYS} | {
+                "folds": len(parts), "rows": int(len(rows)), "workloads": int(len(np.unique(sub.workload)))}
+        print(f"  blends: {split} ({len(members)} members, {time.process_time() - cpu:.0f} CPU s)",
+              file=sys.stderr, flush=True)
+    for n in names:
+        out[n]["params"] = {"members": list(BLENDS[n][0]), "average": BLENDS[n][1], "bag": bag}
+    return out
 
 
 def load(export: Path, all_boards: bool = False) -> tuple[np.ndarray, np.ndarray, Any, str, list[str]]:
@@ -120,7 +196,7 @@ def packing_results(export: Path, splits: list[str], folds: int) -> tuple[dict[s
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--export", type=Path, default=Path("data/fusion_h200_v2"))
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=[*VARIANTS, *BLENDS])
     ap.add_argument("--splits", nargs="+", default=list(SPLITS), choices=list(SPLITS))
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--bag", type=int, default=5, help="boosters averaged per model (the default is 5)")
@@ -147,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         subset = np.flatnonzero([w in keep for w in hashes])
     print(f"{len(y):,} candidates, {len(np.unique(labels.workload))} workloads, board {board}", flush=True)
     results: dict[str, Any] = {}
-    for name in args.variants:
+    for name in [v for v in args.variants if v in VARIANTS]:
         params = replace(TrainParams(), bag=args.bag, nthread=args.threads, **VARIANTS[name])
         if name == "near_best":
             params = replace(params, near_best_members=args.bag)
@@ -164,10 +240,15 @@ def main(argv: list[str] | None = None) -> int:
         results[name]["wall_s"] = time.perf_counter() - wall
         results[name]["params"] = VARIANTS[name] | {"bag": args.bag}
         print(f"{name}: {results[name]['cpu_s']:.0f} CPU s", flush=True)
+    blends = [v for v in args.variants if v in BLENDS]
+    if blends:
+        cpu = time.process_time()
+        results.update(blend_results(X, y, labels, blends, args.bag, args.threads, args.splits, args.folds))
+        print(f"{', '.join(blends)}: {time.process_time() - cpu:.0f} CPU s together", flush=True)
     _print_tables(results, args.splits)
     if subset is not None:
         print(f"\nscored on the {len(subset):,} candidates of {args.score_on}'s workloads only")
-        _print_tables({n: r["score_on"] for n, r in results.items()}, args.splits)
+        _print_tables({n: r["score_on"] for n, r in results.items() if "score_on" in r}, args.splits)
     if args.out:
         args.out.write_text(json.dumps({**_provenance(), "export": str(args.export),
                                         "board": board, "rows": int(len(y)), "results": results},

@@ -194,3 +194,50 @@ def test_variants_script_trains_on_both_boards_and_scores_a_subset(tmp_path: Pat
     whole, subset = res["by_workload"], res["score_on"]["by_workload"]
     assert whole["workloads"] == 704 and whole["top1_score"] != subset["top1_score"]
     assert 0.9 < subset["top1_score"] <= 1.0 and 0.8 < subset["pairwise_accuracy"] < 1.0
+
+
+def _variants_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "costmodel_variants.py"
+    spec = importlib.util.spec_from_file_location("costmodel_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_blends_average_in_log_space_and_z_keeps_the_regressions_scale() -> None:
+    mod = _variants_module()
+    groups = np.array([0, 0, 0, 1, 1, 1])
+    reg = np.log(np.array([10.0, 20.0, 40.0, 1.0, 2.0, 3.0]))
+    rank = np.array([5.0, 3.0, 1.0, -1.0, 0.0, 1.0])  # another order and an arbitrary offset
+    np.testing.assert_allclose(mod.blend_log_us([reg, rank], "cal", groups), (reg + rank) / 2)
+    z = mod.blend_log_us([reg, rank], "z", groups)
+    for g in (0, 1):  # per workload: the regression's mean and spread, the members' mean order
+        i = groups == g
+        np.testing.assert_allclose(z[i].mean(), reg[i].mean())
+        assert z[i].std() <= reg[i].std() + 1e-12
+    # workload 0: the two orders cancel to a tie; workload 1: both agree, so the order stays
+    np.testing.assert_allclose(z[:3], reg[:3].mean())
+    assert (np.diff(z[3:]) > 0).all()
+
+
+def test_blend_results_score_each_blend_on_the_same_folds() -> None:
+    from tunedb.costmodel.features import featurize_frame
+    from tunedb.costmodel.fit import clean_frame
+    from tunedb.costmodel.synthetic import synthetic_frame
+
+    mod = _variants_module()
+    t = clean_frame(synthetic_frame(n_workloads=12, candidates_per_workload=8, seed=4))
+    X, y = featurize_frame(t), t["median_us"].to_numpy()
+    labels = Labels.of(t["workload_hash"], names=t["workload_name"].to_pylist(),
+                       family=t["family"].to_pylist())
+    res = mod.blend_results(X, y, labels, ["blend_rp_cal", "blend_rp_z"], bag=1, threads=1,
+                            splits=["by_workload"], folds=2)
+    for name in ("blend_rp_cal", "blend_rp_z"):
+        m = res[name]["by_workload"]
+        assert m["folds"] == 2 and m["rows"] == len(y)
+        assert all(np.isfinite(m[k]) for k in METRIC_KEYS)
+        assert res[name]["params"]["members"] == ["top_weighted", "rank_pairwise"]
+    # same members, same folds: the two averages differ only in how they combine them
+    assert res["blend_rp_cal"]["by_workload"]["mape"] != res["blend_rp_z"]["by_workload"]["mape"]
