@@ -212,3 +212,93 @@ def test_pointer_batch_only_merges_uniform_calls():
     call, offs = pointer_batch([a, b])
     assert call == a and offs == [(0, 0, 0), (21, 35, 15), (100, 200, 300), (121, 235, 315)]
     assert pointer_batch([a, GemmCall(OP_T, OP_N, 3, 5, 7, 100, 7, 21, 200, 7, 35, 300, 3, 15, 2)]) is None
+
+
+# -- cuBLASLt's bias epilogue (tunedb.runtime.executor_lt) ---------------------------------------
+def _cuda_roots():
+    """Where CUDA headers and libraries may be: $CUDA_HOME, the usual install, pip's nvidia wheels."""
+    import os
+
+    roots = [Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []
+    roots.append(Path("/usr/local/cuda"))
+    for p in sys.path:
+        roots += sorted(Path(p).glob("nvidia/*")) if p and Path(p, "nvidia").is_dir() else []
+    return [r for r in roots if r.is_dir()]
+
+
+@pytest.mark.parametrize("trans_b,pad", [(False, 0), (True, 0), (False, 3), (True, 5)])
+def test_bias_gemm_call_computes_x_w_plus_bias(trans_b, pad):
+    from tunedb.runtime.executor_lt import plan_bias_gemm
+
+    rng = np.random.default_rng(4 + pad)
+    M, K, N = 6, 5, 7
+    x, xbuf, x0, xst = _view(rng, (M, K), (K + pad, 1))
+    w, wbuf, w0, wst = _view(rng, (N, K) if trans_b else (K, N), ((K if trans_b else N) + pad, 1))
+    o, obuf, o0, ost = _view(rng, (M, N), (N + pad, 1), start=5)
+    bias = rng.standard_normal(N)
+    c = plan_bias_gemm(x.shape, xst, w.shape, wst, o.shape, ost, trans_b)
+    assert c is not None and c.m == N and c.n == M and c.k == K
+    before = obuf.copy()
+    A, _ = _colmajor(wbuf, w0, c.a_rows, c.a_cols, c.lda)
+    A = A if c.transa == OP_N else A.T
+    B, _ = _colmajor(xbuf, x0, c.k, c.n, c.ldb)
+    _, idx = _colmajor(obuf, o0, c.m, c.n, c.ldd)
+    obuf[idx] = A @ B + bias[:, None]  # cuBLASLt: the bias along D's rows
+    np.testing.assert_allclose(o, x @ (w.T if trans_b else w) + bias, rtol=1e-12, atol=1e-12)
+    inside = np.zeros(obuf.size, bool)
+    inside[idx.ravel()] = True
+    assert np.array_equal(obuf[~inside], before[~inside])
+    assert plan_bias_gemm(x.shape, (1, M), w.shape, wst, o.shape, ost, trans_b) is None  # x transposed
+
+
+def test_cublaslt_enums_and_result_struct_match_the_header(tmp_path):
+    import ctypes
+    import shutil
+
+    from tunedb.runtime import executor_lt as lt
+
+    roots = _cuda_roots()
+    heads = [r / "include" for r in roots if (r / "include" / "cublasLt.h").is_file()]
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if not heads or cxx is None:
+        pytest.skip("no cublasLt.h (set CUDA_HOME) or no C++ compiler")
+    checks = {"CUBLASLT_MATMUL_DESC_TRANSA": lt.DESC_TRANSA, "CUBLASLT_MATMUL_DESC_TRANSB": lt.DESC_TRANSB,
+              "CUBLASLT_MATMUL_DESC_EPILOGUE": lt.DESC_EPILOGUE,
+              "CUBLASLT_MATMUL_DESC_BIAS_POINTER": lt.DESC_BIAS_POINTER,
+              "CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE": lt.DESC_BIAS_DATA_TYPE,
+              "CUBLASLT_EPILOGUE_DEFAULT": lt.EPILOGUE_DEFAULT, "CUBLASLT_EPILOGUE_BIAS": lt.EPILOGUE_BIAS,
+              "CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES": lt.PREF_MAX_WORKSPACE_BYTES,
+              "CUBLAS_COMPUTE_32F": lt.COMPUTE_32F, "CUDA_R_32F": lt.CUDA_R_32F, "CUDA_R_16BF": 14,
+              "CUBLAS_OP_N": OP_N, "CUBLAS_OP_T": OP_T}
+    H = lt.HeuristicResult
+    src = ["#include <cstddef>", "#include <cublasLt.h>"]
+    src += [f'static_assert({k} == {v}, "{k}");' for k, v in checks.items()]
+    src += [f"static_assert(sizeof(cublasLtMatmulHeuristicResult_t) == {ctypes.sizeof(H)}, \"size\");"]
+    for f in ("algo", "workspaceSize", "state", "wavesCount"):
+        src.append(f"static_assert(offsetof(cublasLtMatmulHeuristicResult_t, {f}) == {getattr(H, f).offset}, "
+                   f"\"{f}\");")
+    (tmp_path / "check.cpp").write_text("\n".join(src) + "\nint main() { return 0; }\n")
+    includes = [f"-I{h}" for r in roots for h in (r / "include",) if h.is_dir()]
+    done = subprocess.run([cxx, "-fsyntax-only", *includes, str(tmp_path / "check.cpp")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_cublaslt_descriptors_hold_the_bias_epilogue():
+    import ctypes
+
+    from tunedb.runtime import executor_lt as lt
+
+    libs = [p for r in _cuda_roots() for d in ("lib", "lib64")
+            for p in sorted((r / d).glob("libcublasLt.so*"))]
+    if not libs:
+        pytest.skip("no libcublasLt (set CUDA_HOME)")
+    lib = lt.lt_library(str(libs[0]))
+    call = lt.plan_bias_gemm((128, 768), (768, 1), (768, 2304), (2304, 1), (128, 2304), (2304, 1), False)
+    d = lt.Descriptors(lib, call, "bfloat16", 0xABC000)
+    assert d.get(lt.DESC_EPILOGUE, ctypes.c_uint32) == lt.EPILOGUE_BIAS
+    assert d.get(lt.DESC_BIAS_POINTER, ctypes.c_void_p) == 0xABC000
+    assert d.get(lt.DESC_BIAS_DATA_TYPE, ctypes.c_int32) == 14
+    assert d.get(lt.DESC_TRANSA, ctypes.c_int32) == OP_N
+    with pytest.raises(lt.LtError, match="float32, float16 or bfloat16"):
+        lt.Descriptors(lib, call, "float64", 0)

@@ -246,3 +246,24 @@ def test_pv_writes_the_rows_layout_through_an_output_view(dtype):
     check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
     assert ex.graph_capture, ex.capture_error
     assert not ex.fallbacks and ex.launches == plan.kernels
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cublaslt", [True, False])
+def test_gemm_bias_epilogue_runs_verified_with_and_without_cublaslt(dtype, cublaslt):
+    """``compile(gemm_epilogue=True)``: the QKV bias as the gemm's bias. With cuBLASLt one launch
+    (its bias epilogue), without it the copy of the bias and cuBLAS with beta = 1."""
+    from test_zoo_attention_plan import _attention
+
+    from tunedb.plan import compile
+    from tunedb.runtime.executor import PlanExecutor
+
+    plan = compile(_attention(dtype, rows=True), device="cuda", gemm_epilogue=True)
+    gemms = [s for s in plan.steps if s.config_dict.get("epilogue") == "bias"]
+    assert len(gemms) == 1
+    ex = PlanExecutor(plan, cublaslt=cublaslt)
+    assert (ex.lt is not None) == cublaslt, ex.lt_error
+    dev, ref_in = make_inputs(plan.graph, 0)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+    assert ex.launches == plan.kernels + (0 if cublaslt else len(gemms))

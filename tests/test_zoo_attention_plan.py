@@ -237,3 +237,37 @@ def test_bert_base_plan_under_the_executors_memory_layout_equals_the_reference()
     got, want = _emulate(plan, host), run_reference(plan.graph, host)
     for v in plan.graph.outputs:
         np.testing.assert_allclose(got[v], want[v], rtol=1e-5, atol=1e-5)
+
+
+def test_a_lone_bias_add_becomes_the_gemms_epilogue():
+    from tunedb.plan.rewrite import fold_matmul_bias
+
+    g = rewrite_for_plan(_attention(rows=True))
+    h = fold_matmul_bias(g)
+    ops = [n.op for n in h.nodes]
+    # the merged QKV bias feeds a split: folded; the output projection's feeds the residual add
+    assert ops.count("gemm") == 1 and ops.count("matmul") == 3 and ops.count("add") == 1
+    x = np.random.default_rng(0).standard_normal((1, S, H * D)).astype(np.float32)
+    want, got = run_reference(g, {"x": x}), run_reference(h, {"x": x})
+    for o in g.outputs:
+        np.testing.assert_allclose(got[o], want[o], rtol=1e-6, atol=1e-6)
+    plain = compile_plan(_attention(rows=True), device=None)
+    plan = compile_plan(_attention(rows=True), device=None, gemm_epilogue=True)
+    assert plan.kernels == plain.kernels - 1
+    gemm = [s for s in plan.steps if s.kind == "gemm"]
+    assert len(gemm) == 1 and gemm[0].config_dict == {"epilogue": "bias"}
+    assert "layout" not in [s.kind for s in plan.steps]  # the split and reshapes stay views
+    got = _emulate(plan, {"x": x})
+    for o in g.outputs:
+        np.testing.assert_allclose(got[o], want[o], rtol=1e-4, atol=1e-4)
+
+
+def test_a_bias_add_read_by_elementwise_ops_is_left_to_their_kernel():
+    from tunedb.plan.rewrite import fold_matmul_bias
+
+    b = GraphBuilder("ffn")
+    x = b.input("x", (1, S, 32), "float32")
+    w = b.constant(np.ones((32, 64), np.float32))
+    bias = b.constant(np.ones(64, np.float32))
+    g = b.build([b.relu(b.add(b.matmul(x, w), bias))])
+    assert fold_matmul_bias(g) is g

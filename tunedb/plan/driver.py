@@ -33,7 +33,7 @@ from tunedb.plan.fusion import explore
 from tunedb.plan.measure import Recorder, measure_steps
 from tunedb.plan.packing import PackMeasurer, pack_plan_steps, runnable_packs, store_times
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
-from tunedb.plan.rewrite import rewrite_for_plan
+from tunedb.plan.rewrite import fold_matmul_bias, rewrite_for_plan
 from tunedb.plan.stage_refine import compile_staged
 from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
@@ -127,6 +127,17 @@ def load_cost_model(cost_model: Any, device: DeviceInfo | None) -> Any:
     return find_model(path, name, "fusion")
 
 
+def _vector_bias(index: GraphIndex, j: int) -> bool:
+    """A gemm node that adds a bias vector to ``A @ B`` (alpha = beta = 1, A not transposed):
+    what a GEMM epilogue (cuBLASLt's ``BIAS``) computes."""
+    n = index.nodes[j]
+    if n.op != "gemm" or len(n.inputs) != 3 or not n.inputs[2]:
+        return False
+    c, out = index.types[n.inputs[2]].shape, index.types[n.outputs[0]].shape
+    return (n.attr("alpha", 1.0) == 1.0 and n.attr("beta", 1.0) == 1.0 and not n.attr("trans_a", 0)
+            and c in ((out[-1],), (1, out[-1])))
+
+
 def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: GroupCost) -> KernelStep:
     sub = index.cut(nodes)
     output_view = cost.kind == "layout_view" and any(j in index.output_view for j in nodes)
@@ -138,6 +149,8 @@ def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: 
         workload_hash=coster.workload_hash(nodes), config=cost.config or {},
         stitch=stitch_of(cost.config) if cost.kind == "fused" else (), predicted_us=cost.us,
         cost_source=cost.source, launches=cost.launches, note=cost.note)
+    if cost.kind == "gemm" and _vector_bias(index, nodes[0]):
+        step = dataclasses.replace(step, config={**step.config_dict, "epilogue": "bias"})
     if output_view:
         try:
             check_output_view(step)  # the executor undoes a transpose-then-reshapes chain only
@@ -152,7 +165,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             measure_top: int = 0, beam: int = 4, horizontal: bool = True,
             bindings: dict[str, int] | None = None, fill_initializers: bool = True,
             measure_device: str = "cuda", schedule: str = "sequential", pack: bool | str = "auto",
-            pack_model: Any = None, bias_epilogue: bool = False) -> Plan:
+            pack_model: Any = None, bias_epilogue: bool = False, gemm_epilogue: bool = False) -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
@@ -187,9 +200,17 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     (pack source ``measured``); ``plan.search`` counts ``pack_measured`` and ``pack_stored``.
 
     ``bias_epilogue``: a convolution's bias is added in the fused kernel after it, not in a
-    kernel of its own (``tunedb.plan.epilogue``)."""
+    kernel of its own (``tunedb.plan.epilogue``).
+
+    ``gemm_epilogue``: a matmul's bias add that would be a kernel of its own becomes the bias of a
+    ``gemm`` step (``tunedb.plan.rewrite.fold_matmul_bias``; the step's config says
+    ``epilogue: bias``). The executor runs it as one cuBLASLt call with the bias epilogue where
+    that is switched on (``TUNEDB_CUBLASLT=1``), else as a copy of the bias and cuBLAS with
+    beta = 1."""
     if bias_epilogue:
         model = split_conv_bias(load_graph(model, bindings, fill_initializers))
+    if gemm_epilogue:
+        model = fold_matmul_bias(rewrite_for_plan(load_graph(model, bindings, fill_initializers)))
     if pack is True and schedule != "sequential":
         raise PlanError("pack=True needs schedule='sequential' (IOS stages and packs do not mix)")
     if schedule != "sequential":

@@ -47,6 +47,7 @@ from tunedb.kernels.codegen import generate
 from tunedb.kernels.schedule import Schedule
 from tunedb.runtime.blas import Blas
 from tunedb.runtime.device import current_stream, import_cupy
+from tunedb.runtime.executor_lt import BlasLt, lt_enabled
 from tunedb.runtime.executor_ops import (
     ComputeOps,
     Evaluator,
@@ -189,9 +190,10 @@ class PlanExecutor:
     (how each step runs), ``tf32``, ``compile_s`` / ``capture_s``."""
 
     def __init__(self, plan: Any, *, capture: bool = True, verify_capture: bool = True,
-                 sm_count: int | None = None) -> None:
+                 sm_count: int | None = None, cublaslt: bool | None = None) -> None:
         """``plan``: a ``tunedb.plan.Plan`` (the planner's layer reads stored JSON with
-        ``Plan.from_json``; the runtime below it takes the record, not its text)."""
+        ``Plan.from_json``; the runtime below it takes the record, not its text). ``cublaslt``:
+        gemm bias vectors as cuBLASLt's epilogue (``executor_lt``; None: ``TUNEDB_CUBLASLT``)."""
         cp = import_cupy()  # NoGPUError first
         if isinstance(plan, (str, bytes, dict)):
             raise TypeError("PlanExecutor takes a Plan; read a stored one with tunedb.plan.Plan.from_json")
@@ -221,7 +223,13 @@ class PlanExecutor:
             except Exception as e:  # noqa: BLE001 - library / handle errors as one line
                 raise ExecutorError(f"cuBLAS unavailable: {_one_line(e)}") from None
             self.kernels = KernelSet(cp, self.sm_count)
-            self.ops = ComputeOps(cp, self.kernels, self._scratch_getter, self.blas)
+            self.lt, self.lt_error = None, ""
+            if lt_enabled() if cublaslt is None else cublaslt:
+                try:
+                    self.lt = BlasLt(cp, self.stream, tf32=self.tf32)
+                except Exception as e:  # noqa: BLE001 - without it, gemm biases take two launches
+                    self.lt_error = _one_line(e)
+            self.ops = ComputeOps(cp, self.kernels, self._scratch_getter, self.blas, self.lt)
             # The op-by-op evaluator allocates its own temporaries (its sizes are not planned).
             self.eval_ops = ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)),
                                        self.blas)
@@ -544,6 +552,7 @@ class PlanExecutor:
                 "fallbacks": list(self.fallbacks), "paths": list(self.paths), "tf32": self.tf32,
                 "arena_bytes": self.plan.buffers.arena_bytes, "unplanned_bytes": self.unplanned_bytes,
                 "scratch_bytes": self._scratch_need, "cublas_version": self.blas.version,
+                "cublaslt": self.lt is not None, "cublaslt_error": self.lt_error,
                 "compile_s": round(self.compile_s, 4),
                 "capture_s": round(self.capture_s, 4)}
 

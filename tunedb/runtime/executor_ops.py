@@ -8,7 +8,8 @@ launch can be captured into a CUDA graph.
 * matmul / gemm: cuBLAS through ``tunedb.runtime.blas`` (ctypes, its own handle and workspace),
   because CuPy refuses cuBLAS calls while a stream captures a CUDA graph. float32 stays float32
   (TF32 only with ``CUPY_TF32=1``, which the executor reports); gemm's ``beta * C`` is cuBLAS's
-  ``beta`` on a copy of C already in the output.
+  ``beta`` on a copy of C already in the output, or, for a bias vector with cuBLASLt switched
+  on, cuBLASLt's bias epilogue in one launch (``tunedb.runtime.executor_lt``).
 * conv2d: a 1x1 stride-1 convolution is one GEMM over the channels; a depthwise one is one
   kernel; any other is an im2col kernel into a scratch buffer then one batched GEMM (CuPy 14 has
   no cuDNN), then a broadcast bias add. float32 and bfloat16 (im2col moves the 16-bit bits, the
@@ -351,8 +352,9 @@ class ComputeOps:
     ``(launches, kernels, path)``; ``path`` names the implementation for the executor's report."""
 
     def __init__(self, cp: Any, kernels: KernelSet, scratch: Callable[[int], Callable[[], Any]],
-                 blas: Any) -> None:
+                 blas: Any, lt: Any = None) -> None:
         self.cp, self.k, self.blas = cp, kernels, blas
+        self.lt = lt  # a tunedb.runtime.executor_lt.BlasLt: gemm bias vectors as its epilogue
         self.scratch = scratch  # nbytes -> getter of a uint8 device buffer of at least that size
 
     def build(self, node: Node, a: dict, ins: list[Any], outs: list[Any]) -> tuple[list[Launch], int, str]:
@@ -380,6 +382,13 @@ class ComputeOps:
         B = ins[1].T if a["trans_b"] else ins[1]
         alpha, beta = float(a["alpha"]), float(a["beta"])
         steps: list[Launch] = []
+        if self.lt is not None and len(ins) == 3 and alpha == beta == 1.0 and not a["trans_a"] \
+                and ins[2].size == out.shape[-1] and out.ndim == 2:
+            dtype = "bfloat16" if out.dtype == np.uint16 else str(out.dtype)
+            one = self.lt.gemm_bias(ins[0], ins[1], ins[2].reshape(-1), out, trans_b=bool(a["trans_b"]),
+                                    dtype=dtype)
+            if one is not None:
+                return [one], 1, "cublasLt bias epilogue"
         if len(ins) == 3 and beta != 0.0:
             c = cp.broadcast_to(ins[2], out.shape)
             steps.append(lambda: cp.copyto(out, c))  # cuBLAS then adds alpha * A @ B to beta * C
