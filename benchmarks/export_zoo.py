@@ -184,9 +184,49 @@ def check_file(path: Path, seed: int = 0) -> dict:
     return {"ref_vs_ort": float(np.abs(ref - got).max()) / scale, "ref_s": round(ref_s, 1)}
 
 
-def one(name: str, dynamo: bool, dtype: str, out: Path) -> dict:
+def valid_for_onnxruntime(path: Path) -> None:
+    """Raise where onnxruntime rejects the graph itself (types, shapes). A missing CPU kernel
+    (bf16 Add ...) and bf16 where the opset's schema has none yet (Conv before opset 22, as every
+    exporter writes it) pass. The TorchScript exporter's SDPA in fp16 writes a float32 softmax
+    into an fp16 LayerNormalization, which only this catches."""
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as e:
+        if not any(k in str(e) for k in ("Could not find an implementation", "Type 'tensor(bfloat16)'")):
+            raise RuntimeError(f"onnxruntime rejects the exported model: {e}") from None
+
+
+def _attn_eager(model: torch.nn.Module) -> bool:
+    """Switch a transformers model from SDPA to its eager attention (False: not one)."""
+    if not hasattr(model, "set_attn_implementation"):
+        return False
+    model.set_attn_implementation("eager")
+    return True
+
+
+def one(name: str, dynamo: bool, dtype: str, out: Path, attn_eager: bool = False) -> dict:
+    if attn_eager:
+        return _one(name, dynamo, dtype, out, attn_eager=True)
+    entry = _one(name, dynamo, dtype, out, attn_eager=False)
+    if "error" in entry and not dynamo:
+        # The TorchScript exporter's SDPA fails in 16 bits (bf16: 'ScalarType ComplexDouble';
+        # fp16: a float32 softmax into fp16 ops). The model's eager attention exports, but not
+        # always in the process a failed export left behind: --attn-eager in a fresh one does.
+        retry = _one(name, dynamo, dtype, out, attn_eager=True)
+        if "error" not in retry:
+            retry["sdpa_error"] = entry["error"]
+            return retry
+    return entry
+
+
+def _one(name: str, dynamo: bool, dtype: str, out: Path, attn_eager: bool) -> dict:
     torch.manual_seed(0)
     model, args, names, cfg = MODELS[name]()
+    if attn_eager and not _attn_eager(model if hasattr(model, "set_attn_implementation")
+                                      else getattr(model, "encoder", model)):
+        return {"error": "no eager attention to fall back to"}
     model = _FirstOutput(model, names if "input_ids" in names else None).eval()
     if dtype != "float32":
         low = getattr(torch, dtype)
@@ -196,6 +236,7 @@ def one(name: str, dynamo: bool, dtype: str, out: Path) -> dict:
     file = f"{name}_{'dynamo' if dynamo else 'ts'}_{short}{f'_b{BATCH}' if BATCH != 1 else ''}.onnx"
     entry = {"file": file, "model": name, "exporter": "dynamo" if dynamo else "torchscript",
              "opset": 18 if dynamo else 17, "dtype": dtype, "batch": BATCH, "layers": _layers(cfg),
+             **({"attn_implementation": "eager"} if attn_eager else {}),
              "config": {k: v for k, v in cfg.items() if isinstance(v, (int, float, str, bool))
                         and k in _CONFIG_KEYS}}
     t0 = time.perf_counter()
@@ -203,6 +244,7 @@ def one(name: str, dynamo: bool, dtype: str, out: Path) -> dict:
         path = Path(tmp) / "model.onnx"
         try:
             export(model, args, names, path, dynamo)
+            valid_for_onnxruntime(path)
             full = onnx.load(str(path))
         except Exception as e:
             entry["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
@@ -231,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="float32, bfloat16, float16 (comma-separated)")
     p.add_argument("--batch", type=int, default=1,
                    help="batch of the example inputs; files of batch N > 1 end in _bN")
+    p.add_argument("--attn-eager", action="store_true",
+                   help="transformers with their eager attention, not SDPA (the TorchScript "
+                        "exporter's SDPA fails in bf16)")
     p.add_argument("--check", action="store_true",
                    help="only compare tunedb's reference with onnxruntime on the fp32 files")
     a = p.parse_args(argv)
@@ -255,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         for dynamo in [e == "dynamo" for e in a.exporters.split(",")]:
             for dtype in a.dtypes.split(","):
                 try:
-                    entry = one(name, dynamo, dtype, a.out)
+                    entry = one(name, dynamo, dtype, a.out, a.attn_eager)
                 except Exception:
                     traceback.print_exc()
                     continue
