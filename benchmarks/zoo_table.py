@@ -1,10 +1,19 @@
 """The zoo results (``bench_zoo_plan.py``'s JSON) as the markdown table of docs/frontends.md.
 
-    python benchmarks/zoo_table.py RESULT.json [BACKEND.json]
+    python benchmarks/zoo_table.py RESULT.json [RESULT2.json ...] [BACKEND.json]
+    python benchmarks/zoo_table.py --status STATUS.json [--ort]    # the CPU status, 52 rows
 
 One row per model, batch and dtype: tunedb's whole plan (µs, kernels), verified or not, each
 peer's time, and tunedb's speedup over the best peer that ran. With ``bench_torch_backend.py``'s
 JSON, a second table for the torch.compile backend.
+
+``--status`` imports and plans (default cost model, as ``bench_zoo_plan.py --plan-only``) every
+file of data/graphs/zoo on the CPU, one row per model x exporter x {fp32, 16-bit} (bf16, else
+fp16; further fp16 files follow) with the kernels or the one-line error, the export's error
+where PyTorch could not export. ``--ort`` also runs onnxruntime (CPU) on each fp32 file with the
+benchmark's fan-in-scaled weights and inputs against the float64 reference, by tunedb's
+tolerance (exp term included). Results go to STATUS.json as they come (a rerun skips the files
+already there).
 """
 
 from __future__ import annotations
@@ -80,18 +89,147 @@ def backend_lines(result: dict) -> list[str]:
     return lines
 
 
+ZOO = Path(__file__).resolve().parent.parent / "data" / "graphs" / "zoo"
+EXPORTERS = ("torchscript", "dynamo")
+ZOO_ORDER = ("bert_base", "distilbert", "gpt2", "llama_small", "t5_encoder", "vit", "clip_text",
+             "clip_vision", "whisper_encoder", "resnet50", "mobilenet_v3", "efficientnet_b0",
+             "convnext_tiny")  # issue 24's order
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:200]
+
+
+def status_of(file: Path, ort_check: bool) -> dict:
+    """Import and plan one zoo file on the CPU; with ``ort_check`` (fp32) onnxruntime against
+    the float64 reference on the benchmark's weights and inputs."""
+    import time
+
+    from tunedb.bench.plan import INPUT_SEED, onnxruntime_outputs, weighted_model
+    from tunedb.graph.onnx_import import import_onnx
+    from tunedb.plan.driver import compile as compile_plan
+    from tunedb.runtime.inputs import make_inputs
+    from tunedb.runtime.tolerance import error_ratio, reference_and_exp_span, tolerance
+
+    rec: dict[str, Any] = {"file": file.name}
+    t0 = time.perf_counter()
+    try:
+        model = weighted_model(file)
+        graph = import_onnx(model)
+        rec["import"] = {"ok": True, "nodes": len(graph.nodes), "s": round(time.perf_counter() - t0, 1)}
+    except Exception as e:  # noqa: BLE001 - a failing model is a result
+        rec["import"] = {"ok": False, "error": _one_line(e)}
+        return rec
+    t0 = time.perf_counter()
+    try:
+        plan = compile_plan(graph)
+        rec["plan"] = {"ok": True, "kernels": plan.kernels, "by_kind": plan.totals()["by_kind"],
+                       "s": round(time.perf_counter() - t0, 1)}
+    except Exception as e:  # noqa: BLE001
+        rec["plan"] = {"ok": False, "error": _one_line(e)}
+    if ort_check:
+        try:
+            dev, ref_in = make_inputs(graph, INPUT_SEED)
+            refs, span = reference_and_exp_span(graph, ref_in)
+            ort_out = onnxruntime_outputs(model, graph, dev)
+            worst = max(error_ratio(ort_out[v], refs[v], tolerance(graph, graph.type_of(v).dtype, span))[0]
+                        for v in graph.outputs)
+            plain = max(error_ratio(ort_out[v], refs[v], tolerance(graph, graph.type_of(v).dtype))[0]
+                        for v in graph.outputs)
+            rec["ort"] = {"ok": worst <= 1.0, "ratio": worst, "ratio_without_exp_term": plain,
+                          "exp_span": span}
+        except Exception as e:  # noqa: BLE001
+            rec["ort"] = {"ok": None, "error": _one_line(e)}
+    return rec
+
+
+def run_status(out: Path, ort_check: bool) -> dict:
+    manifest = json.loads((ZOO / "manifest.json").read_text())
+    result = json.loads(out.read_text()) if out.is_file() else {"files": {}}
+    for m in manifest:
+        if "error" in m or m["file"] in result["files"]:
+            continue
+        rec = status_of(ZOO / m["file"], ort_check and m["dtype"] == "float32")
+        result["files"][m["file"]] = rec
+        print(json.dumps(rec), flush=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    result["manifest"] = manifest
+    return result
+
+
+def _status_cell(m: dict | None, st: dict | None) -> tuple[str, str, str, str]:
+    """(dtype, import, plan, ort) cells of one status row."""
+    if m is None:
+        return "—", "not exported", "", ""
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[m["dtype"]]
+    if "error" in m:
+        return short, f"export failed: {m['error'][:90]}", "", ""
+    if st is None:
+        return short, "not run", "", ""
+    imp, plan, ort = st["import"], st.get("plan") or {}, st.get("ort") or {}
+    if not imp["ok"]:
+        return short, f"FAIL: {imp['error'][:90]}", "", ""
+    plan_cell = f"ok, {plan['kernels']} kernels" if plan.get("ok") else f"FAIL: {plan.get('error', '')[:90]}"
+    ort_cell = ("—" if not ort else f"ok ({ort['ratio']:.2f} of bound)" if ort.get("ok")
+                else f"FAIL ({ort['ratio']:.2f} of bound)" if "ratio" in ort else ort["error"][:60])
+    return short, f"ok, {imp['nodes']} nodes", plan_cell, ort_cell
+
+
+def status_lines(result: dict) -> list[str]:
+    manifest, files = result["manifest"], result["files"]
+    models = sorted(dict.fromkeys(m["model"] for m in manifest),
+                    key=lambda m: ZOO_ORDER.index(m) if m in ZOO_ORDER else len(ZOO_ORDER))
+    lines = ["| model | exporter | dtype | import | plan (CPU) | onnxruntime vs reference |",
+             "|---|---|---|---|---|---|"]
+    extra = []
+    for model in models:
+        for exporter in EXPORTERS:
+            mine = [m for m in manifest if m["model"] == model and m["exporter"] == exporter]
+            for want in ("float32", "16"):
+                cands = [m for m in mine if (m["dtype"] == "float32") == (want == "float32")]
+                cands.sort(key=lambda m: ("error" in m, m["dtype"] != "bfloat16"))
+                pick = cands[0] if cands else None
+                extra += [m for m in cands[1:] if "error" not in m]
+                cells = _status_cell(pick, files.get(pick["file"]) if pick else None)
+                note = " (eager attention)" if pick and pick.get("attn_implementation") else ""
+                lines.append(f"| {model} | {exporter}{note} | " + " | ".join(cells) + " |")
+    for m in extra:
+        cells = _status_cell(m, files.get(m["file"]))
+        lines.append(f"| {m['model']} | {m['exporter']} (extra) | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "--status" and len(args) > 1:
+        for line in status_lines(run_status(Path(args[1]), "--ort" in args)):
+            print(line)
+        return 0
     if not args:
         print(__doc__, file=sys.stderr)
         return 2
-    for line in zoo_lines(json.loads(Path(args[0]).read_text())):
+    docs = [json.loads(Path(a).read_text()) for a in args]
+    zoo = [d for d in docs if "entries" in d]
+    for line in zoo_lines(merge_results(zoo)):
         print(line)
-    if len(args) > 1:
-        print()
-        for line in backend_lines(json.loads(Path(args[1]).read_text())):
-            print(line)
+    for d in docs:
+        if "cases" in d:
+            print()
+            for line in backend_lines(d):
+                print(line)
     return 0
+
+
+def merge_results(results: list[dict]) -> dict:
+    """Several ``bench_zoo_plan.py`` results (the parts of ``zoo_h200_fill.sh``) as one: by
+    entry name, a later file's finished entry replacing an earlier one."""
+    by_name: dict[str, dict] = {}
+    for r in results:
+        for e in r.get("entries", []):
+            old = by_name.get(e["name"])
+            if old is None or (e.get("tunedb") or {}).get("us") or not (old.get("tunedb") or {}).get("us"):
+                by_name[e["name"]] = e
+    return {"entries": list(by_name.values())}
 
 
 if __name__ == "__main__":

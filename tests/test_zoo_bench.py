@@ -49,3 +49,39 @@ def test_table_has_a_row_per_entry_with_the_best_peer_ratio():
     assert "| bert_base | 8 | bf16 | **100** | 148 (664) | ref ok |" in lines[2]
     assert lines[2].endswith("| 1.50x |")
     assert "not finished" in lines[3]
+
+
+def test_merged_parts_keep_the_finished_entry():
+    first = {"entries": [{"name": "a", "tunedb": {"us": 5.0}}, {"name": "b", "tunedb": {"us": None}}]}
+    second = {"entries": [{"name": "a", "tunedb": {"us": None}, "error": "not finished"},
+                          {"name": "b", "tunedb": {"us": 7.0}}, {"name": "c", "tunedb": {"us": 1.0}}]}
+    merged = {e["name"]: e["tunedb"]["us"] for e in zoo_table.merge_results([first, second])["entries"]}
+    assert merged == {"a": 5.0, "b": 7.0, "c": 1.0}
+
+
+def test_fill_script_parts_cover_the_52_h200_rows():
+    import subprocess
+
+    files = []
+    for part in (1, 2, 3):
+        res = subprocess.run(["bash", str(ROOT / "benchmarks" / "zoo_h200_fill.sh"), str(part)],
+                             cwd=ROOT, env={"LIST": "1", "PATH": "/usr/bin:/bin", "OUT": "."},
+                             capture_output=True, text=True, check=True)
+        files += res.stdout.split()
+    assert len(files) == len(set(files)) == 52  # 13 models x fp32/bf16 x batch 1/8
+    assert all((ROOT / f).is_file() for f in files)
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "zoo_h200_fill.sh"), "4"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_status_table_has_the_52_rows_and_the_extra_fp16_files():
+    manifest = json.loads((ZOO / "manifest.json").read_text())
+    files = {m["file"]: {"import": {"ok": True, "nodes": 10}, "plan": {"ok": True, "kernels": 3}}
+             for m in manifest if "error" not in m}
+    files["gpt2_ts_fp32.onnx"] = {"import": {"ok": False, "error": "OnnxImportError: boom"}}
+    lines = zoo_table.status_lines({"manifest": manifest, "files": files})
+    rows = [line for line in lines[2:] if "(extra)" not in line]
+    assert len(rows) == 52 and len(lines) - 2 - len(rows) == 5  # 5 TorchScript fp16 files
+    assert "| gpt2 | torchscript | fp32 | FAIL: OnnxImportError: boom |" in lines[2 + 8]
+    assert "| bert_base | torchscript (eager attention) | bf16 | ok, 10 nodes | ok, 3 kernels |" in lines[3]
