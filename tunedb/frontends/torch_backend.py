@@ -73,7 +73,8 @@ class TunedbGraph:
         try:
             model = self._export(example_inputs, placeholders)
             self.plan = compile_plan(model, cost_model=options.get("cost_model"),
-                                     db=options.get("db"), fill_initializers=False)
+                                     db=options.get("db"), fill_initializers=False,
+                                     gemm_epilogue=bool(options.get("gemm_epilogue", False)))
         except Exception as e:  # noqa: BLE001 - any failure means: run this graph eagerly
             self.fallback = f"not planned: {_one_line(e)}"
             return
@@ -183,7 +184,8 @@ class TunedbGraph:
 
 def tunedb_backend(gm: Any, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
     """``torch.compile`` backend: ``torch.compile(model, backend=tunedb_backend)``. Options
-    (through ``functools.partial``): ``cost_model`` and ``db`` as for ``tunedb.compile``."""
+    (through ``functools.partial``): ``cost_model``, ``db`` and ``gemm_epilogue`` as for
+    ``tunedb.compile``."""
     g = TunedbGraph(gm, example_inputs, options)
     if g.executor is None:
         warnings.warn(f"tunedb backend: graph runs eagerly ({g.fallback})", stacklevel=2)
