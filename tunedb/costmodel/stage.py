@@ -22,6 +22,7 @@ the scores and saves ``model.ubj`` + ``card.json`` (kind ``stage``, the feature 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -80,7 +81,17 @@ def member_facts(step: Mapping[str, Any]) -> dict[str, float]:
     if kind == "layout_view":
         return {"us": 0.0, "flops": 0.0, "bytes": 0.0, "ctas": 0.0, "compute": 0.0, "launches": 0}
     sub = step["subgraph"]
-    g = Graph.from_json(json.loads(sub) if isinstance(sub, str) else sub)
+    if isinstance(sub, str):  # the JSON form: a candidates file repeats each step thousands of times
+        return dict(_facts_of_text(kind, launches, sub))
+    return _facts(kind, launches, Graph.from_json(sub))
+
+
+@functools.lru_cache(maxsize=4096)
+def _facts_of_text(kind: str, launches: int, sub: str) -> tuple[tuple[str, float], ...]:
+    return tuple(_facts(kind, launches, Graph.from_json(json.loads(sub))).items())
+
+
+def _facts(kind: str, launches: int, g: Graph) -> dict[str, float]:
     out = float(sum(g.type_of(v).numel for v in g.outputs))
     nbytes = float(g.floor_bytes())
     flops = _flops(g)
