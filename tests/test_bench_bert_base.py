@@ -17,8 +17,10 @@ def test_plan_only_counts_both_plans(tmp_path):
     out = tmp_path / "bert.json"
     assert bench.main([str(out), "--plan-only", "--dtypes", "bfloat16"]) == 0
     plans = json.loads(out.read_text())["plans"]
-    assert plans["bf16"] == {"kernels": 136, "output_views": 12, "bias_epilogues": 0, "layout_copies": 2}
-    assert plans["bf16_epilogue"]["kernels"] == 124 and plans["bf16_epilogue"]["bias_epilogues"] == 12
+    # 136 and 124 kernels at b7236bd; the fusion search may lower both
+    assert plans["bf16"]["output_views"] == 12 and plans["bf16"]["layout_copies"] == 2
+    assert plans["bf16"]["bias_epilogues"] == 0 and plans["bf16_epilogue"]["bias_epilogues"] == 12
+    assert plans["bf16_epilogue"]["kernels"] == plans["bf16"]["kernels"] - 12
 
 
 def test_summary_shows_verified_times_only():

@@ -226,13 +226,13 @@ def test_the_emulation_sees_a_wrong_layout():
 
 @pytest.mark.slow
 def test_bert_base_plan_under_the_executors_memory_layout_equals_the_reference():
-    """All 12 layers: 136 kernels (the 12 transpose copies are output views), the buffer plan
+    """All 12 layers: 136 kernels at 44263d9 (the 12 transpose copies are output views), the buffer plan
     and every GEMM's strides emulated, against the reference (fp32)."""
     from tunedb.runtime.inputs import make_inputs
 
     plan = compile_plan(str(ZOO / "bert_base_dynamo_fp32.onnx"), device=None)
-    assert plan.kernels == 136
     assert sum(is_output_view(s) for s in plan.steps) == 12
+    assert [s.ops for s in plan.steps if s.kind == "layout"] == [("gather",)] * 2  # embeddings, mask
     _, host = make_inputs(plan.graph, 3)
     got, want = _emulate(plan, host), run_reference(plan.graph, host)
     for v in plan.graph.outputs:
