@@ -141,6 +141,8 @@ def test_one_block_searched_alone_is_the_whole_search_inside_it():
     conv_relu = next(u for u in operator_units(plan.steps, *step_dag(plan.steps)) if len(u) > 1)
     with pytest.raises(PlanError, match="cuts operator"):
         ios_search(plan.steps, est, only=conv_relu[:1])
+    with pytest.raises(PlanError, match="consecutive"):
+        ios_search(plan.steps, est, only=blocks[0] + blocks[2])
 
 def _branchy_graph(batch: int = 1):
     b = GraphBuilder("branches")

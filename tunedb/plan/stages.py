@@ -424,6 +424,8 @@ def ios_search(steps: Sequence[Any], cost: Callable[[Groups], float], *, r: int 
                                                 max_states)]
     else:
         blocks = [[u for u, m in enumerate(units) if m[0] in inside]]
+        if blocks[0] and blocks[0] != list(range(blocks[0][0], blocks[0][-1] + 1)):
+            raise PlanError("only= must be consecutive operators (a block of search_blocks)")
     stats = SearchStats()
     total, stages = 0.0, [(tuple(sources),)] if sources else []
     for block in blocks:
