@@ -134,3 +134,24 @@ def test_measure_top_replay_spends_at_most_the_budget_beyond_first_picks():
     pred[g == 2] = [1.01, 1.0, 3, 4, 5, 6, 7, 8, 9, 10]  # a close call: its second pick is measured
     half = measure_top_replay(y, pred, g, share=0.125)
     assert half["reaches_best"] == 1.0 and half["measured_share"] == 0.125
+
+
+def test_variant_features_of_the_benchmark_follow_the_candidate():
+    """benchmarks/packing_variants.py: B read transposed flips with padded_t; split-K only for
+    single GEMMs whose tiles do not fill the SMs."""
+    from bench_scripts import load_script
+
+    from tunedb.kernels.packing import Member, PackingWorkload
+
+    pv = load_script("packing_variants")
+    nt = PackingWorkload("qkv", "t", tuple(Member(128, 768, 768, layout="nt") for _ in range(3)))
+    by_name = {c.name: c for c in candidates(nt)}
+    assert pv.extra_hash(nt, by_name["whole:padded"])["trans_b_share"] == 1.0
+    assert pv.extra_hash(nt, by_name["whole:padded_t"])["trans_b_share"] == 0.0
+    assert pv.extra_hash(nt, by_name["whole:padded"])["part_whole"] == 1.0
+    small = PackingWorkload("r2", "t", (Member(256, 128, 1152), Member(256, 128, 1152)))
+    by_name = {c.name: c for c in candidates(small)}
+    assert pv.extra_amp(small, by_name["whole:serial"])["mean_split"] == 4  # 2 tiles, k 1152: 4 ways
+    assert pv.extra_amp(small, by_name["whole:padded"])["mean_split"] == 1
+    serial = by_name["whole:serial"]
+    assert pv.extra_amp(small, serial)["est_splitk_us"] < features(small, serial)["est_wave_us"]
