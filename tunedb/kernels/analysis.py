@@ -50,16 +50,19 @@ from tunedb.kernels.domain import (  # noqa: F401  (class names and the error, r
     UnsupportedFusion,
     View,
     batched_transpose,
+    bcol_blocks,
     broadcast_class,
+    broadcast_view,
     contiguous_view,
     domains,
     index_map,
     permuted_view,
+    reshaped_view,
     shifted_view,
     split_at,
     view_map,
 )
-from tunedb.kernels.movement import lower_concats, sink_transposes
+from tunedb.kernels.movement import lower_concats, sink_slices, sink_transposes
 
 PATTERNS = ("elementwise", "row_reduce", "col_reduce", "transpose", "multi")
 
@@ -235,7 +238,13 @@ class _Classifier:
     def operand(self, v: str, out_shape: tuple[int, ...], out_cls: str, what: str) -> None:
         rv = self.resolve(v)
         si = self.types[v].shape
-        if out_cls == FULL:
+        if rv in self.views and rv not in self.imaps and self.numel(rv) < self.N:
+            view = self.view_of(v) if out_cls == FULL else None
+            if view is None:
+                raise UnsupportedFusion(f"{what}: a piece of {rv!r} read as {out_cls}")
+            self.imaps[rv] = view_map(broadcast_view(view, si, out_shape))
+            self.cls[rv], self.dep[rv], k = IDX, 0, IDX
+        elif out_cls == FULL:
             if self.numel(v) == self.N:
                 # an expand alias stands for its (smaller) source, classified at the expand
                 k = FULL if self.numel(rv) == self.N else self.cls[rv]
@@ -305,6 +314,11 @@ class _Classifier:
                     oc = FULL if self.numel(out) == self.N else None
                     if oc is None:
                         raise UnsupportedFusion(f"{what}: expand to a partial domain")
+                    base = self.view_of(src) if self.resolve(src) in self.views else None
+                    if base is not None:  # GQA's repeat_kv of a transposed input: one view
+                        self.mapped(out, broadcast_view(base, self.types[src].shape,
+                                                        self.types[out].shape), self.resolve(src))
+                        continue
                     self.operand(src, self.types[out].shape, oc, what)
                 self.alias[out] = src
             elif op == "transpose":
@@ -326,6 +340,11 @@ class _Classifier:
         perm = tuple(attrs["perm"])
         if [p for p in perm if shape[p] != 1] == sorted(p for p in perm if shape[p] != 1):
             self.alias[out] = src  # moves only size-1 dims: a reshape
+            return
+        base = self.view_of(src)
+        if base is not None and (self.resolve(src) not in self.leaves or self.numel(src) != self.N):
+            # a view of an input (a split piece, a smaller input): permute the view
+            self.mapped(out, tuple(base[p] for p in perm), self.resolve(src))
             return
         if self.resolve(src) not in self.leaves or self.numel(src) != self.N:
             raise UnsupportedFusion(f"{what}: only full-size graph inputs can be read transposed")
@@ -401,13 +420,17 @@ class _Classifier:
     def view_of(self, v: str) -> View | None:
         """``v`` as a strided view of a graph input: the input itself, or a transpose of one
         read through a permuted map (then rolls and slices of it compose)."""
-        if v in self.g.inputs:
+        rv = self.resolve(v)  # a reshape of an input is contiguous in its own shape too
+        if rv in self.g.inputs and self.numel(rv) == self.numel(v):
             return contiguous_view(self.types[v].shape)
-        return self.views.get(v)
+        if rv in self.views and self.numel(rv) == self.numel(v):
+            return reshaped_view(self.views[rv], self.types[v].shape)
+        return None
 
     def mapped(self, out: str, view: View, data: str) -> None:
         self.views[out] = view
         self.imaps[out] = view_map(view)
+        data = self.resolve(data)  # a reshape of an input reads the input
         self.isrc[out] = self.isrc.get(data, data)
         self.cls[out] = IDX
         self.dep[out] = 0
@@ -431,6 +454,10 @@ class _Classifier:
         base = self.view_of(data)
         for out, ax, start in pieces:
             view = None if base is None else shifted_view(base, ax, self.types[out].shape[ax], start)
+            if view is not None and self.numel(out) < self.N:  # a piece of a broadcast operand:
+                self.views[out] = view  # mapped where it is broadcast (``operand``)
+                self.isrc[out] = self.isrc.get(self.resolve(data), self.resolve(data))
+                continue
             if view is None or self.numel(out) != self.N:
                 raise UnsupportedFusion(f"{what}: only full-size pieces of graph inputs are read in place")
             self.mapped(out, view, data)
@@ -447,41 +474,6 @@ class _Classifier:
         self.cls[out] = ROW
         self.dep[out] = max(self.dep.get(self.resolve(data), 0), self.dep.get(self.resolve(idx), 0))
         self.nodes.append(node)
-
-
-def _bcol_blocks(k: _Classifier) -> dict[str, tuple[int, int]]:
-    """(Q, P) of every bcol value. A value computed from bcol values shares their row mapping
-    (its elements are evaluated from theirs), so each connected group of bcol values takes the
-    (Q, P) of its broadcasts; a group broadcast two ways is refused."""
-    parent: dict[str, str] = {}
-
-    def find(v: str) -> str:
-        while parent.get(v, v) != v:
-            v = parent[v]
-        return v
-
-    for n in k.nodes:
-        out = n.outputs[0]
-        if k.cls.get(out) != BCOL:
-            continue
-        for i in n.inputs:
-            ri = k.resolve(i)
-            if k.cls.get(ri) == BCOL and find(ri) != find(out):
-                parent[find(ri)] = find(out)
-    groups: dict[str, list[str]] = {}
-    for v, c in k.cls.items():
-        if c == BCOL:
-            groups.setdefault(find(v), []).append(v)
-    out: dict[str, tuple[int, int]] = {}
-    for vs in groups.values():
-        qps = set().union(*(k.bqp.get(v, set()) for v in vs))
-        if len(qps) > 1:
-            ways = " and ".join(f"value[(r // {q}) * {p} + r % {p}, c]" for q, p in sorted(qps))
-            raise UnsupportedFusion(f"bcol values {', '.join(sorted(vs))} are broadcast as {ways}")
-        # never broadcast (an unused input): the plain block of today's rows, P = 1
-        qp = qps.pop() if qps else (k.N // k.numel(vs[0]), 1)
-        out.update((v, qp) for v in vs)
-    return out
 
 
 def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
@@ -515,8 +507,13 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     trans = any(c == TRANS for c in k.cls.values())
     pattern = ("transpose" if trans else "multi" if rows and cols else "row_reduce" if rows
                else "col_reduce" if cols else "elementwise")
-    outs = {k.resolve(v): k.cls[k.resolve(v)] for v in graph.outputs}
-    if pattern in ("elementwise", "transpose") and any(c != FULL for c in outs.values()):
+    outs = {k.resolve(v): k.cls.get(k.resolve(v)) for v in graph.outputs}
+    if None in outs.values():  # a piece of an input never read at the domain's size
+        raise UnsupportedFusion("an output is a piece of an input smaller than the domain")
+    # an output that is a view of an input (a split piece, a repeated head) is a gathered copy
+    copies = {v for v, c in outs.items() if c == IDX and v in k.isrc and pattern == "elementwise"}
+    if pattern in ("elementwise", "transpose") and any(c != FULL and v not in copies
+                                                       for v, c in outs.items()):
         raise UnsupportedFusion("an elementwise subgraph with a non-full-size output")
     colred = {r.value for r in k.reds if r.axis == "col"}
     if k.seg and pattern != "col_reduce":
@@ -554,7 +551,7 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
         if c == BCOL:
             raise UnsupportedFusion(f"output {v!r} is per-column of a block of rows (bcol); "
                                     f"only its full-size consumers are generated")
-    blocks = _bcol_blocks(k)
+    blocks = bcol_blocks(k)
     bq = tuple(sorted((v, q) for v, (q, _) in blocks.items()))
     bp = tuple(sorted((v, p) for v, (_, p) in blocks.items() if p > 1))
     periods = tuple(sorted((v, p) for v, p in k.periods.items() if p != R))
@@ -570,8 +567,9 @@ def analyze(graph: Graph) -> Analysis:
     per column of [B, 8*C] more simply than as value[r % 8, c] of [B*8, C]."""
     if not graph.nodes:
         raise UnsupportedFusion("empty subgraph")
-    # concats of slices: rolled reads and selects; transposes of computed values: of inputs
-    graph = sink_transposes(lower_concats(graph))
+    # concats of slices: rolled reads and selects; slices and transposes of computed values:
+    # of inputs
+    graph = sink_transposes(sink_slices(lower_concats(graph)))
     for v, t in graph.types:
         if t.numel == 0:
             raise UnsupportedFusion(f"value {v!r} is empty ({t})")

@@ -8,6 +8,7 @@ Split out of ``tunedb.kernels.analysis`` (which re-exports the class names and
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import canonical_attrs
@@ -85,16 +86,24 @@ def batched_transpose(perm: tuple[int, ...], shape: tuple[int, ...]) -> tuple[in
 
 
 
+_VIEW_OPS = frozenset(("reshape", "squeeze", "unsqueeze", "identity"))
+
+
 def domains(graph: Graph) -> list[tuple[int, int]]:
     """Candidate (R, C) splits, most natural first: reductions and transposes fix the split;
     otherwise C is the innermost dim of the largest value, then wider column blocks."""
     types = graph.type_map
     # an input read only in pieces (slices, splits, rolled reads) is not evaluated on the domain
-    readers: dict[str, set[str]] = {}
+    # (through reshapes of it too: GPT-2's fused QKV projection is viewed [B, S, 3E], then split)
+    readers: dict[str, list] = {}
     for n in graph.nodes:
         for v in n.inputs:
-            readers.setdefault(v, set()).add(n.op)
-    pieces = {v for v in graph.inputs if readers.get(v) and readers[v] <= {"slice", "split", "gather"}}
+            readers.setdefault(v, []).append(n)
+    pieces: set[str] = set()
+    for v in reversed([*graph.inputs, *(n.outputs[0] for n in graph.nodes if n.op in _VIEW_OPS)]):
+        if readers.get(v) and all(r.op in ("slice", "split", "gather") or
+                                  (r.op in _VIEW_OPS and r.outputs[0] in pieces) for r in readers[v]):
+            pieces.add(v)
     big = max((t.numel for v, t in types.items() if v not in pieces), default=0)
     out: list[tuple[int, int]] = []
 
@@ -185,7 +194,7 @@ def view_map(view: View) -> IndexMap:
     for size, stride, shift, wrap in reversed(view):
         if shift or (wrap and wrap != size):
             terms.append((inner, size, stride, shift % wrap, wrap))
-        elif size > 1:
+        elif size > 1 and stride:  # stride 0: a broadcast dim reads no offset
             last = terms[-1] if terms else (0, 0, 0, 0)
             if len(last) == 3 and last[0] * last[1] == inner and last[2] * last[1] == stride:
                 terms[-1] = (last[0], last[1] * size, last[2])  # steps with the dim inside it
@@ -202,6 +211,46 @@ def shifted_view(view: View, axis: int, size: int, shift: int) -> View | None:
     if old or wrap:
         return None
     return view[:axis] + ((size, stride, shift % n, n),) + view[axis + 1:]
+
+
+def reshaped_view(view: View, shape: tuple[int, ...]) -> View | None:
+    """``view`` read as the row-major reshape ``shape`` of itself: size-1 dims come and go,
+    a dim splits into several (a slice's offset goes to the outermost part when it divides),
+    contiguous unshifted dims merge; None for anything else (a roll split, strides that do
+    not step as one)."""
+    src = [d for d in view if d[0] != 1]
+    out: list[tuple[int, int, int, int]] = []
+    for want in (d for d in shape if d != 1):
+        if not src:
+            return None
+        size, stride, shift, wrap = src.pop(0)
+        if size == want:
+            out.append((size, stride, shift, wrap))
+        elif size % want == 0:  # split off the outer part
+            inner = size // want
+            if shift % inner or (wrap and (wrap % inner or shift + size > wrap)):
+                return None  # a roll, or an offset inside the inner part
+            out.append((want, stride * inner, shift // inner, wrap // inner))
+            src.insert(0, (inner, stride, 0, 0))
+        else:  # merge with the dims inside while they step as one
+            while size < want and src and not shift and not wrap:
+                s2, st2, sh2, w2 = src.pop(0)
+                if sh2 or w2 or stride != st2 * s2:
+                    return None
+                size, stride = size * s2, st2
+            if size != want or shift or wrap:
+                return None
+            out.append((size, stride, 0, 0))
+    if src:
+        return None
+    it = iter(out)
+    return tuple(next(it) if d != 1 else (1, 0, 0, 0) for d in shape)
+
+
+def broadcast_view(view: View, si: tuple[int, ...], so: tuple[int, ...]) -> View:
+    """``view`` (shaped ``si``) broadcast to ``so``: broadcast dims read stride 0."""
+    pad = len(so) - len(si)
+    return tuple((n, 0, 0, 0) if d < pad or si[d - pad] != n else view[d - pad] for d, n in enumerate(so))
 
 
 def rolled_map(shape: tuple[int, ...], src_shape: tuple[int, ...], axis: int, shift: int) -> IndexMap:
@@ -222,3 +271,39 @@ def permuted_map(src_shape: tuple[int, ...], perm: tuple[int, ...]) -> IndexMap:
     through source dim perm[d] (dims that stay in step are merged, so an attention head split
     [B, S, H, D] -> [B, H, S, D] keeps its D-long runs contiguous and vector-loadable)."""
     return view_map(permuted_view(src_shape, perm))
+
+
+def bcol_blocks(k: Any) -> dict[str, tuple[int, int]]:
+    """(Q, P) of every bcol value. A value computed from bcol values shares their row mapping
+    (its elements are evaluated from theirs), so each connected group of bcol values takes the
+    (Q, P) of its broadcasts; a group broadcast two ways is refused. ``k``: the analysis'
+    classifier once it has run."""
+    parent: dict[str, str] = {}
+
+    def find(v: str) -> str:
+        while parent.get(v, v) != v:
+            v = parent[v]
+        return v
+
+    for n in k.nodes:
+        out = n.outputs[0]
+        if k.cls.get(out) != BCOL:
+            continue
+        for i in n.inputs:
+            ri = k.resolve(i)
+            if k.cls.get(ri) == BCOL and find(ri) != find(out):
+                parent[find(ri)] = find(out)
+    groups: dict[str, list[str]] = {}
+    for v, c in k.cls.items():
+        if c == BCOL:
+            groups.setdefault(find(v), []).append(v)
+    out: dict[str, tuple[int, int]] = {}
+    for vs in groups.values():
+        qps = set().union(*(k.bqp.get(v, set()) for v in vs))
+        if len(qps) > 1:
+            ways = " and ".join(f"value[(r // {q}) * {p} + r % {p}, c]" for q, p in sorted(qps))
+            raise UnsupportedFusion(f"bcol values {', '.join(sorted(vs))} are broadcast as {ways}")
+        # never broadcast (an unused input): the plain block of today's rows, P = 1
+        qp = qps.pop() if qps else (k.N // k.numel(vs[0]), 1)
+        out.update((v, qp) for v in vs)
+    return out

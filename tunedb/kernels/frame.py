@@ -74,7 +74,9 @@ class Frame:
         return cone(self.a, targets, have)
 
     def full_outputs(self) -> list[str]:
-        return [v for v in self.out_params if self.cls[v] == FULL]
+        # an index-mapped output (a view of an input: a split piece) is stored as it is read
+        mapped = dict(self.a.idx_src)
+        return [v for v in self.out_params if self.cls[v] == FULL or self.cls[v] == IDX and v in mapped]
 
     def outputs_of(self, k: str) -> list[str]:
         return [v for v in self.out_params if self.cls[v] == k]

@@ -298,3 +298,69 @@ def _sink_once(graph: Graph) -> Graph:
     used = {v for n in nodes for v in (*n.inputs, *n.outputs)} | set(graph.inputs) | set(graph.outputs)
     return infer_graph(Graph(graph.inputs, graph.outputs, tuple(nodes),
                              {v: tt for v, tt in types.items() if v in used}, graph.constants, graph.name))
+
+
+def sink_slices(graph: Graph, passes: int = 8) -> Graph:
+    """``slice(f(a, b, ...))`` -> ``f(slice(a), slice(b'), ...)`` for an elementwise f whose
+    result is only sliced, pass after pass: the slices end on graph inputs and constants,
+    where the analysis reads them in place (a full-size piece, or a piece of a broadcast
+    operand through an index map). A GEGLU over a projection with its bias add cut into the
+    subgraph (``h = x + bias; h[..., :F] * gelu(h[..., F:])``) becomes one kernel; each half
+    computes its own elements of f, no element twice."""
+    for _ in range(passes):
+        new = _sink_slices_once(graph)
+        if new is graph:
+            return graph
+        graph = new
+    return graph
+
+
+def _sink_slices_once(graph: Graph) -> Graph:
+    producer = {o: n for n in graph.nodes for o in n.outputs}
+    readers: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for v in dict.fromkeys(n.inputs):
+            readers.setdefault(v, []).append(n)
+    outputs, inputs = set(graph.outputs), set(graph.inputs)
+    consts = graph.constant_map
+    types = dict(graph.types)
+    taken = set(types)
+    ids = {id(n): i for i, n in enumerate(graph.nodes)}
+    for e in graph.nodes:
+        v = e.outputs[0]
+        rs = readers.get(v, [])
+        if (e.op not in ELEMENTWISE or v in outputs or not rs or any(r.op != "slice" for r in rs)
+                or any(o not in consts and not _leafy(o, producer, inputs, consts)
+                       and types[o].numel != types[v].numel for o in e.inputs)):
+            continue
+        so = types[v].shape
+        replace: dict[int, list[Node]] = {}
+        for s in rs:
+            attrs = canonical_attrs(s, [types[v]])
+            if any(st != 1 for st in attrs["steps"]):
+                break
+            new: list[Node] = []
+            ins: list[str] = []
+            for o in e.inputs:
+                si = types[o].shape
+                pad = len(so) - len(si)
+                cut = [(ax - pad, st, en) for ax, st, en in zip(attrs["axes"], attrs["starts"], attrs["ends"])
+                       if ax >= pad and si[ax - pad] == so[ax] and so[ax] > 1]
+                if not cut:  # broadcast along every sliced axis (a scalar, a per-row scale)
+                    ins.append(o)
+                    continue
+                r = fresh_name(taken, f"{o}__piece")  # typed by infer_graph below
+                new.append(Node("slice", (o,), (r,), {"starts": tuple(c[1] for c in cut),
+                                                       "ends": tuple(c[2] for c in cut),
+                                                       "axes": tuple(c[0] for c in cut),
+                                                       "steps": (1,) * len(cut)}))
+                ins.append(r)
+            new.append(Node(e.op, tuple(ins), s.outputs, e.attrs))
+            replace[ids[id(s)]] = new
+        else:
+            nodes = _spliced(graph, replace, {ids[id(e)]})
+            used = {x for n in nodes for x in (*n.inputs, *n.outputs)} | inputs | outputs
+            return infer_graph(Graph(graph.inputs, graph.outputs, tuple(nodes),
+                                     {x: t for x, t in types.items() if x in used},
+                                     graph.constants, graph.name))
+    return graph

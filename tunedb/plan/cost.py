@@ -210,6 +210,11 @@ class Coster:
             if len(nodes) > 1:
                 return None
             return self._single(nodes, key, "the fused-kernel generator cannot take this op")
+        if len(nodes) == 1 and not a.nodes:
+            # one copy op alone (a transpose, a split): the runtime's layout kernel, as before
+            # index-mapped copies; in a group it is read through an index map instead
+            # (``Explorer._unfuse_copies`` splits groups that end up copies alone)
+            return self._single(nodes, key, "a lone copy")
         hit = self._db(nodes, key, fused=True)
         if hit is not None:
             us, cfg = hit

@@ -97,6 +97,7 @@ class Explorer:
         if self.horizontal:
             group_list = self._pack(group_list)
         group_list = self._finalize(group_list)
+        group_list = self._unfuse_copies(group_list)
         if self.window:
             costs = [self._final_cost(g) for g in group_list]
             group_list, _, merges = window_fusion(self.ix, self.coster, group_list, costs, self.launch_us)
@@ -106,6 +107,22 @@ class Explorer:
         costs = [self._final_cost(g) for g in ordered]
         self.stats["explore_s"] = round(time.perf_counter() - t0, 4)
         return Partition(ordered, costs, {**self.stats, **self.coster.stats})
+
+    def _unfuse_copies(self, groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """A fused group that only copies (a transpose and its views, no compute, no repeat)
+        goes back to one step per op: the runtime's layout copy, measured and known, rather
+        than an index-mapped gather the model never saw. A repeat (GQA's expand of a
+        transposed input) stays one gathered copy instead of two copies."""
+        out: list[tuple[int, ...]] = []
+        for g in groups:
+            cost = self.coster.group(g) if len(g) > 1 else None
+            a = self.coster.analysis(g) if cost is not None and cost.kind == "fused" else None
+            if a is not None and not a.nodes and not any(n.op == "expand" for n in a.graph.nodes):
+                out += [(j,) for j in g]
+                self.stats["copies_unfused"] = self.stats.get("copies_unfused", 0) + 1
+            else:
+                out.append(g)
+        return out
 
     def _search(self) -> _State:
         ix = self.ix
