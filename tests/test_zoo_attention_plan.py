@@ -271,3 +271,37 @@ def test_a_bias_add_read_by_elementwise_ops_is_left_to_their_kernel():
     bias = b.constant(np.ones(64, np.float32))
     g = b.build([b.relu(b.add(b.matmul(x, w), bias))])
     assert fold_matmul_bias(g) is g
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_a_gemm_without_c_takes_its_bias_add_as_c(trans_b):
+    from tunedb.plan.rewrite import fold_matmul_bias
+
+    b = GraphBuilder("gpt2_style")
+    x = b.input("x", (6, 5), "float32")
+    w = b.constant(np.random.default_rng(1).standard_normal((7, 5) if trans_b else (5, 7)).astype(np.float32))
+    bias = b.constant(np.random.default_rng(2).standard_normal(7).astype(np.float32))
+    y = b.add(b.gemm(x, w, trans_b=trans_b), bias)
+    g = b.build([b.transpose(y, perm=(1, 0))])  # read by a view: the add would be a kernel
+    h = fold_matmul_bias(g)
+    assert [n.op for n in h.nodes] == ["gemm", "transpose"]
+    assert h.nodes[0].attr("trans_b") == int(trans_b) and len(h.nodes[0].inputs) == 3
+    xv = np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32)
+    want = run_reference(g, {"x": xv})[g.outputs[0]]
+    np.testing.assert_array_equal(run_reference(h, {"x": xv})[h.outputs[0]], want)
+
+
+def test_a_bias_added_after_the_gemms_rows_are_reshaped_is_folded_too():
+    from tunedb.plan.rewrite import fold_matmul_bias
+
+    b = GraphBuilder("rows_then_bias")
+    x = b.input("x", (6, 5), "float32")
+    w = b.constant(np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32))
+    bias = b.constant(np.random.default_rng(2).standard_normal(8).astype(np.float32))
+    y = b.add(b.reshape(b.gemm(x, w), shape=(1, 6, 8)), bias)
+    g = b.build([b.transpose(y, perm=(0, 2, 1))])
+    h = fold_matmul_bias(g)
+    assert [n.op for n in h.nodes] == ["gemm", "reshape", "identity", "transpose"]
+    xv = np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32)
+    want = run_reference(g, {"x": xv})[g.outputs[0]]
+    np.testing.assert_array_equal(run_reference(h, {"x": xv})[h.outputs[0]], want)

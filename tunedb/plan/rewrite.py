@@ -201,13 +201,15 @@ def _merge(graph: Graph, group: list[int]) -> Graph | None:
 # Readers of a bias add that leave it a kernel of its own (views, GEMMs), so folding it into the
 # GEMM saves a kernel; an elementwise reader would take the add into its fused kernel anyway.
 _NOT_FUSING = frozenset(("split", "reshape", "squeeze", "unsqueeze", "transpose", "matmul", "gemm"))
+_RESHAPES = frozenset(("reshape", "squeeze", "unsqueeze", "identity"))
 GEMM_DTYPES = frozenset(("float32", "float16", "bfloat16"))
 
 
 def fold_matmul_bias(graph: Graph) -> Graph:
     """``add(matmul(x, W), b)`` -> ``reshape(gemm(reshape(x), W, b))`` for constant ``W`` [K, N]
-    and ``b`` [N] where only views and GEMMs read the sum (module docstring); the graph as it is
-    when a rewrite would cost a strided view its place."""
+    and ``b`` [N] where only views and GEMMs read the sum (module docstring); a ``gemm`` without
+    C (GPT-2's projections) takes the bias as its C. The graph as it is when a rewrite would cost
+    a strided view its place."""
     consts, types = dict(graph.constant_map), dict(graph.type_map)
     readers = _readers(graph.nodes)
     producer = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs}
@@ -215,11 +217,22 @@ def fold_matmul_bias(graph: Graph) -> Graph:
     repl: dict[int, list[Node]] = {}
     drop: set[int] = set()
     for i, n in enumerate(graph.nodes):
-        if n.op != "matmul" or n.inputs[1] not in consts or types[n.inputs[1]].rank != 2:
+        if n.op not in ("matmul", "gemm") or n.inputs[1] not in consts or types[n.inputs[1]].rank != 2:
             continue
+        if n.op == "gemm" and (len([v for v in n.inputs if v]) != 2 or n.attr("trans_a")
+                               or n.attr("alpha", 1.0) != 1.0):
+            continue  # a gemm that already adds C, or scales, or reads A transposed
         x, y = n.inputs[0], n.outputs[0]
-        add = _bias_add(graph, consts, readers, y)
         xt = types[x]
+        nout = types[y].shape[-1]
+        end, add = y, _bias_add(graph, consts, readers, y)
+        while add is None and xt.rank == 2:  # GPT-2: the gemm's rows reshaped, then the bias
+            r = readers.get(end, [])
+            nxt = graph.nodes[r[0]] if len(r) == 1 and end not in graph.outputs else None
+            if nxt is None or nxt.op not in _RESHAPES or types[nxt.outputs[0]].shape[-1:] != (nout,):
+                break
+            end = nxt.outputs[0]
+            add = _bias_add(graph, consts, readers, end)
         if add is None or xt.rank < 2 or xt.dtype not in GEMM_DTYPES:
             continue
         a, b = add
@@ -228,7 +241,8 @@ def fold_matmul_bias(graph: Graph) -> Graph:
             continue
         if producer.get(x) is None and x not in graph.inputs:
             continue  # a constant left operand: nothing to gain
-        k, nout = types[n.inputs[1]].shape
+        trans_b = bool(n.attr("trans_b")) if n.op == "gemm" else False
+        k, nout = reversed(types[n.inputs[1]].shape) if trans_b else types[n.inputs[1]].shape
         rows = 1
         for d in xt.shape[:-1]:
             rows *= int(d)
@@ -236,10 +250,16 @@ def fold_matmul_bias(graph: Graph) -> Graph:
         g2 = fresh_name(taken, f"{z}__gemm")
         types[x2] = TensorType((rows, k), xt.dtype)
         types[g2] = TensorType((rows, nout), xt.dtype)
-        repl[i] = [Node("reshape", (x,), (x2,), {"shape": (rows, k)}),
-                   Node("gemm", (x2, n.inputs[1], b), (g2,),
-                        {"alpha": 1.0, "beta": 1.0, "trans_a": 0, "trans_b": 0}),
-                   Node("reshape", (g2,), (z,), {"shape": types[z].shape})]
+        gemm = Node("gemm", (x2, n.inputs[1], b), (g2,),
+                    {"alpha": 1.0, "beta": 1.0, "trans_a": 0, "trans_b": int(trans_b)})
+        if end != y:  # the reshapes stay; the add, now done, becomes a free view of their end
+            repl[i] = [Node("gemm", (x, n.inputs[1], b), (y,), gemm.attrs)]
+            repl[a] = [Node("identity", (end,), (z,))]
+        elif xt.rank == 2:  # no reshapes around it
+            repl[i] = [Node("gemm", (x, n.inputs[1], b), (z,), gemm.attrs)]
+        else:
+            repl[i] = [Node("reshape", (x,), (x2,), {"shape": (rows, k)}), gemm,
+                       Node("reshape", (g2,), (z,), {"shape": types[z].shape})]
         drop |= {i, a}
     if not repl:
         return graph
