@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import sys
 import tempfile
 import time
@@ -144,6 +145,39 @@ def run_tier(out: Path, workers: int, limit: float, plan_only: bool, lock: Path,
     return result
 
 
+def tier_table(result: dict) -> list[str]:
+    """Markdown: the verified, timed workloads worst fraction of the floor first (tunedb's and
+    each peer's), then the geomeans and how many fall below 0.5 or behind a peer."""
+    rows, frac, vs = [], {"tunedb": []}, {p: [] for p in TIER_PEERS}
+    for e in result["entries"]:
+        us, floor = (e.get("tunedb") or {}).get("us"), e.get("floor_us")
+        ok = ((e.get("verify") or {}).get("reference") or {}).get("ok")
+        if not us or not floor or not ok:
+            continue
+        peer = {p: ((e.get("peers") or {}).get(p) or {}).get("us") for p in TIER_PEERS}
+        frac["tunedb"].append(floor / us)
+        for p, t in peer.items():
+            if t:
+                vs[p].append(t / us)
+        rows.append((floor / us, e["name"], (e.get("plan") or {}).get("kernels"), floor, us, peer))
+    head = ("| workload | kernels | floor µs | tunedb µs | of floor | "
+            + " | ".join(f"{p} µs" for p in TIER_PEERS) + " | vs torch.compile | vs JAX |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for f, name, k, floor, us, peer in sorted(rows):
+        cells = [f"{peer[p]:.1f}" if peer[p] else "—" for p in TIER_PEERS]
+        ratio = [f"{peer[p] / us:.2f}×" if peer[p] else "—" for p in ("torch_compile", "jax")]
+        out.append(f"| {name} | {k} | {floor:.1f} | {us:.1f} | {f:.2f} | " + " | ".join(cells + ratio) + " |")
+
+    def gm(xs: list[float]) -> str:
+        return f"{math.exp(sum(map(math.log, xs)) / len(xs)):.3f}" if xs else "—"
+
+    out.append(f"\n{len(rows)} of {len(result['entries'])} workloads verified and timed: geomean "
+               f"{gm(frac['tunedb'])} "
+               f"of the floor, {sum(f < 0.5 for f in frac['tunedb'])} below 0.5; "
+               + "; ".join(f"{gm(v)}× {p} ({sum(x < 1 for x in v)} behind)" for p, v in vs.items()))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -154,16 +188,22 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--plan-only", action="store_true", help="with --tier: plan on the CPU, no GPU")
     ap.add_argument("--gpu-lock", type=Path, default=Path(tempfile.gettempdir()) / "tunedb-gpu.lock")
+    ap.add_argument("--table", action="store_true",
+                    help="print the table of OUT/generalization_tier.json (CPU) and stop")
     ap.add_argument("--resume", type=Path, default=None,
                     help="with --tier: keep the finished workloads of this earlier result")
     args = ap.parse_args()
     t0 = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.table:
+        print("\n".join(tier_table(json.loads((args.out / "generalization_tier.json").read_text()))))
+        return
     if args.tier:
         res = run_tier(args.out / "generalization_tier.json", args.workers, args.limit, args.plan_only,
                        args.gpu_lock, resume=args.resume)
         print(f"done {len(res['entries'])} workloads, complete {res['complete']}, "
               f"{round(time.monotonic() - t0, 1)} s", flush=True)
+        print("\n".join(tier_table(res)))
         return
     cp = import_cupy()
     bw = copy_tbps(cp, cp.cuda.Stream.null.synchronize, 1 << 30)

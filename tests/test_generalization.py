@@ -261,3 +261,23 @@ def test_tier_run_plans_on_the_cpu_and_resumes(tmp_path):
     names = [e["name"] for e in json.loads((tmp_path / "second.json").read_text())["entries"]]
     assert names[:2] == [e["name"] for e in res["entries"]] and names[2] == paths[-1].stem
     assert again["resumed_from"]["kept"] == 2
+
+
+def test_tier_table_ranks_verified_workloads_against_floor_and_peers():
+    bench = load_script("bench_generalization")
+    ok = {"reference": {"ok": True}}
+
+    def entry(name, us, floor, compile_us, jax_us, verified=ok):
+        return {"name": name, "tunedb": {"us": us}, "floor_us": floor, "verify": verified,
+                "plan": {"kernels": 1}, "peers": {"torch_compile": {"us": compile_us},
+                                                  "jax": {"us": jax_us}, "torch_eager": {"us": None}}}
+
+    result = {"entries": [entry("fast", 10.0, 9.0, 20.0, 15.0), entry("slow", 40.0, 10.0, 30.0, 50.0),
+                          entry("wrong", 1.0, 9.0, 20.0, 15.0, {"reference": {"ok": False}})]}
+    lines = bench.tier_table(result)
+    rows = [ln for ln in lines if ln.startswith("| fast") or ln.startswith("| slow")]
+    assert rows[0].startswith("| slow |") and "| 0.25 |" in rows[0] and "0.75×" in rows[0]
+    assert "wrong" not in "\n".join(lines)  # an output that failed verification is not timed
+    summary = lines[-1]
+    assert "2 of 3 workloads verified and timed" in summary and "1 below 0.5" in summary
+    assert "geomean 0.474 of the floor" in summary and "(1 behind)" in summary
