@@ -46,7 +46,10 @@ VARIANTS: dict[str, list[str]] = {
     "rank_s1#": ["rank_s1#"], "rank_s2#": ["rank_s2#"], "mean:rank_s012#": ["rank#", "rank_s1#", "rank_s2#"],
     "rank&": ["rank&"], "rank^": ["rank^"], "rank_fine8^": ["rank_fine8^"], "knn": ["knn"],
     "rank|reglr": ["rank", "reglr"], "rank+|rank|reglr": ["rank+", "rank", "reglr"],
+    # two stages: the shipped ranker's top 2, re-ordered by a ranker of near-best rows only
+    "two:rank|rank_near1.3": ["rank", "rank_near1.3"], "two:rank|rank_near1.15": ["rank", "rank_near1.15"],
 }
+TWO_STAGE_TOP = 2
 
 
 # -- features beyond the shipped ones -------------------------------------------------------------
@@ -174,6 +177,9 @@ class Components:
             b = xgb.train(P.PARAMS, xgb.DMatrix(X[tr], label=label[tr], weight=weight, feature_names=F),
                           P.ROUNDS if base == "reg" else 300)
             return b.predict(xgb.DMatrix(X[te], feature_names=F))
+        if base.startswith("rank_near"):  # only each workload's rows within this ratio of its best
+            tr = tr[self.ratio[tr] <= float(base[len("rank_near"):])]
+            base = "rank"
         order = tr[np.argsort(groups[tr], kind="stable")]
         _, qid = np.unique(groups[order], return_inverse=True)
         rel = P.relevance(y[order], groups[order])
@@ -227,6 +233,16 @@ def _within_ranks(score: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return out
 
 
+def _two_stage(first: np.ndarray, second: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``first``'s order, its top ``TWO_STAGE_TOP`` of each workload re-ordered by ``second``."""
+    out = _within_ranks(first, groups) + 1.0
+    for h in np.unique(groups):
+        i = np.flatnonzero(groups == h)
+        top = i[np.argsort(first[i], kind="stable")][:TWO_STAGE_TOP]
+        out[top] = np.argsort(np.argsort(second[top], kind="stable"), kind="stable") / len(top)
+    return out
+
+
 def variant_fit(comps: Components, name: str) -> Callable[[np.ndarray], Callable[[np.ndarray], np.ndarray]]:
     parts, groups = VARIANTS[name], comps.frame["groups"]
 
@@ -236,6 +252,8 @@ def variant_fit(comps: Components, name: str) -> Callable[[np.ndarray], Callable
             g = groups[te]
             if len(raw) == 1:
                 score = raw[0]
+            elif name.startswith("two:"):
+                score = _two_stage(raw[0], raw[1], g)
             elif name.startswith("mean:"):
                 score = np.mean(raw, axis=0)
             else:
