@@ -73,3 +73,24 @@ def test_top_weights_favour_each_workloads_fastest_candidates():
     assert w[1] == pytest.approx(0.1 + np.exp(-1.0), rel=1e-5)  # 10 % slower than its best
     assert w[2] == pytest.approx(0.1, abs=1e-4)  # twice as slow: the floor weight
     assert top_weights(label, groups, 0.0) is None
+
+
+def test_split_samples_of_a_quiet_board_rank_like_its_medians():
+    from tunedb.costmodel.ceiling import split_sample_ceiling
+
+    rng = np.random.default_rng(0)
+    # two workloads; candidates 5 % apart with 0.3 % sample noise: every decisive pair survives
+    true = [10.0 * 1.05 ** k for k in range(6)] * 2
+    samples = [list(t * (1 + 0.003 * rng.standard_normal(10))) for t in true]
+    workloads = ["a"] * 6 + ["b"] * 6
+    for how in ("halves", "alternate"):
+        r = split_sample_ceiling(samples, workloads, how)
+        assert r["candidates"] == 12 and r["workloads"] == 2
+        assert r["top1_score"] == r["top1_within_2pct"] == r["decisive_pair_accuracy"] == 1.0
+    # noise as large as the gaps: the re-measurement no longer orders every pair alike
+    noisy = [list(t * (1 + 0.08 * rng.standard_normal(10))) for t in true]
+    assert split_sample_ceiling(noisy, workloads)["pairwise_accuracy"] < 1.0
+    assert split_sample_ceiling([[1.0, 2.0, 3.0], [1.0] * 4], ["a", "a"])["candidates"] == 0  # 3 samples
+    assert split_sample_ceiling(samples[:1], ["a"])["candidates"] == 0  # no pair in its workload
+    with pytest.raises(CostModelError, match="unknown sample split"):
+        split_sample_ceiling(samples, workloads, "random")

@@ -149,3 +149,31 @@ def consensus_ceiling(frame: pa.Table, min_candidates: int = 500, seed: int = 0)
                     if entry["candidates"] >= min_candidates:
                         out.append(entry)
     return out
+
+
+def split_sample_ceiling(samples: list[list[float]], workloads: list[str], how: str = "halves",
+                         seed: int = 0) -> dict[str, Any]:
+    """One measurement set's samples split in two: the first part's medians as the prediction of
+    the second part's (with its p20/p80 spreads for decisive pairs). ``halves``: samples 1..n/2
+    against the rest (a re-measurement moments later); ``alternate``: odd against even. Each
+    part has half the samples, so its median is noisier than the full one (a lower estimate);
+    the parts share the board, run and warm state (an upper one). Rows with fewer than 4
+    samples, and workloads left with fewer than two candidates, are left out."""
+    if how not in ("halves", "alternate"):
+        raise CostModelError(f"unknown sample split {how!r}; expected halves or alternate")
+    keep = [i for i, s in enumerate(samples) if s is not None and len(s) >= 4]
+    names, counts = np.unique(np.asarray([workloads[i] for i in keep], dtype=object), return_counts=True)
+    paired = set(names[counts >= 2].tolist())
+    keep = [i for i in keep if workloads[i] in paired]
+    parts = []
+    for i in keep:
+        s = np.asarray(samples[i], dtype=np.float64)
+        a, b = (s[: len(s) // 2], s[len(s) // 2:]) if how == "halves" else (s[0::2], s[1::2])
+        parts.append((np.median(a), np.median(b), np.percentile(b, 20), np.percentile(b, 80)))
+    if not parts:
+        return {"candidates": 0, "workloads": 0}
+    pred, y, lo, hi = (np.asarray(v) for v in zip(*parts))
+    workload = np.asarray([workloads[i] for i in keep], dtype=object)
+    m = all_metrics(y, pred, workload, seed=seed, lo=lo, hi=hi)
+    return {"candidates": len(keep), "workloads": int(len(np.unique(workload))), "split": how,
+            **{k: m[k] for k in METRIC_KEYS}, "decisive_pair_share": m["decisive_pair_share"]}
