@@ -16,9 +16,10 @@ set -u
 PART=${1:?usage: zoo_h200_fill.sh PART(1|2|3) [COMMIT]}
 OUT=${OUT:-$(mktemp -d)}
 if [ -n "${WHEELS:-}" ]; then
+  SITE=$(mktemp -d)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/zoo-site "$WHEELS"/*.whl || exit 3
-  export PYTHONPATH=/tmp/zoo-site:$PWD
+    --target "$SITE" "$WHEELS"/*.whl || exit 3
+  export PYTHONPATH=$SITE:$PWD
 fi
 export TUNEDB_GIT_COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null)} PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2
@@ -39,7 +40,7 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,clocks.sm,clock
   --format=csv > "$OUT/gpu_part$PART.txt" 2>&1
 # 10 workers on the 16-core host: compilations overlap, every timing holds the lock.
 timeout $(( ${TIME_LIMIT:-420} + 60 )) python3 benchmarks/bench_zoo_plan.py "$OUT/zoo_h200_part$PART.json" \
-  --workers 10 --time-limit "${TIME_LIMIT:-420}" --target-s 0.05 --gpu-lock /tmp/tunedb-zoo.lock \
+  --workers 10 --time-limit "${TIME_LIMIT:-420}" --target-s 0.05 --gpu-lock "$OUT/gpu.lock" \
   "${FILES[@]}" > "$OUT/zoo_h200_part$PART.log" 2>&1
 echo "part $PART rc=$?"
 tail -n 30 "$OUT/zoo_h200_part$PART.log"
