@@ -1,5 +1,5 @@
-"""Copies as index maps (issue 21, generator coverage): a split of a reshaped input (GPT-2's
-fused QKV projection), a repeat of a transposed input (GQA's repeat_kv), slices of a computed
+"""Copies as index maps (issue 21, generator coverage): a split of a reshaped input (a fused
+QKV projection), a repeat of a transposed input (GQA's repeat_kv), slices of a computed
 value sunk onto its inputs (GEGLU with its bias add) and views of views
 (``domain.reshaped_view``), in one generated kernel; a lone transpose stays the runtime's copy."""
 
@@ -14,7 +14,7 @@ import pytest
 import tunedb
 from tunedb.graph.builder import GraphBuilder
 from tunedb.kernels import generate
-from tunedb.kernels.analysis import analyze
+from tunedb.kernels.analysis import UnsupportedFusion, analyze
 from tunedb.kernels.domain import contiguous_view, index_expr, reshaped_view, shifted_view, view_map
 
 
@@ -27,14 +27,15 @@ def gqa_repeat(B: int = 2, S: int = 5, KV: int = 2, REP: int = 3, D: int = 8, dt
     return b.build([b.reshape(e, shape=(B, KV * REP, S, D))])
 
 
-def qkv_split(B: int = 2, S: int = 6, H: int = 3, D: int = 4):
-    """GPT-2's attention input: split of the fused projection, heads of q and k scaled, v as is."""
+def qkv_split(B: int = 2, S: int = 6, H: int = 3, D: int = 4, k_perm: tuple = (0, 2, 1, 3)):
+    """Attention input: split of the fused projection, heads of q and k scaled, v as is (GPT-2
+    transposes k to [B, H, D, S]: ``k_perm`` (0, 2, 3, 1))."""
     b = GraphBuilder(f"qkv_split_{B}x{S}x{H}x{D}")
     x = b.input("x", (B * S, 3 * H * D))
     q, k, v = b.op("split", b.reshape(x, shape=(B, S, 3 * H * D)), name=["q", "k", "v"], axis=2,
                    sizes=(H * D,) * 3)
     qh = b.transpose(b.reshape(q, shape=(B, S, H, D)), perm=(0, 2, 1, 3))
-    kh = b.transpose(b.reshape(k, shape=(B, S, H, D)), perm=(0, 2, 3, 1))
+    kh = b.transpose(b.reshape(k, shape=(B, S, H, D)), perm=k_perm)
     return b.build([b.reshape(v, shape=(B, S, H, D)), b.mul(qh, 0.5), b.mul(kh, 0.25)])
 
 
@@ -76,6 +77,15 @@ def test_copies_fuse_as_index_maps():
     for g in (gqa_repeat(8, 128, 4, 4, 128), qkv_split(16, 128, 12, 64), geglu(8, 1024, 1280)):
         plan = tunedb.compile(g, cost_model=False, device=None)
         assert [s.kind for s in plan.steps if s.kind != "layout_view"] == ["fused"] and plan.kernels == 1
+
+
+def test_a_piece_transposed_innermost_is_not_read_element_by_element():
+    # GPT-2's k^T moves the innermost dim: element-wise reads would not coalesce, so k goes
+    # through a tiled transpose kernel and the split, q and v stay one kernel
+    with pytest.raises(UnsupportedFusion, match="read transposed"):
+        analyze(qkv_split(k_perm=(0, 2, 3, 1)))
+    plan = tunedb.compile(qkv_split(16, 128, 12, 64, (0, 2, 3, 1)), cost_model=False, device=None)
+    assert [s.kind for s in plan.steps if s.kind != "layout_view"] == ["fused", "fused"]
 
 
 def test_a_lone_transpose_stays_the_runtime_copy():

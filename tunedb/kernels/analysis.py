@@ -342,8 +342,9 @@ class _Classifier:
             self.alias[out] = src  # moves only size-1 dims: a reshape
             return
         base = self.view_of(src)
-        if base is not None and (self.resolve(src) not in self.leaves or self.numel(src) != self.N):
-            # a view of an input (a split piece, a smaller input): permute the view
+        runs = [p for p in perm if shape[p] > 1][-1:] == [d for d, n in enumerate(shape) if n > 1][-1:]
+        if base is not None and runs and (self.resolve(src) not in self.leaves or self.numel(src) != self.N):
+            # a view of an input (a split piece, a smaller input), rows permuted: whole runs
             self.mapped(out, tuple(base[p] for p in perm), self.resolve(src))
             return
         if self.resolve(src) not in self.leaves or self.numel(src) != self.N:
