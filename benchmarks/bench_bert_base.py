@@ -19,7 +19,9 @@ finish; OUT.json is rewritten after every part, so a cut call keeps what it meas
 4. ``backend`` and ``backend_epilogue``: ``torch.compile(module, backend=tunedb_backend)``
    (``bench_torch_backend.one``), without and with ``gemm_epilogue`` + ``TUNEDB_CUBLASLT=1``.
 
-Throughput mode (``tunedb.bench.peers.throughput_us``), TF32 off.
+First, ``gelu_probe`` records which GELU cuBLASLt's ``GELU_BIAS`` epilogue computes (erf or
+tanh), the fact a GELU epilogue for BERT needs. Throughput mode
+(``tunedb.bench.peers.throughput_us``), TF32 off.
 """
 
 from __future__ import annotations
@@ -151,6 +153,41 @@ def backend(dtype: str, epilogue: bool, lock: Path) -> dict:
         os.environ.pop("TUNEDB_CUBLASLT", None)
 
 
+def gelu_probe() -> dict:
+    """Which GELU cuBLASLt's ``GELU_BIAS`` epilogue computes: its fp32 result on a small GEMM
+    against erf-GELU and the tanh approximation of ``x @ w + b`` (float64), as max abs errors.
+    BERT's GELU is the erf form; a GELU epilogue for it needs this answer first."""
+    import math
+
+    import cupy as cp
+    import numpy as np
+
+    from tunedb.runtime.executor_lt import EPILOGUE_GELU_BIAS, BlasLt
+
+    rng = np.random.default_rng(0)
+    M, K, N = 64, 64, 96
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = (rng.standard_normal((K, N)) / math.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    lt = BlasLt(cp, stream)
+    out = cp.zeros((M, N), cp.float32)
+    xd, wd, bd = cp.asarray(x), cp.asarray(w), cp.asarray(b)
+    run = lt.gemm_bias(xd, wd, bd, out, trans_b=False, dtype="float32", epilogue=EPILOGUE_GELU_BIAS)
+    if run is None:
+        return {"error": "cuBLASLt has no algorithm for the GELU_BIAS epilogue"}
+    with stream:
+        run()
+    stream.synchronize()
+    h = x.astype(np.float64) @ w.astype(np.float64) + b
+    forms = {"erf": 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2))),
+             "tanh": 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))}
+    got = cp.asnumpy(out).astype(np.float64)
+    err = {k: float(np.abs(got - v).max()) for k, v in forms.items()}
+    return {"max_abs_err": err, "form": min(err, key=err.get),
+            "erf_vs_tanh": float(np.abs(forms["erf"] - forms["tanh"]).max())}
+
+
 def plan_only(dtypes: list[str]) -> dict:
     from tunedb.plan.driver import compile as compile_plan
 
@@ -214,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("TUNEDB_CUBLASLT", None)
     result.update(device=torch.cuda.get_device_name(), torch=torch.__version__, parts={}, skipped=[])
     start = time.perf_counter()
+    try:  # a second: which GELU the cuBLASLt epilogue computes (for the next kernel to remove)
+        result["gelu_epilogue"] = gelu_probe()
+    except Exception as e:  # noqa: BLE001
+        result["gelu_epilogue"] = {"error": _one_line(e)}
+    print(f"cuBLASLt GELU_BIAS epilogue: {json.dumps(result['gelu_epilogue'])}", flush=True)
     parts = {"onnx": lambda dt: onnx_path(ZOO / f"bert_base_dynamo_{SHORT[dt]}.onnx"),
              "onnx_epilogue": lambda dt: onnx_epilogue(ZOO / f"bert_base_dynamo_{SHORT[dt]}.onnx"),
              "module": module_peers,

@@ -267,3 +267,14 @@ def test_gemm_bias_epilogue_runs_verified_with_and_without_cublaslt(dtype, cubla
     check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
     assert ex.graph_capture, ex.capture_error
     assert ex.launches == plan.kernels + (0 if cublaslt else len(gemms))
+
+
+def test_cublaslt_gelu_epilogue_is_one_of_the_two_gelus():
+    """cuBLASLt's GELU_BIAS epilogue matches erf-GELU or its tanh approximation (fp32), and the
+    two differ by more than the GEMM's error, so the probe's answer means something."""
+    from bench_scripts import load_script
+
+    probe = load_script("bench_bert_base").gelu_probe()
+    assert "error" not in probe, probe
+    assert probe["max_abs_err"][probe["form"]] < 2e-5, probe
+    assert probe["erf_vs_tanh"] > 10 * probe["max_abs_err"][probe["form"]], probe

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunedb.runtime.blas import COMPUTE_32F, COMPUTE_32F_FAST_TF32, CUDA_R_32F, DATA_TYPES, OP_N, OP_T
+from tunedb.runtime.blas import library as blas_library
 
 LT_ENV = "TUNEDB_CUBLASLT"
 # cublasLt.h enum values (checked against the header by tests/test_executor_blas.py).
 DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER, DESC_BIAS_DATA_TYPE = 3, 4, 7, 8, 26
-EPILOGUE_DEFAULT, EPILOGUE_BIAS = 1, 4
+EPILOGUE_DEFAULT, EPILOGUE_BIAS, EPILOGUE_GELU_BIAS = 1, 4, 36
 PREF_MAX_WORKSPACE_BYTES = 1
 WORKSPACE_BYTES = 32 << 20
 
@@ -106,6 +107,11 @@ def lt_library(path: str | None = None) -> Any:
     (cuBLAS links it), else the dynamic loader's."""
     if _LIB and path is None:
         return _LIB[0]
+    if path is None:
+        try:  # cuBLAS (CuPy's copy) links cuBLASLt: load it so that the lookup below finds that copy
+            blas_library()
+        except Exception:  # noqa: BLE001 - fall back to the dynamic loader's search
+            pass
     if path:
         names = [path]
     else:
@@ -157,7 +163,8 @@ class Descriptors:
     the three matrix layouts of one ``BiasGemm``; destroyed with the object. No handle or GPU
     needed: the CPU tests build them and read the attributes back."""
 
-    def __init__(self, lib: Any, call: BiasGemm, dtype: str, bias_ptr: int, tf32: bool = False) -> None:
+    def __init__(self, lib: Any, call: BiasGemm, dtype: str, bias_ptr: int, tf32: bool = False,
+                 epilogue: int = EPILOGUE_BIAS) -> None:
         if dtype not in DATA_TYPES:
             raise LtError(f"cuBLASLt GEMM on {dtype}: expected float32, float16 or bfloat16")
         self.lib, t = lib, DATA_TYPES[dtype]
@@ -169,7 +176,7 @@ class Descriptors:
                "cublasLtMatmulDescCreate")
         self._set(DESC_TRANSA, ctypes.c_int32(call.transa))
         self._set(DESC_TRANSB, ctypes.c_int32(OP_N))
-        self._set(DESC_EPILOGUE, ctypes.c_uint32(EPILOGUE_BIAS))
+        self._set(DESC_EPILOGUE, ctypes.c_uint32(epilogue))
         self._set(DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
         self._set(DESC_BIAS_DATA_TYPE, ctypes.c_int32(t))
         for lay, (r, c, ld) in ((self.a, (call.a_rows, call.a_cols, call.lda)),
@@ -209,10 +216,12 @@ class BlasLt:
         self._final.atexit = False  # at exit the CUDA context may be gone already
         self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
 
-    def gemm_bias(self, x: Any, w: Any, bias: Any, out: Any, *, trans_b: bool, dtype: str
-                  ) -> Callable[[], None] | None:
+    def gemm_bias(self, x: Any, w: Any, bias: Any, out: Any, *, trans_b: bool, dtype: str,
+                  epilogue: int = EPILOGUE_BIAS) -> Callable[[], None] | None:
         """A launch computing ``out = x @ w (w.T with trans_b) + bias`` on the stream, or None
-        when the layouts do not fit or the heuristic has no algorithm (the caller falls back)."""
+        when the layouts do not fit or the heuristic has no algorithm (the caller falls back).
+        ``epilogue=EPILOGUE_GELU_BIAS`` applies cuBLASLt's GELU after the bias: which GELU that
+        is (erf or tanh) is what ``test_cublaslt_gelu_epilogue_form`` finds out; no plan uses it."""
         isz = out.dtype.itemsize
 
         def geom(a: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -221,7 +230,7 @@ class BlasLt:
         call = plan_bias_gemm(*geom(x), *geom(w), *geom(out), trans_b)
         if call is None or bias.size != call.m or not bias.flags.c_contiguous:
             return None
-        desc = Descriptors(self.lib, call, dtype, bias.data.ptr, self.tf32)
+        desc = Descriptors(self.lib, call, dtype, bias.data.ptr, self.tf32, epilogue)
         pref = ctypes.c_void_p()
         _check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         try:
