@@ -60,19 +60,24 @@ def _ort(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
     return sess.run(None, feeds)[0].astype(np.float64)
 
 
-def test_span_sums_the_operands_magnitude_where_exp_matters():
+def test_span_sums_twice_each_softmax_row_max():
     graph = import_onnx(_attention_stack(2.0))
     args = exp_arguments(graph)
     assert len(args) == LAYERS  # the importer's softmax: exp(x - max(x)), one per layer
-    (arg, (x, m)), (arg2, ops2) = args
+    (arg, (m, m2)), (arg2, _) = args
+    assert m == m2  # only the row max is kept: |x| + |max| = 2 |max| where exp matters
     lowest = float(np.finfo(np.float32).min)  # a mask's fill: row 2 is fully masked
-    values = {arg: np.array([[-1.0, 0.0, -30.0], [0.0, -np.inf, -2.0], [0.0, 0.0, 0.0]]),
-              x: np.array([[9.0, 10.0, -20.0], [-3.0, -np.inf, -5.0], [lowest] * 3]),
-              m: np.array([[10.0], [-3.0], [lowest]]),
-              arg2: np.zeros(3)}  # arg2's operands missing: skipped
-    # Largest |x| + |max| where exp's argument is above -20: 20 (row 0); -30, -inf and the
-    # masked row (x - max = 0 exactly) left out.
-    assert exp_argument_span(values, args) == 20.0
+    values = {m: np.array([[10.0], [-3.0], [lowest]]), arg2: np.zeros(3)}  # arg2's max missing
+    assert exp_argument_span(values, args) == 20.0  # the masked row left out
+
+
+def test_span_of_other_exps_follows_where_the_argument_matters():
+    args = (("a", ("x", "y")), ("e", ("e",)))
+    values = {"a": np.array([-1.0, 0.0, -30.0, -np.inf]), "x": np.array([9.0, 10.0, -20.0, 1.0]),
+              "y": np.array([10.0]), "e": np.array([[3.0, -25.0], [np.nan, 1.0]])}
+    # a: |x| + |y| where a > -20: 20 (-30 and -inf left out); e: its own largest |e|, 25
+    assert exp_argument_span(values, args) == 20.0 + 25.0
+    graph = import_onnx(_attention_stack(2.0))
     assert tolerance(graph, "float32", 100.0).atol == pytest.approx(
         tolerance(graph, "float32").atol + 100.0 * TOLERANCES["float32"][2])
 

@@ -138,8 +138,11 @@ MASK_SENTINEL = 1e30
 
 
 def exp_arguments(graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """Per ``exp`` node of ``graph``: its argument and the operands whose magnitudes its rounding
-    follows (a ``sub``'s two inputs, else the argument itself)."""
+    """Per ``exp`` node of ``graph``: its argument and the values whose magnitudes its rounding
+    follows. A softmax's ``exp(x - max(x))``: the row max twice (at the elements that matter x
+    is within 20 of it, so ``|x| + |max|`` is ``2 |max|`` there; keeping only the max keeps the
+    reference's extra memory to one value a row). Another ``sub``: its two inputs. Else the
+    argument itself."""
     producer = {o: n for n in graph.nodes for o in n.outputs}
     out = {}
     for n in graph.nodes:
@@ -147,35 +150,46 @@ def exp_arguments(graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
             continue
         a = n.inputs[0]
         p = producer.get(a)
-        out[a] = tuple(p.inputs[:2]) if p is not None and p.op == "sub" else (a,)
+        if p is not None and p.op == "sub" and len(p.inputs) == 2:
+            x, m = p.inputs
+            q = producer.get(m)
+            row_max = q is not None and q.op == "reduce_max" and q.inputs[:1] == (x,)
+            out[a] = (m, m) if row_max else (x, m)
+        else:
+            out[a] = (a,)
     return tuple(out.items())
 
 
 def exp_argument_span(values: Mapping[str, Any], args: Sequence[tuple[str, Sequence[str]]]) -> float:
-    """Sum over ``exp_arguments`` of the largest ``sum |operand|`` where the argument is above
-    ``NEGLIGIBLE_EXP_ARG`` (NaN, infinities and mask fills skipped; arguments missing from
-    ``values`` too)."""
+    """Sum over ``exp_arguments`` of the largest ``sum |operand|``: where the argument is in
+    ``values``, only where it is above ``NEGLIGIBLE_EXP_ARG``. NaN, infinities and mask fills
+    are skipped, and so is an entry whose operands ``values`` lacks."""
     total = 0.0
     for arg, operands in args:
-        if arg not in values or any(o not in values for o in operands):
+        if any(o not in values for o in operands):
             continue
-        a = np.asarray(values[arg], dtype=np.float64)
         mag = sum(np.abs(np.asarray(values[o], dtype=np.float64)) for o in operands)
-        mag = np.broadcast_to(mag, np.broadcast_shapes(np.shape(mag), a.shape))
-        keep = (a > NEGLIGIBLE_EXP_ARG) & np.isfinite(a) & (mag < MASK_SENTINEL)
-        if keep.any():
-            total += float(mag[keep].max())
+        keep = np.isfinite(mag) & (mag < MASK_SENTINEL)
+        if arg in values and arg not in operands:
+            a = np.asarray(values[arg], dtype=np.float64)
+            shape = np.broadcast_shapes(np.shape(mag), a.shape)
+            mag = np.broadcast_to(mag, shape)
+            keep = np.broadcast_to(keep, shape) & (a > NEGLIGIBLE_EXP_ARG) & np.isfinite(a)
+        if np.any(keep):
+            total += float(np.asarray(mag)[keep].max())
     return total
 
 
 def reference_and_exp_span(graph: Graph, inputs: Mapping[str, np.ndarray]
                            ) -> tuple[dict[str, np.ndarray], float]:
     """The float64 reference's outputs of ``graph`` and the ``exp_span`` for its tolerance: one
-    reference run that also keeps the values ``exp`` takes and their operands."""
+    reference run that also keeps the values ``exp_arguments`` names (a softmax's row max; an
+    argument only where it is not a softmax's)."""
     args = exp_arguments(graph)
     consts = dict(graph.constants)
     given = set(graph.inputs) | set(consts) | set(graph.outputs)
-    extra = tuple(dict.fromkeys(v for a, ops in args for v in (a, *ops) if v not in given))
+    need = [v for a, ops in args for v in (ops if len(set(ops)) == 1 else (a, *ops))]
+    extra = tuple(dict.fromkeys(v for v in need if v not in given))
     values = run_reference(replace(graph, outputs=graph.outputs + extra), inputs)
     values.update({v: inputs[v] for v in graph.inputs if v in inputs})
     values.update({v: c.array for v, c in consts.items()})
