@@ -7,19 +7,20 @@ bf16, every time taken after its outputs were checked (issue 24's must-show: bf1
 Parts, run in ``ORDER`` (what the must-show needs first; the budget skips a part that would not
 finish; OUT.json is rewritten after every part, so a cut call keeps what it measured):
 
+0. ``onnx_default``: tunedb's default plan alone, verified against the reference and timed.
 1. ``onnx``: tunedb's ONNX path on ``data/graphs/zoo/bert_base_dynamo_<dtype>.onnx``
    (``tunedb.bench.plan.run_entry``: the default plan verified against the float64 reference
    and, in fp32, onnxruntime; then torch.compile reduce-overhead on the same translated graph).
-2. ``onnx_epilogue``: the same graph planned with ``gemm_epilogue=True`` and run with cuBLASLt's
-   bias epilogue (``PlanExecutor(cublaslt=True)``), verified the same way, then the default
-   plan re-timed beside it (same process, back to back).
+2. ``onnx_epilogue``: the default plan, then the same graph planned with ``gemm_epilogue=True``
+   and run with cuBLASLt's bias epilogue (``PlanExecutor(cublaslt=True)``), both verified
+   against the reference and timed back to back (saved after each).
 3. ``module``: the ``transformers`` module itself (as ``export_zoo`` builds it) under torch
    eager, torch.compile and torch.compile reduce-overhead, each checked against eager within
    the backend's tolerance: the issue's peers (559 / 2105 µs on the H200).
 4. ``backend`` and ``backend_epilogue``: ``torch.compile(module, backend=tunedb_backend)``
    (``bench_torch_backend.one``), without and with ``gemm_epilogue`` + ``TUNEDB_CUBLASLT=1``.
 
-First, ``gelu_probe`` records which GELU cuBLASLt's ``GELU_BIAS`` epilogue computes (erf or
+Last, ``gelu_probe`` records which GELU cuBLASLt's ``GELU_BIAS`` epilogue computes (erf or
 tanh), the fact a GELU epilogue for BERT needs. Throughput mode
 (``tunedb.bench.peers.throughput_us``), TF32 off.
 """
@@ -44,11 +45,14 @@ ROOT = Path(__file__).resolve().parents[1]
 ZOO = ROOT / "data" / "graphs" / "zoo"
 SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 # Rough seconds each part needs on an H200 host (planning BERT-base is ~15-30 s on one core).
-COST_S = {"onnx": 90, "onnx_epilogue": 80, "module": 100, "backend": 50, "backend_epilogue": 50}
-# What the must-show needs first: tunedb's plans and the module's peers, bf16 then fp32.
-ORDER = (("bfloat16", "onnx_epilogue"), ("bfloat16", "module"), ("float32", "onnx_epilogue"),
-         ("float32", "module"), ("bfloat16", "backend"), ("bfloat16", "backend_epilogue"),
-         ("bfloat16", "onnx"), ("float32", "onnx"), ("float32", "backend"), ("float32", "backend_epilogue"))
+COST_S = {"onnx": 90, "onnx_default": 50, "onnx_epilogue": 80, "module": 100, "backend": 50,
+          "backend_epilogue": 50}
+# What the must-show needs first: tunedb's default plans and the module's peers, bf16 then fp32;
+# then what runs cuBLASLt through ctypes, which could take the process down if it is wrong.
+ORDER = (("bfloat16", "onnx_default"), ("bfloat16", "module"), ("float32", "onnx_default"),
+         ("float32", "module"), ("bfloat16", "onnx_epilogue"), ("bfloat16", "backend"),
+         ("bfloat16", "backend_epilogue"), ("float32", "onnx_epilogue"), ("bfloat16", "onnx"),
+         ("float32", "onnx"), ("float32", "backend"), ("float32", "backend_epilogue"))
 
 
 def onnx_path(path: Path) -> dict:
@@ -60,8 +64,9 @@ def onnx_path(path: Path) -> dict:
                      say=lambda s: print(s, flush=True))
 
 
-def onnx_epilogue(path: Path) -> dict:
-    """The gemm-epilogue plan on cuBLASLt and the default plan, verified, timed back to back."""
+def onnx_epilogue(path: Path, rec: dict, save: Any, epilogue: bool = True) -> dict:
+    """The default plan and the gemm-epilogue plan on cuBLASLt, verified, timed back to back;
+    ``rec`` is saved after the first, so a crash in cuBLASLt keeps the default's time."""
     import cupy
 
     from tunedb.bench.peers import throughput_us
@@ -74,8 +79,7 @@ def onnx_epilogue(path: Path) -> dict:
     graph, _ = load_entry(collect_entries([path], anchors=False)[0])
     dev, ref_in = make_inputs(graph, 0)
     refs, span = reference_and_exp_span(graph, ref_in)
-    rec: dict[str, Any] = {}
-    for name, epi in (("epilogue_cublaslt", True), ("default", False)):
+    for name, epi in (("default", False), ("epilogue_cublaslt", True))[:2 if epilogue else 1]:
         r: dict[str, Any] = {}
         rec[name] = r
         try:
@@ -95,6 +99,7 @@ def onnx_epilogue(path: Path) -> dict:
         except Exception as e:  # noqa: BLE001 - a failing variant is a result
             r["error"] = _one_line(e)
         print(f"{path.name} {name}: {json.dumps(r)[:400]}", flush=True)
+        save()
     return rec
 
 
@@ -213,7 +218,7 @@ def summary_lines(result: dict) -> list[str]:
              "backend+epilogue (µs)"]
     parts = result.get("parts", {})
     for short in SHORT.values():
-        onnx = parts.get(f"{short}/onnx_epilogue", {})
+        onnx = {**parts.get(f"{short}/onnx_default", {}), **parts.get(f"{short}/onnx_epilogue", {})}
         mod = parts.get(f"{short}/module", {})
         back = [parts.get(f"{short}/{b}", {}) for b in ("backend", "backend_epilogue")]
         cells = [us(onnx.get("default")), us(onnx.get("epilogue_cublaslt")), us(mod.get("torch_eager")),
@@ -251,16 +256,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("TUNEDB_CUBLASLT", None)
     result.update(device=torch.cuda.get_device_name(), torch=torch.__version__, parts={}, skipped=[])
     start = time.perf_counter()
-    try:  # a second: which GELU the cuBLASLt epilogue computes (for the next kernel to remove)
-        result["gelu_epilogue"] = gelu_probe()
-    except Exception as e:  # noqa: BLE001
-        result["gelu_epilogue"] = {"error": _one_line(e)}
-    print(f"cuBLASLt GELU_BIAS epilogue: {json.dumps(result['gelu_epilogue'])}", flush=True)
-    parts = {"onnx": lambda dt: onnx_path(ZOO / f"bert_base_dynamo_{SHORT[dt]}.onnx"),
-             "onnx_epilogue": lambda dt: onnx_epilogue(ZOO / f"bert_base_dynamo_{SHORT[dt]}.onnx"),
-             "module": module_peers,
-             "backend": lambda dt: backend(dt, False, a.gpu_lock),
-             "backend_epilogue": lambda dt: backend(dt, True, a.gpu_lock)}
+
+    def save() -> None:
+        a.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+    parts = {"onnx": lambda dt, rec: onnx_path(ZOO / f"bert_base_dynamo_{SHORT[dt]}.onnx"),
+             "onnx_default": lambda dt, rec: onnx_epilogue(ZOO / f"bert_base_dynamo_{SHORT[dt]}.onnx",
+                                                           rec, save, epilogue=False),
+             "onnx_epilogue": lambda dt, rec: onnx_epilogue(ZOO / f"bert_base_dynamo_{SHORT[dt]}.onnx",
+                                                            rec, save),
+             "module": lambda dt, rec: module_peers(dt),
+             "backend": lambda dt, rec: backend(dt, False, a.gpu_lock),
+             "backend_epilogue": lambda dt, rec: backend(dt, True, a.gpu_lock)}
     for dt, name in ORDER:
         if dt not in dtypes:
             continue
@@ -269,13 +276,19 @@ def main(argv: list[str] | None = None) -> int:
             result["skipped"].append(key)
             continue
         t0 = time.perf_counter()
-        try:
-            rec = parts[name](dt)
-        except Exception as e:  # noqa: BLE001 - a failing part is a result
-            rec = {"error": _one_line(e)}
-        rec["part_s"] = round(time.perf_counter() - t0, 1)
+        rec: dict[str, Any] = {}
         result["parts"][key] = rec
-        a.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        try:
+            rec.update(parts[name](dt, rec))
+        except Exception as e:  # noqa: BLE001 - a failing part is a result
+            rec["error"] = _one_line(e)
+        rec["part_s"] = round(time.perf_counter() - t0, 1)
+        save()
+    try:  # last (a ctypes slip could take the process down): which GELU cuBLASLt's epilogue is
+        result["gelu_epilogue"] = gelu_probe()
+    except Exception as e:  # noqa: BLE001
+        result["gelu_epilogue"] = {"error": _one_line(e)}
+    print(f"cuBLASLt GELU_BIAS epilogue: {json.dumps(result['gelu_epilogue'])}", flush=True)
     result["wall_s"] = round(time.perf_counter() - start, 1)
     for line in summary_lines(result):
         print(line)
