@@ -11,7 +11,7 @@
 # Run from the checkout's root with tunedb's dependencies (and torch, jax) installed; WHEELS=DIR
 # installs a folder of wheels first. Results go to $OUT/zoo_h200_partN.json (+ .log); the table:
 #   python benchmarks/zoo_table.py zoo_h200_part1.json zoo_h200_part2.json zoo_h200_part3.json
-# TIME_LIMIT (default 420 s) stops the part; a row not finished by then is recorded as such.
+# TIME_LIMIT (default 400 s) stops the part; a row not finished by then is recorded as such.
 set -u
 PART=${1:?usage: zoo_h200_fill.sh PART(1|2|3) [COMMIT]}
 OUT=${OUT:-$(mktemp -d)}
@@ -39,8 +39,8 @@ for f in "${FILES[@]}"; do [ -f "$f" ] || { echo "error: $f is missing" >&2; exi
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv > "$OUT/gpu_part$PART.txt" 2>&1
 # 10 workers on the 16-core host: compilations overlap, every timing holds the lock.
-timeout $(( ${TIME_LIMIT:-420} + 60 )) python3 benchmarks/bench_zoo_plan.py "$OUT/zoo_h200_part$PART.json" \
-  --workers 10 --time-limit "${TIME_LIMIT:-420}" --target-s 0.05 --gpu-lock "$OUT/gpu.lock" \
+timeout $(( ${TIME_LIMIT:-400} + 50 )) python3 benchmarks/bench_zoo_plan.py "$OUT/zoo_h200_part$PART.json" \
+  --workers 10 --time-limit "${TIME_LIMIT:-400}" --target-s 0.05 --gpu-lock "$OUT/gpu.lock" \
   "${FILES[@]}" > "$OUT/zoo_h200_part$PART.log" 2>&1
 echo "part $PART rc=$?"
 tail -n 30 "$OUT/zoo_h200_part$PART.log"
