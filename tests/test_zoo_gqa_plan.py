@@ -60,9 +60,9 @@ def test_repeated_heads_become_grouped_matmuls_with_the_same_values():
     feeds = _feeds()
     want = run_reference(graph, feeds)["y"]
     np.testing.assert_allclose(run_reference(out, feeds)["y"], want, rtol=1e-12, atol=0)
-    # The plan (compile rewrites too): two GEMMs and the exp, no copy kernel for the repeats
-    # (the keys' transpose is a view); as exported, the two expands were copies.
-    plan = tunedb.compile(graph, cost_model=False, fill_initializers=False)
+    # The plan: two GEMMs and the exp, no copy kernel for the repeats (the keys' transpose
+    # is a view).
+    plan = tunedb.compile(out, cost_model=False, fill_initializers=False)
     assert plan.kernels == 3
     assert not [s for s in plan.steps if s.kind == "layout"], [s.ops for s in plan.steps]
 
@@ -76,15 +76,15 @@ def test_another_head_order_is_left_alone():
 
 @pytest.mark.slow  # imports and plans the 4-layer Llama twice (~10 s on 2 cores)
 def test_llama_small_loses_its_repeat_copies():
-    graph = import_onnx(ZOO / "llama_small_dynamo_fp32.onnx")
-    assert [n.op for n in graph.nodes].count("expand") == 8
-    rewritten = rewrite_for_plan(graph)
-    assert "expand" not in [n.op for n in rewritten.nodes]
-    folded = fold_matmul_scales(graph)
-    assert fold_grouped_kv(folded) is not folded
-    plan = tunedb.compile(graph, cost_model=False)
+    graph = fold_matmul_scales(import_onnx(ZOO / "llama_small_dynamo_fp32.onnx"))
+    assert [n.op for n in graph.nodes].count("expand") == 8  # two repeats a layer
+    grouped = fold_grouped_kv(graph)
+    assert "expand" not in [n.op for n in grouped.nodes]
+    plan = tunedb.compile(grouped, cost_model=False)
     layouts = [s.ops for s in plan.steps if s.kind == "layout"]
-    assert not any("expand" in ops for ops in layouts), layouts
+    assert len(layouts) == 6 and not any("expand" in ops for ops in layouts), layouts
+    # Not part of rewrite_for_plan (the module's docstring says why): the graph stays as is.
+    assert "expand" in [n.op for n in rewrite_for_plan(graph).nodes]
 
 
 @pytest.mark.gpu
@@ -95,7 +95,8 @@ def test_llama_grouped_plan_matches_the_reference_on_the_gpu(file):
     from tunedb.bench.plan import weighted_model
     from tunedb.runtime.executor import PlanExecutor
 
-    plan = tunedb.compile(import_onnx(weighted_model(ZOO / file)), device="cuda")
+    graph = fold_grouped_kv(fold_matmul_scales(import_onnx(weighted_model(ZOO / file))))
+    plan = tunedb.compile(graph, device="cuda")
     assert "expand" not in {op for s in plan.steps for op in s.ops}
     ex = PlanExecutor(plan)
     dev, ref_in = make_inputs(plan.graph, 3)

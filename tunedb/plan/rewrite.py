@@ -31,7 +31,6 @@ import numpy as np
 
 from tunedb.graph.ir import Constant, Graph, Node, TensorType, fresh_name
 from tunedb.graph.ops import infer_graph
-from tunedb.plan.rewrite_gqa import fold_grouped_kv
 from tunedb.plan.views import strided_view_nodes
 
 
@@ -276,6 +275,7 @@ def fold_matmul_bias(graph: Graph) -> Graph:
 
 def rewrite_for_plan(graph: Graph) -> Graph:
     """Every rewrite of this module, in the order they need (folded scales first: a scaled
-    head would stop its split from being a view, and hides a repeated key head from
-    ``fold_grouped_kv``, tunedb.plan.rewrite_gqa)."""
-    return merge_parallel_matmuls(fold_grouped_kv(fold_matmul_scales(graph)))
+    head would stop its split from being a view). ``fold_grouped_kv``
+    (tunedb.plan.rewrite_gqa) is not among them: the copy fusion of repeated heads (208fd4d)
+    plans Llama in as few kernels, and which runs faster is for the GPU to say."""
+    return merge_parallel_matmuls(fold_matmul_scales(graph))

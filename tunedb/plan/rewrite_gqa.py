@@ -17,6 +17,12 @@ by running it on the element indices of ``X`` (the reference), so only a plain r
 repeat followed by a transpose of the last two dims is taken. The PV product's rows are then
 ``g*m + i`` within a key/value head, so moving the heads back to rows is a copy, not an output
 view: Llama-small (4 layers) plans 68 kernels instead of 76 (3 copies a layer become 1).
+
+Not applied by ``rewrite_for_plan``: since the copy fusion of repeated heads (tunedb.kernels,
+208fd4d) Llama-small plans 67-68 kernels either way, with no repeat copy of its own. Here no
+data is repeated at all, there the value repeat is one fused copy and the heads go back as a
+view. Call it on a graph before ``tunedb.compile`` to plan this way; which is faster needs
+the GPU (tests/test_zoo_gqa_plan.py).
 """
 
 from __future__ import annotations
