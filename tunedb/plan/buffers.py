@@ -2,7 +2,8 @@
 
 Every value a step writes lives from the step that defines it to the last step that reads it
 (views extend their source's life and share its bytes; an output view's input, which a matmul
-writes before the view step, shares its output's bytes from the matmul on). Values are placed
+writes before the view step, shares its output's bytes from the matmul on; so does each input of a
+concat view, at its slice's offset, from the first producer on). Values are placed
 largest first at the lowest arena offset that does not overlap, in time and in space, any value
 placed before (the greedy-by-size offset planner of TFLite). Intervals are inclusive, so a step
 never reads and writes overlapping bytes. Graph outputs get buffers of their own: the caller keeps them.
@@ -15,7 +16,7 @@ from typing import Any
 
 from tunedb.graph.ir import Graph
 from tunedb.plan.record import BufferPlan
-from tunedb.runtime.executor_views import is_output_view
+from tunedb.runtime.executor_views import concat_slices, is_concat_view, is_output_view
 
 ALIGN = 256
 
@@ -42,12 +43,16 @@ def plan_buffers(graph: Graph, steps: Sequence[Any], times: Sequence[int] | None
     types = graph.type_map
     external = set(graph.inputs) | set(graph.constant_map)
     alias: dict[str, str] = {}      # view output -> the value whose bytes it shares
+    shift: dict[str, int] = {}      # byte offset of an aliased value in its alias (concat slices)
     defined: dict[str, int] = {}
     for k, s in enumerate(steps):
         for v in s.outputs:
             defined.setdefault(v, at[k])
         if is_output_view(s):  # the matmul writes its input into this step's output
             alias[s.inputs[0]] = s.outputs[0]
+        elif is_concat_view(s):  # each producer writes its slice of this step's output
+            for v, off in concat_slices(s).items():
+                alias[v], shift[v] = s.outputs[0], off
         elif s.kind == "layout_view":
             alias.update(_view_sources(s))
 
@@ -55,6 +60,12 @@ def plan_buffers(graph: Graph, steps: Sequence[Any], times: Sequence[int] | None
         while v in alias:
             v = alias[v]
         return v
+
+    def offset_in_root(v: str) -> int:
+        off = 0
+        while v in alias:
+            off, v = off + shift.get(v, 0), alias[v]
+        return off
 
     last: dict[str, int] = {}
     members: dict[str, list[str]] = {}
@@ -77,7 +88,7 @@ def plan_buffers(graph: Graph, steps: Sequence[Any], times: Sequence[int] | None
         nbytes = types[r].nbytes
         if any(v in outputs for v in vs):
             sizes.append(nbytes)
-            assign += [(v, len(sizes) - 1, 0, types[v].nbytes) for v in vs]
+            assign += [(v, len(sizes) - 1, offset_in_root(v), types[v].nbytes) for v in vs]
         else:
             # An output view's root is defined after the matmul that writes through it.
             arena.append((nbytes, min(defined[v] for v in vs), last[r], r))
@@ -95,6 +106,6 @@ def plan_buffers(graph: Graph, steps: Sequence[Any], times: Sequence[int] | None
         offsets[r] = off
     sizes[0] = max((o + sz for o, sz, _, _ in placed), default=0)
     for _, _, _, r in arena:
-        assign += [(v, 0, offsets[r], types[v].nbytes) for v in members[r]]
+        assign += [(v, 0, offsets[r] + offset_in_root(v), types[v].nbytes) for v in members[r]]
     naive = sum(_align(a[0]) for a in arena)
     return BufferPlan(tuple(sizes), tuple(assign), naive)

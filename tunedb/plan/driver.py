@@ -39,7 +39,7 @@ from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
 from tunedb.runtime import open_device
 from tunedb.runtime.device import NoGPUError, device_info
-from tunedb.runtime.executor_views import OUTPUT_VIEW, check_output_view
+from tunedb.runtime.executor_views import CONCAT_VIEW, OUTPUT_VIEW, check_concat_view, check_output_view
 from tunedb.runtime.pack_device import PackingDevice
 from tunedb.store import BUSY_WAIT_S, TuningStore
 
@@ -143,6 +143,9 @@ def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: 
     output_view = cost.kind == "layout_view" and any(j in index.output_view for j in nodes)
     if output_view:  # the matmul before it writes straight into this step's output
         cost = GroupCost("layout_view", 0.0, "none", launches=0, config={"view": OUTPUT_VIEW})
+    concat_view = cost.kind == "layout_view" and any(j in index.concat_view for j in nodes)
+    if concat_view:  # its producers write their slices of this step's output
+        cost = GroupCost("layout_view", 0.0, "none", launches=0, config={"view": CONCAT_VIEW})
     step = KernelStep(
         kind=cost.kind, inputs=sub.inputs, outputs=sub.outputs, nodes=nodes,
         ops=tuple(index.nodes[j].op for j in nodes), subgraph=canonical_json(sub.graph.to_json()),
@@ -151,9 +154,9 @@ def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: 
         cost_source=cost.source, launches=cost.launches, note=cost.note)
     if cost.kind == "gemm" and _vector_bias(index, nodes[0]):
         step = dataclasses.replace(step, config={**step.config_dict, "epilogue": "bias"})
-    if output_view:
-        try:
-            check_output_view(step)  # the executor undoes a transpose-then-reshapes chain only
+    if output_view or concat_view:
+        try:  # the executor undoes a transpose-then-reshapes chain, or takes one concat, only
+            check_output_view(step) if output_view else check_concat_view(step)
         except ValueError as e:  # grouped otherwise: a copy kernel, as before output views
             us = sub.graph.floor_bytes() / coster.device.bandwidth_bytes_per_s * 1e6
             return dataclasses.replace(step, kind="layout", config=(), predicted_us=us,
@@ -165,7 +168,8 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             measure_top: int = 0, beam: int = 4, horizontal: bool = True,
             bindings: dict[str, int] | None = None, fill_initializers: bool = True,
             measure_device: str = "cuda", schedule: str = "sequential", pack: bool | str = "auto",
-            pack_model: Any = None, bias_epilogue: bool = False, gemm_epilogue: bool = False) -> Plan:
+            pack_model: Any = None, bias_epilogue: bool = False, gemm_epilogue: bool = False,
+            concat_views: bool = False) -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
@@ -206,7 +210,11 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     ``gemm`` step (``tunedb.plan.rewrite.fold_matmul_bias``; the step's config says
     ``epilogue: bias``). The executor runs it as one cuBLASLt call with the bias epilogue where
     that is switched on (``TUNEDB_CUBLASLT=1``), else as a copy of the bias and cuBLAS with
-    beta = 1."""
+    beta = 1.
+
+    ``concat_views``: a concat whose inputs are contiguous slices of its output (channels at
+    batch 1) is no kernel: its producers write their slices (``tunedb.plan.views``). It is not
+    fused either, so elementwise ops before it run in their branches' steps."""
     if bias_epilogue:
         model = split_conv_bias(load_graph(model, bindings, fill_initializers))
     if gemm_epilogue:
@@ -214,7 +222,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     if pack is True and schedule != "sequential":
         raise PlanError("pack=True needs schedule='sequential' (IOS stages and packs do not mix)")
     if schedule != "sequential":
-        return compile_staged(functools.partial(compile, pack=False),
+        return compile_staged(functools.partial(compile, pack=False, concat_views=concat_views),
                               load_graph(model, bindings, fill_initializers), schedule,
                               db=db, cost_model=cost_model, device=device, measure_top=measure_top,
                               beam=beam, horizontal=horizontal, measure_device=measure_device)
@@ -232,7 +240,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
         info = gpu.info if gpu is not None else resolve_device(device, store)
         facts = DeviceFacts.from_device_info(info) if info is not None else DeviceFacts()
         model_obj = load_cost_model(cost_model, info)
-        index = GraphIndex(graph)
+        index = GraphIndex(graph, concat_views=concat_views)
         ids = None if info is None else store.same_model_ids(info) if store is not None else [info.id]
         coster = Coster(index, store=store, device_id=ids,
                         model=model_obj, device=facts)

@@ -16,7 +16,7 @@ from typing import Any
 
 from tunedb.graph.ir import Graph, GraphError, Node, TensorType
 from tunedb.graph.ops import COMPUTE_OPS
-from tunedb.plan.views import output_view_nodes, strided_view_nodes
+from tunedb.plan.views import concat_view_nodes, output_view_nodes, strided_view_nodes
 
 # Ops that cost no kernel when they stand alone: every buffer is contiguous row-major, so a
 # reshape of one is the same bytes under another shape.
@@ -58,7 +58,7 @@ class Subgraph:
 class GraphIndex:
     """Adjacency and per-node facts of a graph, computed once for many sub-graph cuts."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, concat_views: bool = False) -> None:
         self.graph = graph
         self.nodes = graph.nodes
         self.types = graph.type_map
@@ -86,8 +86,16 @@ class GraphIndex:
         self.output_view = output_view_nodes(self.nodes, self.types, self.consumers, self.outputs) - strided
         self.view = [is_view(n, self.types) or i in strided or i in self.output_view
                      for i, n in enumerate(self.nodes)]
+        # Concats whose producers write their slices (``views.concat_view_nodes``): no kernel,
+        # and no fusion either, so the producers' steps stay what they are.
+        self.concat_view: set[int] = set()
+        if concat_views:
+            self.concat_view = concat_view_nodes(
+                self.nodes, self.types, self.outputs, {i for i, v in enumerate(self.view) if v})
+            for i in self.concat_view:
+                self.view[i] = True
         self.compute = [n.op in COMPUTE_OPS or n.op in COMPUTE_KIND for n in self.nodes]
-        self.fusable = [n.op in FUSABLE_OPS for n in self.nodes]
+        self.fusable = [n.op in FUSABLE_OPS and i not in self.concat_view for i, n in enumerate(self.nodes)]
 
     def is_output(self, v: str, inside: set[int] | dict[int, int]) -> bool:
         return v in self.outputs or any(c not in inside for c in self.consumers.get(v, ()))

@@ -16,6 +16,10 @@ The other way round, an *output view*: attention's heads go back to rows after t
 output in the rows layout directly (``ldc = H*D``, a per-head stride of ``D``), so a transpose
 whose input a matmul writes and nothing else reads is a view too: the transpose's output owns
 the buffer, and the matmul's output is the strided view of it (``output_view_nodes``).
+
+A *concat view* (``concat_view_nodes``, ``compile(concat_views=True)``): a concat along an axis
+with only unit dimensions before it (channels at batch 1) puts each input in a contiguous slice
+of its output, so every producer can write its slice in place, whatever its kernel.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ STRIDED_OPS = frozenset(("transpose", "slice", "split"))
 RESHAPE_OPS = frozenset(("reshape", "squeeze", "unsqueeze", "identity"))
 # Dtypes whose matmuls the executor runs on cuBLAS (tunedb.runtime.executor.COMPUTE_DIRECT).
 OUTPUT_VIEW_DTYPES = frozenset(("float32", "float16", "bfloat16"))
+# A concat input's slice starts on this many bytes: generated kernels load and store vectors.
+CONCAT_SLICE_ALIGN = 16
 
 
 @dataclass(frozen=True)
@@ -209,4 +215,34 @@ def strided_view_nodes(nodes: Sequence[Node], types: dict, consumers: dict[str, 
         if outs is not None and all(uses_ok(o, lo) for o, lo in zip(n.outputs, outs)):
             found.add(i)
             lay_of.update(zip(n.outputs, outs))
+    return found
+
+
+def concat_view_nodes(nodes: Sequence[Node], types: dict, outputs: set[str], views: set[int]) -> set[int]:
+    """Indices of the concats whose inputs their producers can write in place (module docstring):
+    the axis has only unit dimensions before it; every input is written by a node that is no
+    view (``views``, reshape-like, strided, concat), of the concat's dtype, is no graph output,
+    appears once and in no other such concat; every slice starts ``CONCAT_SLICE_ALIGN``-aligned.
+    Other readers of an input read its slice, a contiguous array like any other."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
+    no_write = RESHAPE_OPS | STRIDED_OPS | {"concat"}
+    taken: set[str] = set()
+    found: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "concat" or len(n.outputs) != 1:
+            continue
+        out = types[n.outputs[0]]
+        axis = int(n.attr("axis")) % len(out.shape)
+        if any(d != 1 for d in out.shape[:axis]) or len(set(n.inputs)) != len(n.inputs):
+            continue
+        ok, start = True, 0
+        for v in n.inputs:
+            p = producer.get(v)
+            ok = ok and p is not None and p not in views and nodes[p].op not in no_write
+            ok = ok and v not in outputs and v not in taken and types[v].dtype == out.dtype
+            ok = ok and start % CONCAT_SLICE_ALIGN == 0
+            start += types[v].nbytes
+        if ok:
+            found.add(i)
+            taken.update(n.inputs)
     return found

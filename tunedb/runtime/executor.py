@@ -59,7 +59,13 @@ from tunedb.runtime.executor_ops import (
     storage_dtype,
     to_bf16_bits,
 )
-from tunedb.runtime.executor_views import input_view, is_output_view, output_view_steps
+from tunedb.runtime.executor_views import (
+    check_concat_written,
+    input_view,
+    is_concat_view,
+    is_output_view,
+    output_view_steps,
+)
 from tunedb.runtime.inputs import bf16_bits, index_bounds, make_inputs
 from tunedb.runtime.launch import kernel_function, launcher
 
@@ -341,6 +347,10 @@ class PlanExecutor:
         if is_output_view(step):  # its input, written by the matmul, already is its output
             if step.outputs[0] not in self.env or step.inputs[0] not in self.env:
                 raise ExecutorError(f"output view {'+'.join(step.ops)}: no matmul wrote {step.inputs[0]!r}")
+            return
+        if is_concat_view(step):  # the producers wrote their slices of its planned output
+            self.env[step.outputs[0]] = self._array(step.outputs[0])
+            check_concat_written(step, self.env)  # ValueError: _build names the step
             return
         sub = step.graph
         local = {s: self.env[v] for s, v in zip(sub.inputs, step.inputs)}

@@ -11,6 +11,10 @@ The step's sub-graph is a chain: a transpose of the step's input, then reshape-l
 input is got back from its output by undoing the chain (reshapes to their input shapes, which
 a contiguous array always takes as a view, then the inverse permutation). Everything here works
 on NumPy and CuPy arrays alike, so the CPU tests run the executor's own rule.
+
+A concat view (``config = {"view": "concat"}``) is simpler: each input is a contiguous slice of
+the concat's output, and the buffer plan puts it there (``tunedb.plan.buffers``), so its producer
+writes the slice with no change and the step itself does nothing.
 """
 
 from __future__ import annotations
@@ -75,3 +79,52 @@ def input_view(step: Any, owner: Any) -> Any:
         else:
             a = a.reshape(src)
     return a
+
+
+# -- concat views: producers write their slices of the concat's output ---------------------------
+CONCAT_VIEW = "concat"
+
+
+def is_concat_view(step: Any) -> bool:
+    return step.kind == "layout_view" and step.config_dict.get("view") == CONCAT_VIEW
+
+
+def check_concat_view(step: Any) -> None:
+    """Raise ``ValueError`` unless ``step``'s sub-graph is one concat of its inputs, in order,
+    along an axis with only unit dimensions before it (each input a contiguous slice)."""
+    sub = step.graph
+    name = "+".join(step.ops)
+    if len(sub.nodes) != 1 or sub.nodes[0].op != "concat" or len(sub.outputs) != 1:
+        raise ValueError(f"concat view step {name}: needs exactly one concat")
+    node = sub.nodes[0]
+    if tuple(node.inputs) != tuple(sub.inputs) or node.outputs[0] != sub.outputs[0]:
+        raise ValueError(f"concat view step {name}: its inputs are not the concat's, in order")
+    shape = sub.type_map[node.outputs[0]].shape
+    axis = int(node.attr("axis")) % len(shape)
+    if any(d != 1 for d in shape[:axis]):
+        raise ValueError(f"concat view step {name}: its inputs are not contiguous slices (axis {axis})")
+
+
+def concat_slices(step: Any) -> dict[str, int]:
+    """Each input value of a (checked) concat-view step -> its byte offset in the step's output."""
+    check_concat_view(step)
+    types, out, start = step.graph.type_map, {}, 0
+    for s, v in zip(step.graph.inputs, step.inputs):
+        out[v] = start
+        start += types[s].nbytes
+    return out
+
+
+def _address(a: Any) -> int:
+    """A NumPy or CuPy array's first byte."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
+
+
+def check_concat_written(step: Any, env: dict[str, Any]) -> None:
+    """Raise ``ValueError`` unless every input of the concat-view ``step`` is in ``env`` as the
+    slice of its output (``env[step.outputs[0]]``) at its offset: its producer wrote it there."""
+    out = env[step.outputs[0]]
+    for v, off in concat_slices(step).items():
+        a = env.get(v)
+        if a is None or _address(a) != _address(out) + off or a.nbytes + off > out.nbytes:
+            raise ValueError(f"concat view {step.outputs[0]!r}: {v!r} was not written at byte {off} of it")
