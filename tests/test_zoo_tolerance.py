@@ -82,6 +82,14 @@ def test_span_of_other_exps_follows_where_the_argument_matters():
         tolerance(graph, "float32").atol + 100.0 * TOLERANCES["float32"][2])
 
 
+def test_sixteen_bit_outputs_get_no_exp_term():
+    # bf16's epsilon times BERT-base's span (76.5) would pass anything within the output's RMS
+    graph = import_onnx(_attention_stack(2.0))
+    for dtype in ("bfloat16", "float16"):
+        assert tolerance(graph, dtype, 76.5) == tolerance(graph, dtype)
+    assert tolerance(graph, "float32", 76.5).atol > tolerance(graph, "float32").atol
+
+
 def test_unscaled_softmax_passes_with_the_exp_term_and_a_wrong_result_still_fails():
     model = _attention_stack(logit_scale=2.0)
     graph = import_onnx(model)
