@@ -132,3 +132,31 @@ def _direct_input(shape: tuple[int, ...]) -> Graph:
     b = GraphBuilder("concat_of_an_input")
     x = b.input("x", shape)
     return b.build([b.relu(b.concat(x, b.exp(x), axis=1))])
+
+
+def test_a_saved_plan_keeps_its_concat_views():
+    plan = compile_plan(_fire_modules(), device=None, concat_views=True)
+    again = Plan.from_json(plan.dumps())
+    assert [s.config_dict for s in again.steps] == [s.config_dict for s in plan.steps]
+    assert again.buffers == plan.buffers
+    _check(again)
+
+
+def test_squeezenet_b1_whole_under_the_executors_memory_layout():
+    plan = compile_plan(str(GRAPHS / "ios" / "squeezenet1_1_b1.onnx"), device=None, concat_views=True)
+    assert sum(map(is_concat_view, plan.steps)) == 8  # every fire module
+    assert all("concat" not in s.ops for s in plan.steps if not is_concat_view(s))
+    _slices_in_place(plan)
+    _check(plan)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["sequential", "ios"])
+def test_inception_v3_b1_whole_under_the_executors_memory_layout(schedule):
+    """All 11 Mixed blocks' concats are views; the stage plan's buffers (concurrent steps never
+    share bytes) hold them too."""
+    plan = compile_plan(str(GRAPHS / "ios" / "inception_v3_b1.onnx"), device=None, concat_views=True,
+                        schedule=schedule)
+    assert sum(map(is_concat_view, plan.steps)) == 11
+    _slices_in_place(plan)
+    _check(plan)

@@ -278,3 +278,44 @@ def test_cublaslt_gelu_epilogue_is_one_of_the_two_gelus():
     assert "error" not in probe, probe
     assert probe["max_abs_err"][probe["form"]] < 2e-5, probe
     assert probe["erf_vs_tanh"] > 10 * probe["max_abs_err"][probe["form"]], probe
+
+
+@pytest.mark.parametrize("model", ["fire", "inception_mixed_5b.onnx", "ios/squeezenet1_1_b1.onnx",
+                                   "ios/inception_v3_b1.onnx"])
+def test_concat_views_write_each_branch_into_its_slice(model):
+    """``compile(concat_views=True)``: every producer writes its slice of the concat's buffer and
+    no concat kernel is left; verified against the reference and captured whole."""
+    from test_concat_views import _fire_modules
+
+    from tunedb.plan import compile
+    from tunedb.runtime.executor import PlanExecutor
+    from tunedb.runtime.executor_views import is_concat_view
+
+    plan = compile(_fire_modules() if model == "fire" else str(GRAPHS / model), device="cuda",
+                   concat_views=True)
+    assert any(map(is_concat_view, plan.steps))
+    assert all("concat" not in s.ops for s in plan.steps if not is_concat_view(s))
+    ex = PlanExecutor(plan)
+    dev, ref_in = make_inputs(plan.graph, 0)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+    assert not ex.fallbacks and ex.launches == plan.kernels
+
+
+@pytest.mark.parametrize("model", ["fire", "ios/inception_v3_b1.onnx"])
+def test_concat_views_in_a_stage_plan_run_on_streams(model):
+    """The IOS plan with concat views: the branches' steps write their slices concurrently."""
+    from test_concat_views import _fire_modules
+
+    from tunedb.plan import compile
+    from tunedb.runtime.executor_views import is_concat_view
+    from tunedb.runtime.stage_exec import StagedExecutor
+
+    plan = compile(_fire_modules() if model == "fire" else str(GRAPHS / model), device="cuda",
+                   schedule="ios", concat_views=True)
+    assert any(map(is_concat_view, plan.steps)) and any(len(st) > 1 for st in plan.stages)
+    ex = StagedExecutor(plan)
+    dev, ref_in = make_inputs(plan.graph, 0)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+    assert not ex.fallbacks
