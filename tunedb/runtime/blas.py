@@ -221,6 +221,17 @@ def _loaded_cublas_path() -> str | None:
     return None
 
 
+def load_first(names: list[str], what: str, error: type[Exception]) -> ctypes.CDLL:
+    """The first of ``names`` the dynamic loader opens; else ``error`` naming why each failed."""
+    errors = []
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError as e:
+            errors.append(f"{name}: {e}")
+    raise error(f"cannot load {what}: " + "; ".join(errors)[:300])
+
+
 def library() -> Any:
     """The cuBLAS shared library with the prototypes used here (loaded once)."""
     if _LIB:
@@ -232,16 +243,7 @@ def library() -> Any:
     except Exception:  # noqa: BLE001 - fall back to the dynamic loader's search
         pass
     names = [p for p in (_loaded_cublas_path(), ctypes.util.find_library("cublas")) if p]
-    names += ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
-    lib, errors = None, []
-    for name in names:
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError as e:
-            errors.append(f"{name}: {e}")
-    if lib is None:
-        raise BlasError("cannot load cuBLAS: " + "; ".join(errors)[:300])
+    lib = load_first(names + ["libcublas.so.13", "libcublas.so.12", "libcublas.so"], "cuBLAS", BlasError)
     vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
     protos = {
         "cublasCreate_v2": [ctypes.POINTER(vp)],

@@ -24,7 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tunedb.runtime.blas import COMPUTE_32F, COMPUTE_32F_FAST_TF32, CUDA_R_32F, DATA_TYPES, OP_N, OP_T
+from tunedb.runtime.blas import (
+    COMPUTE_32F,
+    COMPUTE_32F_FAST_TF32,
+    CUDA_R_32F,
+    DATA_TYPES,
+    OP_N,
+    OP_T,
+    load_first,
+)
 from tunedb.runtime.blas import library as blas_library
 
 LT_ENV = "TUNEDB_CUBLASLT"
@@ -117,15 +125,7 @@ def lt_library(path: str | None = None) -> Any:
     else:
         names = [p for p in (_loaded("libcublasLt.so"), ctypes.util.find_library("cublasLt")) if p]
         names += ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
-    lib, errors = None, []
-    for name in names:
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError as e:
-            errors.append(f"{name}: {e}")
-    if lib is None:
-        raise LtError("cannot load cuBLASLt: " + "; ".join(errors)[:300])
+    lib = load_first(names, "cuBLASLt", LtError)
     vp, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     protos = {
         "cublasLtCreate": [ctypes.POINTER(vp)], "cublasLtDestroy": [vp],
