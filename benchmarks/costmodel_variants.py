@@ -9,7 +9,9 @@ workloads alone (a larger dataset against a smaller one, like for like).
 
 Variants: ``regression`` (squared error on log latency over the floor), ``top_weighted``
 (the default: the same with row weights 0.1 + exp(-gap / 0.1), gap = latency / best of the
-workload - 1), ``top_weighted_wide`` (gap scale 0.2), ``near_best`` (top_weighted plus as
+workload - 1), ``top_weighted_wide`` (gap scale 0.2), ``top_weighted_mono`` (with
+``TrainParams.monotone``: latency monotone in traffic, roofline time, lane use and wave
+efficiency), ``near_best`` (top_weighted plus as
 many members trained only on each workload's candidates within 30 % of its best),
 ``rank_pairwise`` and ``rank_ndcg`` (XGBoost's ranking objectives, calibrated to microseconds).
 Blends train their members on each fold once and average them in log space: ``blend_rp_cal``
@@ -64,6 +66,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "regression": {"objective": "reg:squarederror"},
     "top_weighted": {"objective": "reg:squarederror", "top_weight": 0.1},
     "top_weighted_wide": {"objective": "reg:squarederror", "top_weight": 0.2},
+    "top_weighted_mono": {"objective": "reg:squarederror", "top_weight": 0.1, "monotone": True},
     # As many near-best members as --bag members (a 1:1 blend), on rows within 30 % of the best.
     "near_best": {"objective": "reg:squarederror", "top_weight": 0.1, "near_best_gap": 0.3},
     "rank_pairwise": {"objective": "rank:pairwise"},

@@ -361,3 +361,24 @@ def test_clean_frame_keeps_ok_rows_once_per_candidate():
     f = clean_frame(synthetic_frame(6, 5, seed=2))
     assert data_snapshot_hash(f) == data_snapshot_hash(f.take(pa.array(np.arange(f.num_rows)[::-1])))
     assert data_snapshot_hash(f) != data_snapshot_hash(f.slice(1))
+
+
+def test_monotone_regression_never_gets_faster_with_more_traffic(data):
+    from tunedb.costmodel.train import MONOTONE, predict_us
+
+    X, y, g, _ = data
+    params = replace(FAST, objective="reg:squarederror", bag=1, num_boost_round=40, monotone=True)
+    assert TrainParams.from_json(params.to_json()).monotone  # recorded on the card
+    res = train_booster(X, y, g, params)
+    rows = X[:50].copy()
+    for name, sign in MONOTONE.items():
+        j = FEATURE_NAMES.index(name)
+        lo, hi = rows.copy(), rows.copy()
+        lo[:, j] = np.quantile(X[:, j], 0.1)
+        hi[:, j] = np.quantile(X[:, j], 0.9)
+        p_lo, p_hi = (predict_us(res.booster, r, res.objective, res.calibration, res.calibration_floor)
+                      for r in (lo, hi))
+        # floor_us (the calibration base) is not among them, so only the trees move the latency
+        assert np.all(sign * (p_hi - p_lo) >= -1e-6 * p_lo), name
+    # ranking objectives take no constraints (their margins are per-workload orders)
+    assert "monotone_constraints" not in params.xgb_params("rank:pairwise", 100)

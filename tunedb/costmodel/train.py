@@ -34,7 +34,7 @@ import xgboost as xgb
 from sklearn.model_selection import GroupShuffleSplit
 
 from tunedb.costmodel.errors import TrainError
-from tunedb.costmodel.features import MEASURED_FEATURES, UNKNOWN, feature_index
+from tunedb.costmodel.features import FEATURE_NAMES, MEASURED_FEATURES, UNKNOWN, feature_index
 from tunedb.costmodel.metrics import pairwise_accuracy
 
 REGRESSION = "reg:squarederror"
@@ -48,6 +48,11 @@ SMALL_DATA = 100_000
 # rows and columns with a larger step, about six times less work for 1M rows (which then fit
 # the one-minute budget on two cores) at little cost in accuracy, since data is plentiful.
 LARGE_DATA = 300_000
+# Direction of latency in a feature, all else equal (TrainParams.monotone): more bytes moved or a
+# longer roofline time is never faster; more lanes busy or fuller waves never slower.
+MONOTONE: dict[str, int] = {
+    "traffic_ratio": 1, "extra_bytes": 1, "est_bytes": 1, "log2_est_bytes": 1, "roofline_us": 1,
+    "log2_roofline_us": 1, "lane_utilization": -1, "wave_efficiency": -1}
 
 
 def auto_threads() -> int:
@@ -118,6 +123,9 @@ class TrainParams:
     # split on telling the fast candidates apart. 0: none.
     near_best_members: int = 0
     near_best_gap: float = 0.3
+    # Regression only: latency may not fall as the estimated traffic or roofline time grows, nor
+    # rise as lane use or wave efficiency grows (MONOTONE), where the rest of the row is equal.
+    monotone: bool = False
 
     def __post_init__(self) -> None:
         # Accept the JSON forms (lists, a dict) too: the fields stay hashable tuples.
@@ -174,6 +182,9 @@ class TrainParams:
             p["nthread"] = auto_threads()
         if objective == REGRESSION:
             p["eval_metric"] = "rmse"
+            if self.monotone:
+                signs = ",".join(str(MONOTONE.get(n, 0)) for n in FEATURE_NAMES)
+                p["monotone_constraints"] = f"({signs})"
         else:
             # Labels are continuous relevances (log-latency gaps); exponential gain needs ints.
             p.update(eval_metric="ndcg", ndcg_exp_gain=False,
