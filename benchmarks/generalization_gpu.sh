@@ -9,11 +9,7 @@
 # Results go to $OUT: generalization_tier.json, bench.log, gpus.txt; the table is printed.
 set -u
 T0=$SECONDS
-OUT=${OUT:-$(mktemp -d)}
-PY=${PYBIN:-python3}
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export TUNEDB_GIT_COMMIT=${TUNEDB_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-command -v nvidia-smi > /dev/null && nvidia-smi -L > "$OUT/gpus.txt" 2>&1
+. "$(dirname "$0")/gpu_call_env.sh"
 LIMIT_S=${LIMIT_S:-470}
 RESUME_ARGS=()
 [ -n "${RESUME:-}" ] && RESUME_ARGS=(--resume "$RESUME")

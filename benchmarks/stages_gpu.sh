@@ -10,11 +10,7 @@
 # BENCH_S / TESTS_S bound steps 1 and 2 in seconds (defaults fit 540 s with the replay).
 set -u
 T0=$SECONDS
-OUT=${OUT:-$(mktemp -d)}
-PY=${PYBIN:-python3}
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export TUNEDB_GIT_COMMIT=${TUNEDB_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-command -v nvidia-smi > /dev/null && nvidia-smi -L > "$OUT/gpus.txt" 2>&1
+. "$(dirname "$0")/gpu_call_env.sh"
 BENCH_S=${BENCH_S:-420}
 timeout "$BENCH_S" $PY -m tunedb.bench.stages "$OUT/stages_h200_v3.json" --peers --refine --oracle=full \
   --budget-s=$((BENCH_S - 90)) > "$OUT/bench.log" 2>&1
