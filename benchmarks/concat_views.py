@@ -2,9 +2,10 @@
 
 For each graph, the sequential plan and the IOS stage plan (``schedule="ios"``, roofline prices
 without a device) with and without concat views: concat nodes, concat kernels left, kernels,
-stages, and the arena's bytes. No GPU: these are plan facts, not timings.
+stages, and the arena's bytes. No GPU: these are plan facts, not timings. ``--bias-epilogue``
+plans with the conv-bias lever the stage runs use (``compile(bias_epilogue=True)``).
 
-    python benchmarks/concat_views.py [--no-ios]
+    python benchmarks/concat_views.py [--no-ios] [--bias-epilogue]
 """
 
 from __future__ import annotations
@@ -60,14 +61,16 @@ def facts(plan: Any, graph_concats: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-ios", action="store_true", help="the sequential plans only")
+    ap.add_argument("--bias-epilogue", action="store_true", help="compile(bias_epilogue=True)")
     args = ap.parse_args(argv)
+    kw = {"bias_epilogue": True} if args.bias_epilogue else {}
     print("| graph | schedule | concats | concat kernels (copy / views) | concat views | kernels "
           "(copy / views) | IOS stages (copy / views) | arena MiB (copy / views) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, model in graphs():
         for schedule in ("sequential",) if args.no_ios else ("sequential", "ios"):
-            a = compile_plan(model, device=None, schedule=schedule)
-            b = compile_plan(model, device=None, schedule=schedule, concat_views=True)
+            a = compile_plan(model, device=None, schedule=schedule, **kw)
+            b = compile_plan(model, device=None, schedule=schedule, concat_views=True, **kw)
             n = sum(nd.op == "concat" for nd in a.graph.nodes)
             fa, fb = facts(a, n), facts(b, n)
             print(f"| {name} | {schedule} | {n} | {fa['concat kernels']} / {fb['concat kernels']} | "

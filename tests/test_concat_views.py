@@ -142,21 +142,28 @@ def test_a_saved_plan_keeps_its_concat_views():
     _check(again)
 
 
-def test_squeezenet_b1_whole_under_the_executors_memory_layout():
-    plan = compile_plan(str(GRAPHS / "ios" / "squeezenet1_1_b1.onnx"), device=None, concat_views=True)
+@pytest.mark.parametrize("bias_epilogue", [False, True])
+def test_squeezenet_b1_whole_under_the_executors_memory_layout(bias_epilogue):
+    """With the bias lever each concat was a copy kernel of its own; now none is left."""
+    path = str(GRAPHS / "ios" / "squeezenet1_1_b1.onnx")
+    plan = compile_plan(path, device=None, concat_views=True, bias_epilogue=bias_epilogue)
     assert sum(map(is_concat_view, plan.steps)) == 8  # every fire module
+    if bias_epilogue:
+        plain = compile_plan(path, device=None, bias_epilogue=True)
+        assert [s.ops for s in plain.steps if "concat" in s.ops] == [("concat",)] * 8  # copies alone
+        assert plan.kernels == plain.kernels - 8
     assert all("concat" not in s.ops for s in plan.steps if not is_concat_view(s))
     _slices_in_place(plan)
     _check(plan)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["sequential", "ios"])
-def test_inception_v3_b1_whole_under_the_executors_memory_layout(schedule):
+@pytest.mark.parametrize("schedule,bias_epilogue", [("sequential", False), ("ios", True)])
+def test_inception_v3_b1_whole_under_the_executors_memory_layout(schedule, bias_epilogue):
     """All 11 Mixed blocks' concats are views; the stage plan's buffers (concurrent steps never
     share bytes) hold them too."""
     plan = compile_plan(str(GRAPHS / "ios" / "inception_v3_b1.onnx"), device=None, concat_views=True,
-                        schedule=schedule)
+                        schedule=schedule, bias_epilogue=bias_epilogue)
     assert sum(map(is_concat_view, plan.steps)) == 11
     _slices_in_place(plan)
     _check(plan)

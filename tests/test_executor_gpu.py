@@ -304,7 +304,8 @@ def test_concat_views_write_each_branch_into_its_slice(model):
 
 @pytest.mark.parametrize("model", ["fire", "ios/inception_v3_b1.onnx"])
 def test_concat_views_in_a_stage_plan_run_on_streams(model):
-    """The IOS plan with concat views: the branches' steps write their slices concurrently."""
+    """The IOS plan with concat views and the bias lever (each concat was a copy kernel of its
+    own): the branches' steps write their slices concurrently."""
     from test_concat_views import _fire_modules
 
     from tunedb.plan import compile
@@ -312,7 +313,7 @@ def test_concat_views_in_a_stage_plan_run_on_streams(model):
     from tunedb.runtime.stage_exec import StagedExecutor
 
     plan = compile(_fire_modules() if model == "fire" else str(GRAPHS / model), device="cuda",
-                   schedule="ios", concat_views=True)
+                   schedule="ios", concat_views=True, bias_epilogue=True)
     assert any(map(is_concat_view, plan.steps)) and any(len(st) > 1 for st in plan.stages)
     ex = StagedExecutor(plan)
     dev, ref_in = make_inputs(plan.graph, 0)
