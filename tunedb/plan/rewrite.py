@@ -31,7 +31,7 @@ import numpy as np
 
 from tunedb.graph.ir import Constant, Graph, Node, TensorType, fresh_name
 from tunedb.graph.ops import infer_graph
-from tunedb.plan.views import strided_view_nodes
+from tunedb.plan.views import strided_view_nodes, transpose_perm
 
 
 def _readers(nodes: Sequence[Node]) -> dict[str, list[int]]:
@@ -273,9 +273,63 @@ def fold_matmul_bias(graph: Graph) -> Graph:
     return out if len(after) >= len(before) else graph
 
 
+def _merged_prefix(src: tuple[int, ...], dst: tuple[int, ...]) -> int:
+    """How many leading dims of ``src`` the reshape to ``dst`` merges into ``dst[0]`` (the rest
+    unchanged); 0 if it is no such reshape or merges fewer than two."""
+    rest = len(dst) - 1
+    p = len(src) - rest
+    if p < 2 or tuple(src[p:]) != tuple(dst[1:]):
+        return 0
+    prod = 1
+    for d in src[:p]:
+        prod *= int(d)
+    return p if prod == dst[0] else 0
+
+
+def fold_batch_reshapes(graph: Graph) -> Graph:
+    """``reshape(transpose(reshape(x, [B*H, ...]), perm), [B, H, ...])`` with ``perm[0] == 0``
+    -> ``transpose(x, perm')``: the exporters' key transpose at batch > 1 (``[B, H, S, D]`` ->
+    ``[B*H, S, D]`` -> ``[B*H, D, S]`` -> ``[B, H, D, S]``). Merging B and H of a head view
+    needs a copy (the two dims do not step evenly), so without this the transpose is a copy
+    kernel and the QKV split no view; one 4-d transpose is a view. Values are unchanged."""
+    types = graph.type_map
+    readers = _readers(graph.nodes)
+    outputs = set(graph.outputs)
+    nodes: list[Node | None] = list(graph.nodes)
+
+    def only_reader(v: str) -> int | None:
+        r = readers.get(v, [])
+        return r[0] if len(r) == 1 and v not in outputs else None
+
+    for i, r1 in enumerate(graph.nodes):
+        if r1.op != "reshape" or nodes[i] is None:
+            continue
+        x, m = r1.inputs[0], r1.outputs[0]
+        p = _merged_prefix(types[x].shape, types[m].shape)
+        t = only_reader(m) if p else None
+        if t is None or graph.nodes[t].op != "transpose":
+            continue
+        perm = transpose_perm(graph.nodes[t], len(types[m].shape))
+        r2 = only_reader(graph.nodes[t].outputs[0])
+        if perm[0] != 0 or r2 is None or graph.nodes[r2].op != "reshape":
+            continue
+        end = graph.nodes[r2].outputs[0]
+        tshape = types[graph.nodes[t].outputs[0]].shape
+        if tuple(types[end].shape) != tuple(types[x].shape[:p]) + tuple(tshape[1:]):
+            continue
+        full = tuple(range(p)) + tuple(p - 1 + k for k in perm[1:])
+        nodes[i], nodes[t] = None, None
+        nodes[r2] = Node("transpose", (x,), (end,), {"perm": full})
+    if all(n is not None for n in nodes):
+        return graph
+    kept = [n for n in nodes if n is not None]
+    return _rebuild(graph, kept, dict(graph.type_map), dict(graph.constant_map))
+
+
 def rewrite_for_plan(graph: Graph) -> Graph:
     """Every rewrite of this module, in the order they need (folded scales first: a scaled
-    head would stop its split from being a view). ``fold_grouped_kv``
+    head would stop its split from being a view; batch reshapes folded before the merge, whose
+    split must be a view). ``fold_grouped_kv``
     (tunedb.plan.rewrite_gqa) is not among them: the copy fusion of repeated heads (208fd4d)
     plans Llama in as few kernels, and which runs faster is for the GPU to say."""
-    return merge_parallel_matmuls(fold_matmul_scales(graph))
+    return merge_parallel_matmuls(fold_batch_reshapes(fold_matmul_scales(graph)))
