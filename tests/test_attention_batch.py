@@ -12,6 +12,7 @@ the CPU (``test_zoo_attention_plan._emulate``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from tunedb.graph.ops import infer_graph
 from tunedb.graph.reference import run_reference
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.driver import load_graph
+from tunedb.plan.gemm_forms import _form, gemm_forms
 from tunedb.plan.rewrite import _readers, fold_batch_reshapes, fold_matmul_scales, rewrite_for_plan
 from tunedb.plan.views import strided_view_nodes
 from tunedb.runtime.blas import pointer_batch
@@ -63,23 +65,38 @@ def _layout_copies(plan) -> list:
     return [s.ops for s in plan.steps if s.kind == "layout"]
 
 
-def _gemm_launches(plan, inputs) -> list[int]:
-    """Per matmul step, the cuBLAS launches the executor makes: one per strided-batched call,
-    or one for all of them where ``pointer_batch`` merges them."""
-    seen: list[int] = []
+def _emulate_counting(plan, inputs) -> tuple[dict[str, np.ndarray], list[str]]:
+    """``_emulate`` with every GEMM that ``pointer_batch`` merges run as the one
+    cublasGemmBatchedEx would: one matrix per entry of its pointer array. Also the form of each
+    matmul (as ``gemm_forms`` names them), in step order."""
+    seen: list[str] = []
     real = emu.plan_matmul
 
-    def counting(*geom):
+    def as_executed(*geom):
         calls = real(*geom)
-        seen.append(1 if pointer_batch(calls) is not None else len(calls))
-        return calls
+        seen.append(_form(calls))
+        merged = pointer_batch(calls) if calls else None
+        if merged is None:
+            return calls
+        c, offs = merged
+        return [dataclasses.replace(c, a_off=a, b_off=b, c_off=o, stride_a=0, stride_b=0,
+                                    stride_c=0, batch=1) for a, b, o in offs]
 
-    emu.plan_matmul = counting
+    emu.plan_matmul = as_executed
     try:
-        _emulate(plan, inputs)
+        return _emulate(plan, inputs), seen
     finally:
         emu.plan_matmul = real
-    return seen
+
+
+def _check_forms(plan, inputs, want, tol: float = 1e-5) -> dict[str, np.ndarray]:
+    got, seen = _emulate_counting(plan, inputs)
+    forms = gemm_forms(plan)
+    assert [forms[k] for k in sorted(forms)] == seen  # the planner's layouts are the executor's
+    assert not any(f.startswith(("loop", "staged")) for f in seen), seen  # one launch per matmul
+    for o in plan.graph.outputs:
+        np.testing.assert_allclose(got[o], want[o], rtol=tol, atol=tol)
+    return got
 
 
 def test_the_batch_reshape_chain_becomes_one_transpose_and_keeps_the_values():
@@ -105,12 +122,11 @@ def test_at_batch_3_the_qkv_merge_holds_and_no_copy_is_left():
     assert _layout_copies(plan) == []
     one = compile_plan(_attention_b(1), device=None)
     assert plan.kernels == one.kernels
-    want = run_reference(g, _x())
-    got = _emulate(plan, _x())
-    for o in g.outputs:
-        np.testing.assert_allclose(got[o], want[o], rtol=1e-4, atol=1e-4)
-    # QK^T and PV read heads at two batch levels: B strided-batched calls, one pointer launch
-    assert _gemm_launches(plan, _x()) == [1] * 4
+    _check_forms(plan, _x(), run_reference(g, _x()), tol=1e-4)  # unscaled random weights
+    # QK^T and PV read heads at two batch levels (sample, head): one pointer-batched launch each
+    assert sorted(gemm_forms(plan).values()) == ["gemm", "gemm", f"pointer×{B * H}", f"pointer×{B * H}"]
+    assert f"cublas pointer×{B * H}" in plan.explain()
+    assert sorted(gemm_forms(one).values()) == ["gemm", "gemm", f"strided×{H}", f"strided×{H}"]
 
 
 def test_a_reshape_that_does_not_split_back_is_left_alone():
@@ -151,9 +167,7 @@ def _check_bert_b8(graph: Graph):
     plan = compile_plan(graph, device=None)
     assert _layout_copies(plan) == [("gather",)] * 2  # embeddings, mask
     _, host = make_inputs(plan.graph, 5)
-    got, want = _emulate(plan, host), run_reference(plan.graph, host)
-    for v in plan.graph.outputs:
-        np.testing.assert_allclose(got[v], want[v], rtol=1e-5, atol=1e-5)
+    _check_forms(plan, host, run_reference(plan.graph, host))
     return plan
 
 
@@ -165,9 +179,7 @@ def test_bert_base_batch8_two_layers_plan_like_batch1_and_equal_the_reference():
     plan = _check_bert_b8(g8)
     assert plan.kernels == compile_plan(g1, device=None).kernels
     assert sum(s.kind == "matmul" for s in plan.steps) == 12  # merged QKV, QK^T, PV, out, FFN x2
-    _, host = make_inputs(plan.graph, 5)
-    launches = _gemm_launches(plan, host)
-    assert launches == [1] * len(launches)
+    assert sorted(set(gemm_forms(plan).values())) == ["gemm", "pointer×96"]
 
 
 @pytest.mark.slow

@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tunedb.plan.gemm_forms import forms_text, gemm_forms
+
 MAX_OPS_TEXT = 60
 
 
@@ -52,9 +54,11 @@ def explain(plan: Any, width: int = 160) -> str:
     table.add_column("source")
     if plan.stages:
         table.add_column("stage/stream", justify="right")
+    forms = gemm_forms(plan)
     for k, s in enumerate(plan.steps):
         measured = f" (meas {s.measured_us:.2f})" if s.measured_us is not None else ""
-        table.add_row(str(k), s.kind, str(len(s.ops)), ops_text(s.ops), s.schedule_label,
+        schedule = s.schedule_label if k not in forms else f"cublas {forms[k]}"
+        table.add_row(str(k), s.kind, str(len(s.ops)), ops_text(s.ops), schedule,
                       stitch_text(s.stitch), us_text(s.predicted_us) + measured,
                       s.cost_source if s.kind != "layout_view" else "-",
                       *([f"{s.stage}/{s.stream}"] if plan.stages else []))
@@ -68,6 +72,8 @@ def explain(plan: Any, width: int = 160) -> str:
     console.print(f"steps: {t['steps']} ({kinds}); fused {t['fused_ops']} of {t['graph_ops']} ops")
     console.print(f"predicted: {t['predicted_us']:.2f} µs = {kernel_us:.2f} µs kernels + "
                   f"{plan.kernels} launches × {plan.launch_us:g} µs; cost sources: {sources}")
+    if forms:  # pointer: one cublasGemmBatchedEx, its pointer array built when the plan loads
+        console.print(f"matmul steps as cuBLAS calls: {forms_text(forms)}")
     console.print(f"intermediates: arena {_kib(t['arena_bytes'])} (without reuse {_kib(t['naive_bytes'])})"
                   f"; device: {plan.device or 'generic H200 facts'}")
     if plan.stages:
