@@ -36,16 +36,16 @@ B, S, H, D = 3, 16, 4, 8
 ROOT = Path(__file__).resolve().parents[1] / "data" / "graphs"
 
 
-def _attention_b(batch: int = B) -> Graph:
+def _attention_b(batch: int = B, dtype: str = "float32") -> Graph:
     """Attention as the dynamo exporter writes it at batch > 1 (keys through ``[B*H, S, D]``)."""
     b = GraphBuilder("sdpa_batched")
-    x = b.input("x", (batch, S, H * D), "float32")
-    scale = b.constant(np.array(D ** -0.25, np.float32))
+    x = b.input("x", (batch, S, H * D), dtype)
+    scale = b.constant(np.array(D ** -0.25, np.float32), dtype=dtype)
 
     def heads(seed: int) -> str:
         rng = np.random.default_rng(seed)
-        w = b.constant(rng.standard_normal((H * D, H * D)).astype(np.float32))
-        bias = b.constant(rng.standard_normal(H * D).astype(np.float32))
+        w = b.constant(rng.standard_normal((H * D, H * D)).astype(np.float32), dtype=dtype)
+        bias = b.constant(rng.standard_normal(H * D).astype(np.float32), dtype=dtype)
         return b.transpose(b.reshape(b.add(b.matmul(x, w), bias), shape=(batch, S, H, D)), perm=(0, 2, 1, 3))
 
     q, k, v = heads(1), heads(2), heads(3)
@@ -53,7 +53,7 @@ def _attention_b(batch: int = B) -> Graph:
                    shape=(batch, H, D, S))
     p = b.softmax(b.matmul(b.mul(q, scale), b.mul(kt, scale)))
     back = b.reshape(b.transpose(b.matmul(p, v), perm=(0, 2, 1, 3)), shape=(batch, S, H * D))
-    wo = b.constant(np.random.default_rng(7).standard_normal((H * D, H * D)).astype(np.float32))
+    wo = b.constant(np.random.default_rng(7).standard_normal((H * D, H * D)).astype(np.float32), dtype=dtype)
     return b.build([b.add(b.matmul(back, wo), x)])
 
 

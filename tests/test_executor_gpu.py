@@ -249,6 +249,42 @@ def test_pv_writes_the_rows_layout_through_an_output_view(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_heads_at_batch_3_run_as_pointer_batched_gemms_in_one_cuda_graph(dtype):
+    """The exporters' batch > 1 attention (keys through [B*H, S, D]): no copy kernel, QK^T and
+    PV one cublasGemmBatchedEx each over B*H matrices, captured whole, against the reference."""
+    from test_attention_batch import _attention_b
+
+    from tunedb.plan.gemm_forms import gemm_forms
+    from tunedb.runtime.executor import PlanExecutor
+
+    plan = _compile(_attention_b(3, dtype))
+    assert "layout" not in [s.kind for s in plan.steps]
+    assert sum(f.startswith("pointer") for f in gemm_forms(plan).values()) == 2
+    ex = PlanExecutor(plan)
+    dev, ref_in = make_inputs(plan.graph, 0)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+    assert not ex.fallbacks and ex.launches == plan.kernels
+
+
+def test_bert_base_batch8_two_layers_run_like_batch1():
+    """BERT-base at batch 8, two layers: the kernels of batch 1, verified on the device."""
+    from test_attention_batch import _first_layers
+
+    from tunedb.plan.driver import load_graph
+    from tunedb.runtime.executor import PlanExecutor
+
+    g = _first_layers(load_graph(str(GRAPHS / "zoo_b8" / "bert_base_dynamo_fp32_b8.onnx")), 2)
+    plan = _compile(g)
+    assert [s.ops for s in plan.steps if s.kind == "layout"] == [("gather",)] * 2
+    ex = PlanExecutor(plan)
+    dev, ref_in = make_inputs(plan.graph, 5)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+    assert not ex.fallbacks and ex.launches == plan.kernels
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("cublaslt", [True, False])
 def test_gemm_bias_epilogue_runs_verified_with_and_without_cublaslt(dtype, cublaslt):
     """``compile(gemm_epilogue=True)``: the QKV bias as the gemm's bias. With cuBLASLt one launch
