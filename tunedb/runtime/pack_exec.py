@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,9 +28,9 @@ import numpy as np
 from tunedb.graph.ops import canonical_attrs
 from tunedb.runtime.blas import DATA_TYPES, OP_N, OP_T, check, library
 from tunedb.runtime.device import import_cupy
-from tunedb.runtime.executor import ExecutorError, PlanExecutor, executor_for
-from tunedb.runtime.executor_ops import ComputeOps
-from tunedb.runtime.streams import StreamPool, record_forked
+from tunedb.runtime.executor import ExecutorError, executor_for
+from tunedb.runtime.lanes import LaneExecutor
+from tunedb.runtime.streams import record_forked
 
 RUNNABLE = ("serial", "streams", "grouped")
 
@@ -100,7 +99,7 @@ def _gemm_problem(graph: Any, step: Any, env: Mapping[str, Any]) -> tuple[Any, .
     return x, wt, out, xs[-2], ws[-1], xs[-1], math.prod(xs[:-2]), False, dtype
 
 
-class PackExecutor(PlanExecutor):
+class PackExecutor(LaneExecutor):
     """See the module docstring. ``packs`` (packs launched) and ``pack_streams`` (streams in use
     at most) are added to ``summary()``."""
 
@@ -110,59 +109,21 @@ class PackExecutor(PlanExecutor):
             raise ExecutorError("a plan with IOS stages runs with tunedb.runtime.stage_exec")
         self._pk_lane, self._pk_last, self._pk_layout = pack_layout(plan)
         width = max(self._pk_lane.values(), default=0)
-        self._pk_pool = StreamPool(max(1, width), tf32=os.environ.get("CUPY_TF32", "0") not in ("", "0"))
-        self._pk_ops: dict[int, tuple[ComputeOps, ComputeOps]] = {}
+        self._init_lanes(width)
         self._pk_fns: dict[int, list[Any]] = {}
-        self._pk_cur = 0
-        self._pk_need: dict[int, int] = {}
-        self._pk_scratch: dict[int, Any] = {}
         self._pk_grouped: dict[tuple[int, int], Any] = {}
         self._pk_keep: list[Any] = []
         super().__init__(plan, capture=capture, verify_capture=verify_capture, sm_count=sm_count)
 
     # -- building: members with the cuBLAS handle and scratch of their lane -----------------------
-    def _ops_for(self, g: int) -> tuple[ComputeOps, ComputeOps]:
-        ops = self._pk_ops.get(g)
-        if ops is None:
-            cp, blas = self.cp, self._pk_pool.blas(g - 1)
-            ops = self._pk_ops[g] = (
-                ComputeOps(cp, self.kernels, self._scratch_getter, blas),
-                ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)), blas))
-        return ops
-
     def _build(self, k: int, step: Any) -> None:
         if k not in self._pk_lane:
             super()._build(k, step)
             return
-        g = self._pk_lane[k]
-        saved = self.ops, self.eval_ops
-        self._pk_cur = g
-        if g:
-            self.ops, self.eval_ops = self._ops_for(g)
-        start = len(self._launch_fns)
-        try:
-            super()._build(k, step)
-        finally:
-            self.ops, self.eval_ops = saved
-            self._pk_cur = 0
-        self._pk_fns[k] = self._launch_fns[start:]
-        del self._launch_fns[start:]
+        self._pk_fns[k] = self._build_on_lane(self._pk_lane[k], k, step, take=True)
         if k in self._pk_last:  # every member is built: the pack launches here, in plan order
             p = self._pk_last[k]
             self._launch_fns.append(lambda p=p: self._enqueue_pack(p))
-
-    def _scratch_getter(self, nbytes: int) -> Any:
-        g = self._pk_cur
-        if g == 0:
-            return super()._scratch_getter(nbytes)
-        self._pk_need[g] = max(self._pk_need.get(g, 0), int(nbytes))
-        return lambda: self._scratch_of(g)
-
-    def _scratch_of(self, g: int) -> Any:
-        buf = self._pk_scratch.get(g)
-        if buf is None:
-            buf = self._pk_scratch[g] = self.cp.empty(max(1, self._pk_need[g]), dtype=self.cp.uint8)
-        return buf
 
     # -- launching -------------------------------------------------------------------------------
     def _run_steps(self, steps: list[int]) -> None:
@@ -181,7 +142,7 @@ class PackExecutor(PlanExecutor):
                 self._run_steps(branches[0])
             else:
                 record_forked(self.stream, [lambda i, part=part: self._run_steps(part) for part in branches],
-                              self._pk_pool)
+                              self._lane_pool)
 
     def _grouped(self, p: int, c: int, steps: list[int]) -> Any:
         """The launch of a grouped cluster, made on first use (the first, eager run): one
@@ -228,11 +189,6 @@ class PackExecutor(PlanExecutor):
         self._pk_keep.append((table, args))
         what = f"cublasGemmGroupedBatchedEx ({len(ptrs)} problems, {G} groups)"
         return lambda: check(lib.cublasGemmGroupedBatchedEx(*args), what)
-
-    def close_streams(self) -> None:
-        """Give back the pool's cuBLAS handles (the executor's graph stops being valid)."""
-        self._graph = None
-        self._pk_pool.close()
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()

@@ -16,21 +16,20 @@ apart (no reuse), so that members of any candidate stage can run at once.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tunedb.runtime.device import current_stream, import_cupy
-from tunedb.runtime.executor import ExecutorError, PlanExecutor, executor_for
-from tunedb.runtime.executor_ops import ComputeOps
-from tunedb.runtime.streams import StreamPool, gc_paused
+from tunedb.runtime.executor import ExecutorError, executor_for
+from tunedb.runtime.lanes import LaneExecutor
+from tunedb.runtime.streams import gc_paused
 
 Groups = Sequence[Sequence[int]]
 
 
-class StagedExecutor(PlanExecutor):
+class StagedExecutor(LaneExecutor):
     """See the module docstring. ``streams`` (streams in use at most) and ``stages`` (stages with
     more than one group) are added to ``summary()``."""
 
@@ -44,12 +43,8 @@ class StagedExecutor(PlanExecutor):
         width = max([len(st) for st in stages] + [1, stage_streams])
         self._ios_width = width
         self._ios_stream_of = {i: gi for st in stages for gi, g in enumerate(st) for i in g}
-        self._ios_pool = StreamPool(max(1, width - 1), tf32=os.environ.get("CUPY_TF32", "0") not in ("", "0"))
-        self._ios_ops: dict[int, tuple[ComputeOps, ComputeOps]] = {}
+        self._init_lanes(width - 1)
         self._ios_fns: dict[tuple[int, int], list[Any]] = {}
-        self._ios_cur = 0
-        self._ios_need: dict[int, int] = {}
-        self._ios_scratch: dict[int, Any] = {}
         self._ios_events: dict[tuple[int, int], Any] = {}
         super().__init__(plan, capture=capture, verify_capture=verify_capture, sm_count=sm_count)
         if self._ios_harness:
@@ -62,33 +57,14 @@ class StagedExecutor(PlanExecutor):
 
     # -- building: each step with the cuBLAS handle and scratch of its stream ----------------------
     def _stream(self, g: int) -> Any:
-        return self.stream if g == 0 else self._ios_pool.stream(g - 1)
-
-    def _ops_for(self, g: int) -> tuple[ComputeOps, ComputeOps]:
-        ops = self._ios_ops.get(g)
-        if ops is None:
-            cp, blas = self.cp, self._ios_pool.blas(g - 1)
-            ops = self._ios_ops[g] = (
-                ComputeOps(cp, self.kernels, self._scratch_getter, blas),
-                ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)), blas))
-        return ops
+        return self.stream if g == 0 else self._lane_pool.stream(g - 1)
 
     def _build(self, k: int, step: Any) -> None:
         targets = range(self._ios_width) if self._ios_harness else (self._ios_stream_of.get(k, 0),)
         launches = self.launches
         first = None
         for g in targets:
-            saved = self.ops, self.eval_ops
-            self._ios_cur = g
-            if g:
-                self.ops, self.eval_ops = self._ops_for(g)
-            start = len(self._launch_fns)
-            try:
-                super()._build(k, step)
-            finally:
-                self.ops, self.eval_ops = saved
-                self._ios_cur = 0
-            self._ios_fns[(g, k)] = self._launch_fns[start:]
+            self._ios_fns[(g, k)] = self._build_on_lane(g, k, step)
             if first is None:
                 first = (self.launches - launches, len(self.paths), len(self.fallbacks))
         # the harness builds a step once per stream: report it once
@@ -96,19 +72,6 @@ class StagedExecutor(PlanExecutor):
         self.launches = launches + first[0]
         del self.paths[first[1]:]
         del self.fallbacks[first[2]:]
-
-    def _scratch_getter(self, nbytes: int) -> Any:
-        g = self._ios_cur
-        if g == 0:
-            return super()._scratch_getter(nbytes)
-        self._ios_need[g] = max(self._ios_need.get(g, 0), int(nbytes))
-        return lambda: self._scratch_of(g)
-
-    def _scratch_of(self, g: int) -> Any:
-        buf = self._ios_scratch.get(g)
-        if buf is None:
-            buf = self._ios_scratch[g] = self.cp.empty(max(1, self._ios_need[g]), dtype=self.cp.uint8)
-        return buf
 
     # -- launching -------------------------------------------------------------------------------
     def _event(self, stage: int, g: int) -> Any:
@@ -161,7 +124,7 @@ class StagedExecutor(PlanExecutor):
         cp = self.cp
         main = self.stream
         graph = None
-        alloc = self._ios_pool.memory_pool.malloc
+        alloc = self._lane_pool.memory_pool.malloc
         with gc_paused(), current_stream(cp, main), cp.cuda.using_allocator(alloc):
             main.begin_capture()
             try:
@@ -181,11 +144,6 @@ class StagedExecutor(PlanExecutor):
             end.synchronize()
             samples.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / (reps * copies))
         return sorted(samples)[len(samples) // 2]
-
-    def close_streams(self) -> None:
-        """Give back the pool's cuBLAS handles (the executor's graph stops being valid)."""
-        self._graph = None
-        self._ios_pool.close()
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
