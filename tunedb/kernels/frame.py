@@ -180,6 +180,31 @@ class Frame:
                 lines.append(f"const tdb_vec<{self.st(v)}, {V}> bl_{self.n(v)} = {self.vec_load(v, idx, V)};")
                 env[v] = self.conv(v, f"bl_{self.n(v)}.v[k]")
 
+    def batched_loads(self, vs: list[str], V: int, n: int, var: str, index: str, guard: str,
+                      offset: str) -> list[str]:
+        """Arrays ``ld_<v>[n]`` of the full-size leaves ``vs``, filled by one unrolled loop over
+        ``var`` (declaring ``index``, loading at ``offset`` where ``guard`` holds) before any
+        math, so that all ``n`` vector loads of a thread are in flight together."""
+        lines = [f"tdb_vec<{self.st(v)}, {V}> ld_{self.n(v)}[{n}];" for v in vs]
+        lines.append(f"#pragma unroll\nfor (int {var} = 0; {var} < {n}; ++{var}) {{")
+        lines.append(f"  const long long {index};")
+        lines.append(f"  if ({guard}) {{")
+        lines += [f"    ld_{self.n(v)}[{var}] = {self.vec_load(v, offset, V)};" for v in vs]
+        lines.append("  }\n}")
+        return lines
+
+    def row_element_env(self, lc: dict[str, list[str]], var: str, V: int, lines: list[str],
+                        env: dict[str, str]) -> None:
+        """Names in ``env`` of the leaves at row ``r``, columns ``col`` ..: per-row leaves read
+        once into ``lines``, bcol and idx leaves loaded, full leaves from ``ld_<v>[var]``
+        (``batched_loads``)."""
+        for v in lc[ROW]:
+            lines.append(f"const {self.ct(v)} {self.n(v, 'r')} = {self.conv(v, f'{self.param[v]}[r]')};")
+            env[v] = self.n(v, "r")
+        self.bcol_loads(lc[BCOL] + lc[IDX], "r", "col", V, lines, env)
+        for v in lc[FULL]:
+            env[v] = self.conv(v, f"ld_{self.n(v)}[{var}].v[k]")
+
     def col_load(self, v: str, col: str, V: int, lines: list[str], guard: str = "") -> str:
         """Load per-column leaf ``v`` at columns col .. col + V - 1 into ``lines``; returns the
         expression of element k. A leaf wider than the kernel's vectors (int64 class ids next

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import BCOL, FULL, IDX, ROW
+from tunedb.kernels.analysis import FULL
 from tunedb.kernels.expr import red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 from tunedb.kernels.gen_cols import (
@@ -38,22 +38,12 @@ def _pass(f: Frame, env: dict[str, str], cached: list[str], first: bool, reds: l
     e.update(_leaf_loads(f, lc, V, lines))
     lines += acc_decls(f, reds, V)
     if lc[FULL]:
-        for v in lc[FULL]:
-            lines.append(f"tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)}[{NJ}];")
-        lines.append(f"#pragma unroll\nfor (int j = 0; j < {NJ}; ++j) {{")
-        lines.append(f"  const long long r = rbeg + ty + j * {TY};")
-        lines.append("  if (cok && r < rend) {")
-        lines += [f"    ld_{f.n(v)}[j] = {f.vec_load(v, f'r * {C}LL + col', V)};" for v in lc[FULL]]
-        lines.append("  }\n}")
+        lines += f.batched_loads(lc[FULL], V, NJ, "j", f"r = rbeg + ty + j * {TY}", "cok && r < rend",
+                                 f"r * {C}LL + col")
     lines.append(f"#pragma unroll\nfor (int j = 0; j < {NJ}; ++j) {{")
     body = [f"const long long r = rbeg + ty + j * {TY};", "if (cok && r < rend) {"]
     inner: list[str] = []
-    for v in lc[ROW]:
-        inner.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[r]')};")
-        e[v] = f.n(v, "r")
-    f.bcol_loads(lc[BCOL] + lc[IDX], "r", "col", V, inner, e)
-    for v in lc[FULL]:
-        e[v] = f.conv(v, f"ld_{f.n(v)}[j].v[k]")
+    f.row_element_env(lc, "j", V, inner, e)
     if not first:
         for i, v in enumerate(cached):
             e[v] = f"rc{i}[j * {V} + k]"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from tunedb.kernels.analysis import BCOL, COL, FULL, IDX, ROW, Reduction
+from tunedb.kernels.analysis import COL, FULL, Reduction
 from tunedb.kernels.expr import RED_INIT, emit_nodes, flit, red_comb
 from tunedb.kernels.frame import Frame, KText, indent
 
@@ -65,25 +65,13 @@ def _sweep(f: Frame, env: dict[str, str], targets: list[str], reds: list[Reducti
     else:
         lines.append(f"for (long long r0 = rbeg + ty; r0 < rend; r0 += {TY * U}) {{")
         rexpr, okexpr = f"r0 + u * {TY}", "r < rend"
-    body: list[str] = []
-    for v in lc[FULL]:
-        body.append(f"tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)}[{U}];")
-    body.append(f"#pragma unroll\nfor (int u = 0; u < {U}; ++u) {{")
-    body.append(f"  const long long r = {rexpr};")
-    body.append(f"  if (cok && {okexpr}) {{")
-    body += [f"    ld_{f.n(v)}[u] = {f.vec_load(v, f'r * {C}LL + col', V)};" for v in lc[FULL]]
-    body.append("  }\n}")
+    body = f.batched_loads(lc[FULL], V, U, "u", f"r = {rexpr}", f"cok && {okexpr}", f"r * {C}LL + col")
     body.append(f"#pragma unroll\nfor (int u = 0; u < {U}; ++u) {{")
     body.append(f"  const long long r = {rexpr};")
     body.append(f"  if (cok && {okexpr}) {{")
     inner: list[str] = []
     ee = dict(e)
-    for v in lc[ROW]:
-        inner.append(f"const {f.ct(v)} {f.n(v, 'r')} = {f.conv(v, f'{f.param[v]}[r]')};")
-        ee[v] = f.n(v, "r")
-    f.bcol_loads(lc[BCOL] + lc[IDX], "r", "col", V, inner, ee)
-    for v in lc[FULL]:
-        ee[v] = f.conv(v, f"ld_{f.n(v)}[u].v[k]")
+    f.row_element_env(lc, "u", V, inner, ee)
     inner += [f"{f.ct(v)} res_{f.n(v)}[{V}];" for v in outs]
     inner += _element_loop(f, nodes, ee, reds, outs, V, C)
     body += indent(inner, 2)

@@ -56,14 +56,7 @@ def gen_elementwise(f: Frame) -> list[KText]:
     lines.append(f"constexpr long long NV = {NV}LL;")
     lines.append(f"for (long long base = (long long)blockIdx.x * {B * U} + threadIdx.x; base < NV; "
                  f"base += (long long)gridDim.x * {B * U}) {{")
-    inner: list[str] = []
-    for v in lc[FULL]:
-        inner.append(f"tdb_vec<{f.st(v)}, {V}> ld_{f.n(v)}[{U}];")
-    inner.append(f"#pragma unroll\nfor (int u = 0; u < {U}; ++u) {{")
-    inner.append(f"  const long long ch = base + u * {B};")
-    inner.append("  if (ch < NV) {")
-    inner += [f"    ld_{f.n(v)}[u] = {f.vec_load(v, f'ch * {V}', V)};" for v in lc[FULL]]
-    inner.append("  }\n}")
+    inner = f.batched_loads(lc[FULL], V, U, "u", f"ch = base + u * {B}", "ch < NV", f"ch * {V}")
     inner.append(f"#pragma unroll\nfor (int u = 0; u < {U}; ++u) {{")
     inner.append(f"  const long long ch = base + u * {B};")
     inner.append("  if (ch < NV) {")
