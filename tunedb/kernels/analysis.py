@@ -34,37 +34,19 @@ import math
 from dataclasses import dataclass
 
 from tunedb.graph.ir import Graph, Node
-from tunedb.kernels.classify import (  # noqa: F401  (op sets and Reduction, re-exported)
-    ALIAS_OPS,
-    COMPUTE_BINARY,
-    COMPUTE_UNARY,
-    Classifier,
-    Reduction,
-)
+from tunedb.kernels.classify import Classifier, Reduction
 from tunedb.kernels.domain import (  # noqa: F401  (class names and the error, re-exported)
     BCOL,
     COL,
     FULL,
     IDX,
-    REDUCE_OPS,
     ROW,
     SCALAR,
     TRANS,
     IndexMap,
     UnsupportedFusion,
-    View,
-    batched_transpose,
     bcol_blocks,
-    broadcast_class,
-    broadcast_view,
-    contiguous_view,
     domains,
-    index_map,
-    permuted_view,
-    reshaped_view,
-    shifted_view,
-    split_at,
-    view_map,
 )
 from tunedb.kernels.movement import lower_concats, sink_slices, sink_transposes
 
