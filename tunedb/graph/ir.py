@@ -13,7 +13,8 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,6 +322,19 @@ def fresh_name(taken: set[str], base: str, sep: str = "_") -> str:
         name = f"{base}{sep}{k}"
     taken.add(name)
     return name
+
+
+def spliced_nodes(nodes: Sequence[Node], replace: Mapping[int, Sequence[Node]], drop: AbstractSet[int]
+                  ) -> list[Node]:
+    """``nodes`` in order, node i replaced by ``replace[i]`` and the ``drop`` ones left out: how
+    graph rewrites put their new nodes where the old ones stood."""
+    out: list[Node] = []
+    for i, n in enumerate(nodes):
+        if i in replace:
+            out += replace[i]
+        elif i not in drop:
+            out.append(n)
+    return out
 
 
 def op_spec(op: str) -> tuple[int, int | None, int | None, dict[str, AttrValue]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tunedb.graph.ir import Constant, Graph, Node, TensorType, fresh_name
+from tunedb.graph.ir import Constant, Graph, Node, TensorType, fresh_name, spliced_nodes
 from tunedb.graph.ops import canonical_attrs, infer_graph
 
 # ops a branch may apply between its slice and the concat (one tensor operand, scalars besides)
@@ -27,17 +27,6 @@ BRANCH_OPS = frozenset((
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
     "relu", "erf", "floor", "ceil", "sign", "gelu", "clip", "cast", "leaky_relu",
     "add", "sub", "mul", "div", "pow", "max", "min"))
-
-
-def _spliced(graph: Graph, replace: dict[int, list[Node]], drop: set[int]) -> list[Node]:
-    """The graph's nodes in order, node i replaced by ``replace[i]`` and the ``drop`` ones left out."""
-    nodes: list[Node] = []
-    for i, n in enumerate(graph.nodes):
-        if i in replace:
-            nodes += replace[i]
-        elif i not in drop:
-            nodes.append(n)
-    return nodes
 
 
 def _branch(graph: Graph, v: str, axis: int, producer: dict[str, Node], readers: dict[str, int],
@@ -142,7 +131,7 @@ def lower_concats(graph: Graph) -> Graph:
         drop.add(i)
     if not replace:
         return graph
-    nodes = _spliced(graph, replace, drop)
+    nodes = spliced_nodes(graph.nodes, replace, drop)
     used = {v for n in nodes for v in n.inputs} | set(graph.outputs)
     keep_types = {v: tt for v, tt in types.items() if v in used or v in graph.inputs
                   or any(v in n.outputs for n in nodes)}
@@ -294,7 +283,7 @@ def _sink_once(graph: Graph) -> Graph:
             drop.update(ids[id(n)] for n in chain + [e])
     if not replace:
         return graph
-    nodes = _spliced(graph, replace, drop)
+    nodes = spliced_nodes(graph.nodes, replace, drop)
     used = {v for n in nodes for v in (*n.inputs, *n.outputs)} | set(graph.inputs) | set(graph.outputs)
     return infer_graph(Graph(graph.inputs, graph.outputs, tuple(nodes),
                              {v: tt for v, tt in types.items() if v in used}, graph.constants, graph.name))
@@ -358,7 +347,7 @@ def _sink_slices_once(graph: Graph) -> Graph:
             new.append(Node(e.op, tuple(ins), s.outputs, e.attrs))
             replace[ids[id(s)]] = new
         else:
-            nodes = _spliced(graph, replace, {ids[id(e)]})
+            nodes = spliced_nodes(graph.nodes, replace, {ids[id(e)]})
             used = {x for n in nodes for x in (*n.inputs, *n.outputs)} | inputs | outputs
             return infer_graph(Graph(graph.inputs, graph.outputs, tuple(nodes),
                                      {x: t for x, t in types.items() if x in used},

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tunedb.graph.ir import Constant, Graph, Node, TensorType, fresh_name
+from tunedb.graph.ir import Constant, Graph, Node, TensorType, fresh_name, spliced_nodes
 from tunedb.graph.ops import infer_graph
 from tunedb.plan.views import strided_view_nodes, transpose_perm
 
@@ -262,11 +262,7 @@ def fold_matmul_bias(graph: Graph) -> Graph:
         drop |= {i, a}
     if not repl:
         return graph
-    order: list[Node] = []
-    for i, n in enumerate(graph.nodes):
-        order += repl.get(i, [])
-        if i not in drop:
-            order.append(n)
+    order = spliced_nodes(graph.nodes, repl, drop)
     out = _rebuild(graph, order, types, consts)
     before = strided_view_nodes(graph.nodes, graph.type_map, readers, set(graph.outputs))
     after = strided_view_nodes(out.nodes, out.type_map, _readers(out.nodes), set(out.outputs))

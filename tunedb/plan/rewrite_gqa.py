@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tunedb.graph.ir import Graph, Node, TensorType, fresh_name
+from tunedb.graph.ir import Graph, Node, TensorType, fresh_name, spliced_nodes
 from tunedb.graph.ops import infer_graph
 from tunedb.graph.reference import run_reference
 
@@ -131,11 +131,7 @@ def fold_grouped_kv(graph: Graph) -> Graph:
         drop |= {i, e, u, *chain}
     if not repl:
         return graph
-    order: list[Node] = []
-    for i, n in enumerate(graph.nodes):
-        order += repl.get(i, [])
-        if i not in drop:
-            order.append(n)
+    order = spliced_nodes(graph.nodes, repl, drop)
     used = {v for n in order for v in n.inputs}
     consts = {k: c for k, c in graph.constant_map.items() if k in used}
     defined = set(graph.inputs) | set(consts) | {o for n in order for o in n.outputs}
