@@ -24,6 +24,16 @@ GRAPHS = ROOT / "data" / "graphs"
 SHIPPED = sorted(p.name for p in GRAPHS.glob("*.onnx"))
 
 
+def _run_checked(ex, plan, seed: int = 0, whole: bool = False) -> None:
+    """Run ``plan`` on ``ex`` once, check it against the reference, and that it was captured as one
+    CUDA graph; ``whole``: with no fallback and exactly the plan's kernels launched."""
+    dev, ref_in = make_inputs(plan.graph, seed)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+    if whole:
+        assert not ex.fallbacks and ex.launches == plan.kernels
+
+
 def _compile(model):
     from tunedb.plan import compile
 
@@ -94,10 +104,7 @@ def test_op_by_op_steps_and_layout_copies_run_too():
     s = b.slice(x, starts=(15, 2), ends=(0, 20), axes=(0, 1), steps=(-2, 3))
     c = b.concat(s, b.gather(s, idx, axis=0), axis=0)
     plan = _compile(b.build([p, b.argmax(x, axis=1), c]))
-    ex = PlanExecutor(plan)
-    dev, ref_in = make_inputs(plan.graph, 4)
-    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
-    assert ex.graph_capture, ex.capture_error
+    _run_checked(PlanExecutor(plan), plan, seed=4)
 
 
 def test_eager_and_graph_replay_agree_and_bad_inputs_are_one_line():
@@ -183,10 +190,7 @@ def test_a_small_attention_plan_runs_as_one_cuda_graph():
     s = b.softmax(b.matmul(h, b.transpose(h, perm=(0, 2, 1))), axis=-1)
     g = b.gemm(b.input("a2", (64, 96)), w, b.input("c", (96,)), trans_b=True, alpha=0.5, beta=1.0)
     plan = _compile(b.build([s, g]))
-    ex = PlanExecutor(plan)
-    dev, ref_in = make_inputs(plan.graph, 0)
-    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
-    assert ex.graph_capture, ex.capture_error
+    _run_checked(PlanExecutor(plan), plan)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "uint16"])
@@ -241,11 +245,7 @@ def test_pv_writes_the_rows_layout_through_an_output_view(dtype):
     plan = _compile(_attention(dtype, rows=True))
     assert "layout" not in [s.kind for s in plan.steps]
     assert any(s.config_dict.get("view") == "output" for s in plan.steps)
-    ex = PlanExecutor(plan)
-    dev, ref_in = make_inputs(plan.graph, 0)
-    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
-    assert ex.graph_capture, ex.capture_error
-    assert not ex.fallbacks and ex.launches == plan.kernels
+    _run_checked(PlanExecutor(plan), plan, whole=True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -260,11 +260,7 @@ def test_heads_at_batch_3_run_as_pointer_batched_gemms_in_one_cuda_graph(dtype):
     plan = _compile(_attention_b(3, dtype))
     assert "layout" not in [s.kind for s in plan.steps]
     assert sum(f.startswith("pointer") for f in gemm_forms(plan).values()) == 2
-    ex = PlanExecutor(plan)
-    dev, ref_in = make_inputs(plan.graph, 0)
-    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
-    assert ex.graph_capture, ex.capture_error
-    assert not ex.fallbacks and ex.launches == plan.kernels
+    _run_checked(PlanExecutor(plan), plan, whole=True)
 
 
 def test_bert_base_batch8_two_layers_run_like_batch1():
@@ -277,11 +273,7 @@ def test_bert_base_batch8_two_layers_run_like_batch1():
     g = _first_layers(load_graph(str(GRAPHS / "zoo_b8" / "bert_base_dynamo_fp32_b8.onnx")), 2)
     plan = _compile(g)
     assert [s.ops for s in plan.steps if s.kind == "layout"] == [("gather",)] * 2
-    ex = PlanExecutor(plan)
-    dev, ref_in = make_inputs(plan.graph, 5)
-    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
-    assert ex.graph_capture, ex.capture_error
-    assert not ex.fallbacks and ex.launches == plan.kernels
+    _run_checked(PlanExecutor(plan), plan, seed=5, whole=True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -331,11 +323,7 @@ def test_concat_views_write_each_branch_into_its_slice(model):
                    concat_views=True)
     assert any(map(is_concat_view, plan.steps))
     assert all("concat" not in s.ops for s in plan.steps if not is_concat_view(s))
-    ex = PlanExecutor(plan)
-    dev, ref_in = make_inputs(plan.graph, 0)
-    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
-    assert ex.graph_capture, ex.capture_error
-    assert not ex.fallbacks and ex.launches == plan.kernels
+    _run_checked(PlanExecutor(plan), plan, whole=True)
 
 
 @pytest.mark.parametrize("model", ["fire", "ios/inception_v3_b1.onnx"])
@@ -352,7 +340,5 @@ def test_concat_views_in_a_stage_plan_run_on_streams(model):
                    schedule="ios", concat_views=True, bias_epilogue=True)
     assert any(map(is_concat_view, plan.steps)) and any(len(st) > 1 for st in plan.stages)
     ex = StagedExecutor(plan)
-    dev, ref_in = make_inputs(plan.graph, 0)
-    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
-    assert ex.graph_capture, ex.capture_error
+    _run_checked(ex, plan)
     assert not ex.fallbacks
