@@ -140,6 +140,10 @@ def test_a_reshape_that_does_not_split_back_is_left_alone():
     y = b.reshape(b.transpose(b.reshape(x, shape=(6, 4, 5)), perm=(1, 0, 2)), shape=(4, 6, 5))
     g = b.build([y])
     assert fold_batch_reshapes(g) is g
+    b = GraphBuilder("reshape_to_a_scalar")  # ReduceLogSumExp over all axes: reshape(max, ())
+    x = b.input("x", (1, 1, 1), "float32")
+    g = b.build([b.reshape(b.transpose(x, perm=(0, 2, 1)), shape=())])
+    assert fold_batch_reshapes(g) is g
 
 
 def _first_layers(graph: Graph, layers: int) -> Graph:

@@ -272,6 +272,8 @@ def fold_matmul_bias(graph: Graph) -> Graph:
 def _merged_prefix(src: tuple[int, ...], dst: tuple[int, ...]) -> int:
     """How many leading dims of ``src`` the reshape to ``dst`` merges into ``dst[0]`` (the rest
     unchanged); 0 if it is no such reshape or merges fewer than two."""
+    if not dst:  # a reshape to a scalar merges everything into no dim at all
+        return 0
     rest = len(dst) - 1
     p = len(src) - rest
     if p < 2 or tuple(src[p:]) != tuple(dst[1:]):
