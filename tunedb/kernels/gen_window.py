@@ -12,8 +12,11 @@ elementwise nodes:
   SiLU / HardSwish, a residual add of a full-shaped graph input).
 
 Operands of either side are full-shaped tensors of that side, per-channel tensors (``[1,C,1,1]``
-after right alignment) or scalars. One thread per output element, fp32 accumulation, one rounding
-per stored value. ``codegen.generate`` turns the kernel into a one-kernel plan with its usual
+after right alignment) or scalars. One thread per strip of ``STRIP`` adjacent outputs of a row:
+each input column of the strip's windows is loaded (and the prologue run on it) once into
+registers and serves every tap that reads it, so a 7x7 depthwise conv loads 10 values per kernel
+row for 4 outputs instead of 28; fp32 accumulation, one rounding per stored value.
+``codegen.generate`` turns the kernel into a one-kernel plan with its usual
 launch convention (graph inputs, graph outputs, then the scalars R = N*C and C = OH*OW), so the
 emulator, the executor and CuPy run it like any other; of the schedule only the block size counts
 (``WINDOW_CONFIG`` is the one the planner gives these steps).
@@ -35,6 +38,7 @@ from tunedb.records import sha256_hex
 WINDOW_OPS = ("conv2d", "max_pool2d", "avg_pool2d")
 WINDOW_CONFIG = {"mapping": "elementwise", "block": 256}
 MAX_CONST_ELEMS = 4096
+STRIP = 4  # outputs per thread along a row (``strip_width``)
 
 
 class _GraphView:
@@ -203,8 +207,15 @@ class _Gen:
         return self.leaf(v, full, space)
 
 
-def _window_body(gen: _Gen, lines: list[str]) -> str:
-    """Lines accumulating the window at (n, c, oh, ow); returns the float result's name."""
+def strip_width(out_w: int) -> int:
+    """Outputs of one row a thread computes: adjacent outputs share most of their taps, so a
+    strip loads each input column (and runs the prologue on it) once for all of them."""
+    return max(1, min(STRIP, out_w))
+
+
+def _window_body(gen: _Gen, lines: list[str], strip: int, it: str) -> list[str]:
+    """Lines accumulating the windows of the ``strip`` outputs at (n, c, oh, ow0 + v) into
+    ``acc[v]``; returns the per-output float expressions (``v`` is the loop index)."""
     g, m = gen.g, gen.m
     w = m.node
     a = canonical_attrs(w, [g.type_of(v) for v in w.inputs])
@@ -218,44 +229,53 @@ def _window_body(gen: _Gen, lines: list[str]) -> str:
         KH, KW = a["kernel"]
     x = w.inputs[0]
     op = w.op
-    if op == "max_pool2d":
-        lines.append("float acc = -TDB_INF;")
-    else:
-        lines.append("float acc = 0.0f;")
+    span = (strip - 1) * sw + (KW - 1) * dw + 1  # input columns the strip's windows cover
+    init, pad = ("-TDB_INF", "-TDB_INF") if op == "max_pool2d" else ("0.0f", "0.0f")
+    lines.append(f"float acc[{strip}];")
+    lines.append(f"#pragma unroll\nfor (int v = 0; v < {strip}; ++v) acc[v] = {init};")
     if op == "avg_pool2d":
-        lines.append("int cnt = 0;")
-    lines.append(f"const long long xb = nc * {H * W}LL;")
+        lines.append(f"int cnt[{strip}];")
+        lines.append(f"#pragma unroll\nfor (int v = 0; v < {strip}; ++v) cnt[v] = 0;")
+    lines.append(f"const {it} xb = nc * {H * W};")
     lines.append(f"#pragma unroll\nfor (int kh = 0; kh < {KH}; ++kh) {{")
     lines.append(f"  const int ih = oh * {sh} - {pt} + kh * {dh};")
-    if op == "avg_pool2d" and a["count_include_pad"]:
-        lines.append(f"  const bool rin = ih < {H + pb};")
-    lines.append(f"  #pragma unroll\n  for (int kw = 0; kw < {KW}; ++kw) {{")
-    lines.append(f"    const int iw = ow * {sw} - {pl} + kw * {dw};")
-    if op == "avg_pool2d" and a["count_include_pad"]:
-        lines.append(f"    cnt += (rin && iw < {W + pr}) ? 1 : 0;")
-    lines.append(f"    if (ih < 0 || ih >= {H} || iw < 0 || iw >= {W}) continue;")
-    if op == "avg_pool2d" and not a["count_include_pad"]:
-        lines.append("    ++cnt;")
-    tap: list[str] = [f"const long long xi = xb + (long long)ih * {W} + iw;"]
+    if op == "avg_pool2d" and a["count_include_pad"]:  # taps inside the padded extent count
+        lines.append(f"  if (ih < {H + pb}) {{\n    #pragma unroll\n    for (int v = 0; v < {strip}; ++v) {{")
+        lines.append(f"      #pragma unroll\n      for (int kw = 0; kw < {KW}; ++kw) "
+                     f"cnt[v] += ((ow0 + v) * {sw} - {pl} + kw * {dw} < {W + pr}) ? 1 : 0;\n    }}\n  }}")
+    lines.append(f"  if (ih < 0 || ih >= {H}) continue;")
+    lines.append(f"  float row[{span}];")
+    lines.append(f"  #pragma unroll\n  for (int j = 0; j < {span}; ++j) {{")
+    lines.append(f"    const int iw = ow0 * {sw} - {pl} + j;")
+    lines.append(f"    if (iw < 0 || iw >= {W}) {{ row[j] = {pad}; continue; }}")
+    tap: list[str] = [f"const {it} xi = xb + ({it})ih * {W} + iw;"]
     env: dict[str, str] = {}
     xv = gen.cone(m.prologue, x, "xi", m.in_shape, env, "q", tap)
-    tap.append(f"const float tap = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
+    tap.append(f"row[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
+    lines += ["    " + t for t in tap]
+    lines.append("  }")
+    lines.append(f"  #pragma unroll\n  for (int v = 0; v < {strip}; ++v) {{")
+    lines.append(f"    #pragma unroll\n    for (int kw = 0; kw < {KW}; ++kw) {{")
+    lines.append(f"      const float tap = row[v * {sw} + kw * {dw}];")
     if op == "conv2d":
         wt = g.type_of(w.inputs[1]).dtype
         wload = f"{gen.buffer(w.inputs[1])}[c * {KH * KW} + kh * {KW} + kw]"
-        tap.append(f"acc += tap * {load_conv(wt, wload)};")
+        lines.append(f"      acc[v] += tap * {load_conv(wt, wload)};")
     elif op == "max_pool2d":
-        tap.append("acc = fmaxf(acc, tap);")
-    else:
-        tap.append("acc += tap;")
-    lines += ["    " + t for t in tap]
-    lines.append("  }\n}")
+        lines.append("      acc[v] = fmaxf(acc[v], tap);")
+    elif a["count_include_pad"]:
+        lines.append("      acc[v] += tap;")
+    else:  # the average over the taps inside the input only
+        lines.append(f"      const int iw = (ow0 + v) * {sw} - {pl} + kw * {dw};")
+        lines.append(f"      if (iw >= 0 && iw < {W}) {{ acc[v] += tap; ++cnt[v]; }}")
+    lines.append("    }\n  }\n}")
+    result = "acc[v]"
     if op == "avg_pool2d":
-        lines.append("acc = acc / (float)cnt;")
+        result = "acc[v] / (float)cnt[v]"
     if op == "conv2d" and len(w.inputs) == 3:
         b = w.inputs[2]
-        lines.append(f"acc += {load_conv(g.type_of(b).dtype, f'{gen.buffer(b)}[c]')};")
-    return "acc"
+        result = f"acc[v] + {load_conv(g.type_of(b).dtype, f'{gen.buffer(b)}[c]')}"
+    return [result]
 
 
 # Prologue ops that go through the SFU (or a long sequence): a prologue runs once per tap, and at
@@ -289,17 +309,29 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256) -> WindowKern
         if g.type_of(v).dtype not in STORAGE:
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
     gen = _Gen(g, m)
+    strip = strip_width(OW)
+    strips = N * C * OH * -(-OW // strip)
+    _, _, H, W = m.in_shape
+    it = "int" if max(N * C * H * W, N * C * OH * OW) < 2**31 - 1 else "long long"
     body: list[str] = [
-        f"const long long total = {N * C * OH * OW}LL;",
-        f"for (long long i = (long long)blockIdx.x * {block} + threadIdx.x; i < total; "
-        f"i += (long long)gridDim.x * {block}) {{"]
-    el = [f"const int ow = (int)(i % {OW});", f"const int oh = (int)((i / {OW}) % {OH});",
-          f"const long long nc = i / {OH * OW};", f"const int c = (int)(nc % {C});"]
-    acc = _window_body(gen, el)
-    env = {m.node.outputs[0]: acc}
+        f"const {it} total = {strips};",
+        f"for ({it} s = ({it})blockIdx.x * {block} + threadIdx.x; s < total; "
+        f"s += ({it})gridDim.x * {block}) {{"]
+    el = [f"const int ow0 = (int)(s % {-(-OW // strip)}) * {strip};",
+          f"const int oh = (int)((s / {-(-OW // strip)}) % {OH});",
+          f"const {it} nc = s / {OH * -(-OW // strip)};", f"const int c = (int)(nc % {C});"]
+    (acc,) = _window_body(gen, el, strip, it)
+    el.append(f"#pragma unroll\nfor (int v = 0; v < {strip}; ++v) {{")
+    el.append(f"  if (ow0 + v >= {OW}) break;")
+    el.append(f"  const {it} i = (nc * {OH} + oh) * {OW} + ow0 + v;")
+    el.append(f"  const float wout = {acc};")
+    env = {m.node.outputs[0]: "wout"}
+    epi: list[str] = []
     for v in g.outputs:
-        e = gen.cone(m.epilogue, v, "i", m.out_shape, env, "e", el)
-        el.append(f"{gen.params[v]}[i] = {store_conv(g.type_of(v).dtype, e)};")
+        e = gen.cone(m.epilogue, v, "i", m.out_shape, env, "e", epi)
+        epi.append(f"{gen.params[v]}[i] = {store_conv(g.type_of(v).dtype, e)};")
+    el += ["  " + t for t in "\n".join(epi).split("\n")]
+    el.append("}")
     body += ["  " + t for t in "\n".join(el).split("\n")]
     body.append("}")
     ps = [f"const {STORAGE[g.type_of(v).dtype]}* __restrict__ {gen.params[v]}" for v in g.inputs]
@@ -311,6 +343,6 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256) -> WindowKern
     prefix = "tdb_w" + sha256_hex(text)[:16]
     name = f"{prefix}_k0"
     src = text.replace("@K@", name).replace("@P@", prefix)
-    blocks = max(1, min(-(-N * C * OH * OW // block), sm_count * 16))
+    blocks = max(1, min(-(-strips // block), sm_count * 16))
     args = tuple(g.inputs) + tuple(g.outputs) + (np.int64(N * C), np.int64(OH * OW))
     return WindowKernel(name, src, (blocks, 1, 1), (block, 1, 1), args, N * C, OH * OW)
