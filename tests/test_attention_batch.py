@@ -44,7 +44,7 @@ def _attention_b(batch: int = B, dtype: str = "float32") -> Graph:
 
     def heads(seed: int) -> str:
         rng = np.random.default_rng(seed)
-        w = b.constant(rng.standard_normal((H * D, H * D)).astype(np.float32), dtype=dtype)
+        w = emu._projection(b, rng, dtype)
         bias = b.constant(rng.standard_normal(H * D).astype(np.float32), dtype=dtype)
         return b.transpose(b.reshape(b.add(b.matmul(x, w), bias), shape=(batch, S, H, D)), perm=(0, 2, 1, 3))
 
@@ -53,7 +53,7 @@ def _attention_b(batch: int = B, dtype: str = "float32") -> Graph:
                    shape=(batch, H, D, S))
     p = b.softmax(b.matmul(b.mul(q, scale), b.mul(kt, scale)))
     back = b.reshape(b.transpose(b.matmul(p, v), perm=(0, 2, 1, 3)), shape=(batch, S, H * D))
-    wo = b.constant(np.random.default_rng(7).standard_normal((H * D, H * D)).astype(np.float32), dtype=dtype)
+    wo = emu._projection(b, np.random.default_rng(7), dtype)
     return b.build([b.add(b.matmul(back, wo), x)])
 
 
