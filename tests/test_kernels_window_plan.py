@@ -128,3 +128,20 @@ def test_an_sfu_bound_prologue_stays_out_but_the_epilogue_fuses():
     conv = next(j for j in steps[0] if ix.nodes[j].op == "conv2d")
     assert all(j > conv for j in steps[0] if j != conv)  # the SiLU after, not the one before
     assert sorted(ix.nodes[j].op for j in steps[0]) == ["conv2d", "mul", "sigmoid"]
+
+
+@needs_gxx
+def test_a_lone_depthwise_conv_or_pool_is_a_generated_window_kernel(tmp_path):
+    # ConvNeXt: a 7x7 depthwise conv feeding a transpose to NHWC. With nothing to fuse it was the
+    # runtime's depthwise kernel (runtime loop bounds; 0.03-0.05 of the floor on the H200).
+    b = GraphBuilder("convnext_dw7")
+    x = b.input("x", (2, 8, 11, 11))
+    y = b.conv2d(x, b.input("wd", (8, 1, 7, 7)), b.input("bd", (8,)), pads=(3, 3, 3, 3), groups=8)
+    t = b.transpose(y, perm=(0, 2, 3, 1))
+    p = b.max_pool2d(b.input("z", (2, 8, 9, 9)), kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    ix, part = _plan(b.build([t, p]), window=True)
+    lone = [(g, c) for g, c in zip(part.groups, part.costs)
+            if len(g) == 1 and ix.nodes[g[0]].op in ("conv2d", "max_pool2d")]
+    assert sorted(ix.nodes[g[0]].op for g, _ in lone) == ["conv2d", "max_pool2d"]
+    assert all(c.kind == "fused" and c.note == "window" for _, c in lone), lone
+    assert not _verify(ix, [g for g, _ in lone], tmp_path)

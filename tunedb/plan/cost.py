@@ -33,7 +33,13 @@ from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import LAYOUT_OPS
 from tunedb.kernels.analysis import Analysis, UnsupportedFusion, analyze
-from tunedb.kernels.gen_window import WINDOW_CONFIG, costly_prologue, match_window, window_kernel
+from tunedb.kernels.gen_window import (
+    WINDOW_CONFIG,
+    costly_prologue,
+    is_window_node,
+    match_window,
+    window_kernel,
+)
 from tunedb.kernels.schedule import Schedule, schedule_space
 from tunedb.plan.fallback import fallback_order
 from tunedb.plan.subgraph import COMPUTE_KIND, GraphIndex
@@ -200,6 +206,12 @@ class Coster:
         if all(ix.view[j] for j in nodes):
             return GroupCost("layout_view", 0.0, "none", launches=0)
         if len(nodes) == 1 and ix.compute[nodes[0]]:
+            if is_window_node(ix.graph, ix.nodes[nodes[0]]):
+                # Generated even alone: constant taps unrolled, a strip of outputs a thread; the
+                # runtime's kernel loops over runtime bounds (ConvNeXt's 7x7: 0.03 of the floor).
+                window = self._window(nodes, key)
+                if window is not None:
+                    return window
             return self._compute(nodes, key)
         if len(nodes) > 1 and any(ix.compute[j] for j in nodes):
             return self._window(nodes, key)
