@@ -155,3 +155,33 @@ def test_variant_features_of_the_benchmark_follow_the_candidate():
     assert pv.extra_amp(small, by_name["whole:padded"])["mean_split"] == 1
     serial = by_name["whole:serial"]
     assert pv.extra_amp(small, serial)["est_splitk_us"] < features(small, serial)["est_wave_us"]
+
+
+def test_board_labels_judge_a_workload_on_one_board_basis():
+    """Two boards 10 % apart: the one that measured part of a workload is scaled to the one that
+    measured most of it (the reference) on the candidates both measured, so a candidate only the
+    slower board measured keeps its place among the rest; a board's repeated runs count once; a
+    board sharing too few candidates with the reference is left out of that workload."""
+    from tunedb.costmodel.packing import board_labels
+
+    def band(us: float) -> tuple[float, float, float]:
+        return (0.99 * us, us, 1.01 * us)
+
+    truth = {"a": 10.0, "b": 11.0, "c": 12.0, "d": 9.8}
+    times = {c: {"part": [band(t)]} for c, t in truth.items() if c != "d"}
+    for c in ("a", "b", "c", "d"):  # 10 % slower, and d only here
+        times.setdefault(c, {})["full"] = [band(1.1 * truth[c])]
+    times["a"]["part"].append(band(10.2))  # two runs on one board: their median, once
+    times["e"] = {"lone": [band(5.0)]}  # sharing nothing with w1's reference
+    times["f"], times["g"] = {"part": [band(7.0)]}, {"part": [band(8.0)]}
+    of = {c: "w0" for c in "abcd"} | {"e": "w1", "f": "w1", "g": "w1"}
+    labels = board_labels(times, of)
+    # d, 2 % faster than a on the slower board, stays faster (a median over boards: 6 % slower)
+    a = labels["a"][1]
+    assert labels["d"][1] / a == pytest.approx(9.8 / (10.1 * 10) ** 0.5)
+    assert labels["b"][1] / a == pytest.approx(11 / (10.1 * 10) ** 0.5)
+    assert labels["c"][1] / labels["b"][1] == pytest.approx(12 / 11)
+    assert labels["b"][0] < labels["b"][1] < labels["b"][2]
+    assert "e" not in labels and labels["f"][1] == pytest.approx(7.0)
+    # one board alone: its own times
+    assert board_labels({"x": {"b": [band(3.0), band(5.0), band(4.0)]}}, {"x": "w"})["x"][1] == 4.0

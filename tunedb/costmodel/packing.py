@@ -148,23 +148,60 @@ FEATURES: tuple[str, ...] = _feature_names()
 
 
 # -- data ------------------------------------------------------------------------------------------
+Band = tuple[float, float, float]  # p20, median, p80 of one candidate's samples, µs
+MIN_COMMON = 3  # candidates a board must share with a workload's reference board to be scaled to it
+
+
+def board_labels(times: dict[str, dict[str, list[Band]]], workload_of: dict[str, str],
+                 min_common: int = MIN_COMMON) -> dict[str, Band]:
+    """One label per candidate, judged on one basis per workload. ``times``: candidate ->
+    board -> the bands of its runs there. A board's runs of a candidate count once (their
+    median); per workload the board that measured the most of its candidates is the reference,
+    another board's times are divided by its median ratio to the reference over the candidates
+    both measured (a board sharing fewer than ``min_common`` is left out of that workload, so a
+    board that measured a few candidates cannot shift them against the rest); a candidate's
+    label is then the median over its boards."""
+    # workload -> board -> candidate -> log band
+    by_w: dict[str, dict[str, dict[str, np.ndarray]]] = defaultdict(lambda: defaultdict(dict))
+    for ch, boards in times.items():
+        for b, runs in boards.items():
+            by_w[workload_of[ch]][b][ch] = np.log(np.median(np.asarray(runs, float), axis=0))
+    out: dict[str, Band] = {}
+    for _, boards in sorted(by_w.items()):
+        ref = max(sorted(boards), key=lambda b: len(boards[b]))
+        logs: dict[str, list[np.ndarray]] = defaultdict(list)
+        for b, cands in boards.items():
+            common = sorted(set(cands) & set(boards[ref]))
+            if b != ref and len(common) < min_common:
+                continue
+            shift = 0.0 if b == ref else float(np.median([cands[c][1] - boards[ref][c][1] for c in common]))
+            for c, band in cands.items():
+                logs[c].append(band - shift)
+        for c, bands in logs.items():
+            q = np.exp(np.median(np.asarray(bands), axis=0))
+            out[c] = (float(q[0]), float(q[1]), float(q[2]))
+    return out
+
+
 def load_frame(data: Path, device_ids: Sequence[str] | None = None) -> dict[str, Any]:
-    """Rows of a packing export (``tunedb db export`` folder): features, median µs, workload
-    hash and family per ok measurement (several runs of one candidate: the median of medians);
-    with ``device_ids``, measurements of those boards only."""
+    """Rows of a packing export (``tunedb db export`` folder): features, label µs
+    (``board_labels``: one basis per workload across boards), p20-p80 band, workload hash and
+    family per candidate with an ok measurement; with ``device_ids``, those boards only."""
     import pyarrow.parquet as pq
 
     ws = {r["hash"]: r for r in pq.read_table(data / "workloads.parquet").to_pylist()}
     cands = {r["hash"]: r for r in pq.read_table(data / "candidates.parquet").to_pylist()
              if r["kind"] == "packing"}
-    times: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # (p20, median, p80)
+    times: dict[str, dict[str, list[Band]]] = defaultdict(lambda: defaultdict(list))
     for r in pq.read_table(data / "measurements.parquet").to_pylist():
         if r["status"] == "ok" and r["candidate_hash"] in cands and r["samples_us"] \
                 and (device_ids is None or r["device_id"] in device_ids):
-            times[r["candidate_hash"]].append(tuple(np.percentile(r["samples_us"], (20, 50, 80))))
+            q = np.percentile(r["samples_us"], (20, 50, 80))
+            times[r["candidate_hash"]][r["device_id"]].append((float(q[0]), float(q[1]), float(q[2])))
+    labels = board_labels(times, {ch: cands[ch]["workload_hash"] for ch in times})
     parsed: dict[str, PackingWorkload] = {}
     X, y, groups, fams, names, spread = [], [], [], [], [], []
-    for ch, runs in sorted(times.items()):
+    for ch, q in sorted(labels.items()):
         c = cands[ch]
         wh = c["workload_hash"]
         if wh not in parsed:
@@ -175,9 +212,8 @@ def load_frame(data: Path, device_ids: Sequence[str] | None = None) -> dict[str,
                                     "clusters": json.loads(cfg["clusters"])})
         f = features(w, cand)
         X.append([f[k] for k in FEATURES])
-        q = np.median(np.asarray(runs), axis=0)
-        y.append(float(q[1]))
-        spread.append((float(q[0]), float(q[2])))
+        y.append(q[1])
+        spread.append((q[0], q[2]))
         groups.append(wh)
         fams.append(w.family)
         names.append(cand.name)
