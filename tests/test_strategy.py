@@ -195,3 +195,46 @@ def test_collect_cli_strategy_flag_with_replay(stored: tuple[Path, int], tmp_pat
         configs = [json.loads(run.config_json) for run in s.runs()]
     assert len(rows) == len(set(rows)) == n
     assert sorted((c["strategy"], c["rounds"]) for c in configs) == [("model", 2), ("random", None)]
+
+
+def test_model_strategy_goes_breadth_first_on_a_new_board(stored: tuple[Path, int]) -> None:
+    """A second board of the same model starts from the first board's measurements: it does not
+    measure those candidates again, and each round visits the workloads with the fewest known
+    latencies first, the families taking turns (so a time limit cuts the best-known workloads)."""
+    import dataclasses
+
+    data, _ = stored
+    dev = ReplayDevice(data)
+    with TuningStore.open(":memory:") as db:
+        StoredCollector().run(db, dev, str(data), strategy=make_strategy("model", per_round=2, seed=0),
+                              budget=3)  # the budget spread: 1 candidate of 3 of the 6 workloads
+        first_board = db.training_frame(kind="fusion", device_id=dev.info.id)
+    known = set(first_board["candidate_hash"].to_pylist())
+    assert len(known) == 3
+    jobs = sorted(load_dataset(data).jobs, key=lambda j: j.workload.family)  # families in blocks
+    second = dataclasses.replace(dev.info, uuid_hash="another board")
+    strat = ModelStrategy(per_round=2, seed=0, min_train=4)
+    strat.start(jobs, set(), second, "fusion", [first_board.slice(0, 0), first_board])
+    assert {strat.cand_hash[i] for i in np.flatnonzero(strat.done)} == known
+    order = strat.round_order(list(range(len(jobs))))
+    counts = [int(np.isfinite(strat.latency[strat.by_job[j]]).sum()) for j in order]
+    assert counts == sorted(counts) and counts[0] == 0 and counts[-1] > 0
+    round1 = strat.propose()
+    assert [j.workload.hash for j in round1] == [jobs[j].workload.hash for j in order]
+    proposed = {_hash(j.workload.hash, cfg) for j in round1 for cfg, _ in j.specs}
+    assert not proposed & known
+
+
+def test_model_strategy_families_take_turns(stored: tuple[Path, int]) -> None:
+    import dataclasses
+
+    from tunedb.collect import Job
+
+    data, _ = stored
+    jobs = [Job(dataclasses.replace(j.workload, family="a" if i < 4 else "b"), j.specs, j.pruned)
+            for i, j in enumerate(load_dataset(data).jobs)]
+    strat = ModelStrategy(per_round=2, seed=0)
+    strat.start(jobs, set(), ReplayDevice(data).info, "fusion")
+    assert strat.round_order(list(range(W))) == [0, 4, 1, 5, 2, 3]  # suite order within a family
+    strat.rounds_done = 1  # the next round starts one workload later, the turns as before
+    assert strat.round_order(list(range(W))) == [1, 4, 2, 5, 3, 0]

@@ -7,7 +7,8 @@ strategy has nothing left, the budget, time or round limit is reached.
 - ``exhaustive``: every candidate in suite order, in one round (the collector's historic order).
 - ``random``: round-robin over workloads, each round a seeded-random batch from each workload.
 - ``roofline``: round-robin, each workload's candidates in order of the analytic roofline time.
-- ``model``: round-robin; each round a workload gets the cost model's best predicted unmeasured
+- ``model``: breadth first (the workloads with the fewest known latencies lead each round, the
+  families taking turns); each round a workload gets the cost model's best predicted unmeasured
   candidates plus an exploration share (the lowest optimistic bound, mean - kappa * spread, of a
   small bootstrap ensemble: candidates the ensemble disagrees on and might be fast). The ensemble
   is retrained as measurements arrive (every ``retrain_every`` new ok ones; small boosters, so a
@@ -19,7 +20,8 @@ strategy has nothing left, the budget, time or round limit is reached.
   it is an option to try on real data (``python -m tunedb.bench.active --allocate ei``).
 
 Every strategy proposes a candidate at most once per run and never one already measured on
-the device, so a collection never measures a candidate twice.
+the device, so a collection never measures a candidate twice; ``model`` also skips the
+candidates measured on another board of the same device model (they are its training rows).
 """
 
 from __future__ import annotations
@@ -119,9 +121,7 @@ class Strategy:
         n = self.per_round
         if limit is not None:
             n = max(1, min(n, math.ceil(limit / len(active))))
-        # Rotate the starting workload so that a budget cut does not always hit the same ones.
-        shift = self.rounds_done % len(active)
-        plan = self.plan(active[shift:] + active[:shift], n, limit)
+        plan = self.plan(self.round_order(active), n, limit)
         self.rounds_done += 1
         out: list[Job] = []
         for j, picks in plan:
@@ -131,6 +131,12 @@ class Strategy:
             job = self.jobs[j]
             out.append(Job(job.workload, [job.specs[self.spec_of[int(i)]] for i in picks]))
         return out
+
+    def round_order(self, active: list[int]) -> list[int]:
+        """The order in which a round visits the workloads that have candidates left."""
+        # Rotate the starting workload so that a budget cut does not always hit the same ones.
+        shift = self.rounds_done % len(active)
+        return active[shift:] + active[:shift]
 
     def plan(self, order: list[int], n: int, limit: int | None) -> list[tuple[int, np.ndarray]]:
         """(workload, candidate indices) of one round: ``n`` of each workload in ``order``,
@@ -309,7 +315,11 @@ class ModelStrategy(RooflineStrategy):
         for h, lat in zip(t["candidate_hash"].to_pylist(), t["median_us"].to_pylist()):
             i = self.index.get(h)
             if i is not None and lat is not None and lat > 0:
-                self.latency[i] = float(lat)  # measured before: a training row, never re-measured
+                # Measured here or on another board of this model: a training row, and not
+                # proposed again (boards of one model order schedules alike; a re-measurement
+                # would spend the time a new workload needs).
+                self.latency[i] = float(lat)
+                self.done[i] = True
         keep = np.array([h not in self.index for h in t["candidate_hash"].to_pylist()], dtype=bool)
         t = t.filter(keep)
         if t.num_rows > self.max_prior_rows:
@@ -325,6 +335,20 @@ class ModelStrategy(RooflineStrategy):
         y = np.log(lat) - np.log(np.maximum(np.nan_to_num(X[:, fi].astype(np.float64), nan=1.0), 1e-3))
         ok = np.isfinite(y)
         return X[ok], y[ok]
+
+    def round_order(self, active: list[int]) -> list[int]:
+        """Breadth first: the workloads with the fewest known latencies (measured in this run,
+        or before on a board of this model) lead, and among equals the families take turns, so
+        that a time limit cuts the best-known workloads rather than a whole family."""
+        rotated = super().round_order(active)
+        known = np.bincount(self.job_of_arr[np.isfinite(self.latency)], minlength=len(self.jobs))
+        turn: dict[str, int] = {}
+        key = {}
+        for j in rotated:
+            family = self.jobs[j].workload.family
+            key[j] = (int(known[j]), turn.get(family, 0))
+            turn[family] = turn.get(family, 0) + 1
+        return sorted(rotated, key=key.__getitem__)
 
     # -- the model ---------------------------------------------------------------------------
     def n_ok(self) -> int:
