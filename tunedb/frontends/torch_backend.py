@@ -74,7 +74,8 @@ class TunedbGraph:
             model = self._export(example_inputs, placeholders)
             self.plan = compile_plan(model, cost_model=options.get("cost_model"),
                                      db=options.get("db"), fill_initializers=False,
-                                     gemm_epilogue=bool(options.get("gemm_epilogue", False)))
+                                     gemm_epilogue=bool(options.get("gemm_epilogue", False)),
+                                     gelu_epilogue=bool(options.get("gelu_epilogue", False)))
         except Exception as e:  # noqa: BLE001 - any failure means: run this graph eagerly
             self.fallback = f"not planned: {_one_line(e)}"
             return
@@ -82,7 +83,7 @@ class TunedbGraph:
             self.fallback = "inputs are not on a CUDA device"
             return
         try:
-            self.executor = PlanExecutor(self.plan)
+            self.executor = PlanExecutor(self.plan, cublaslt=options.get("cublaslt"))
             self._verify(example_inputs)
         except Exception as e:  # noqa: BLE001
             self.executor = None
@@ -141,7 +142,8 @@ class TunedbGraph:
 
     def _bind(self) -> None:
         """Torch views of the executor's input and output buffers, made once: a call then costs
-        one torch copy per input and per output and two stream waits, with no CuPy wrapping,
+        one torch copy per input and per output (and two stream waits where the plan runs
+        eagerly: a CUDA graph is launched on the caller's stream), with no CuPy wrapping,
         no per-call input checks and no widening of bf16 outputs (the bits are viewed as
         torch.bfloat16). The plan runs as a CUDA graph on fixed addresses, so the caller's
         tensors are copied into its input buffers rather than bound by pointer."""
@@ -158,6 +160,7 @@ class TunedbGraph:
         self._in_views = [view(ex.inputs[n], ex.graph.type_of(n).dtype) for n in self._names]
         self._out_views = [view(ex.env[v], ex.graph.type_of(v).dtype) for v in ex.graph.outputs]
         self._torch_stream = torch.cuda.ExternalStream(ex.stream.ptr)
+        self._cupy_streams: dict[int, Any] = {}  # torch stream -> the same stream for the graph launch
 
     def _run(self, args: Sequence[Any]) -> list[Any]:
         import torch
@@ -170,9 +173,17 @@ class TunedbGraph:
                 raise ValueError(f"input {i}: expected shape {tuple(buf.shape)}, got {tuple(t.shape)}")
             buf.copy_(t)  # on torch's current stream; casts as the executor would (int64 ids)
         caller = torch.cuda.current_stream()
-        self._torch_stream.wait_stream(caller)  # the plan's stream waits for the copies
-        self.executor.replay()
-        caller.wait_stream(self._torch_stream)  # and the caller's for the plan
+        if self.executor.graph_capture:  # the CUDA graph runs on the caller's stream: no waits
+            ptr = caller.cuda_stream
+            if ptr not in self._cupy_streams:
+                import cupy as cp
+
+                self._cupy_streams[ptr] = cp.cuda.ExternalStream(ptr)
+            self.executor.replay(self._cupy_streams[ptr])
+        else:  # eager launches are bound to the executor's stream
+            self._torch_stream.wait_stream(caller)  # the plan's stream waits for the copies
+            self.executor.replay()
+            caller.wait_stream(self._torch_stream)  # and the caller's for the plan
         # Copies, not views: the next call overwrites the plan's buffers.
         return [y.clone(memory_format=torch.contiguous_format) for y in self._out_views]
 
@@ -184,8 +195,9 @@ class TunedbGraph:
 
 def tunedb_backend(gm: Any, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
     """``torch.compile`` backend: ``torch.compile(model, backend=tunedb_backend)``. Options
-    (through ``functools.partial``): ``cost_model``, ``db`` and ``gemm_epilogue`` as for
-    ``tunedb.compile``."""
+    (through ``functools.partial``): ``cost_model``, ``db``, ``gemm_epilogue`` and
+    ``gelu_epilogue`` as for ``tunedb.compile``; ``cublaslt`` as for ``PlanExecutor`` (None:
+    ``TUNEDB_CUBLASLT``)."""
     g = TunedbGraph(gm, example_inputs, options)
     if g.executor is None:
         warnings.warn(f"tunedb backend: graph runs eagerly ({g.fallback})", stacklevel=2)

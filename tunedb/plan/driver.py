@@ -30,6 +30,7 @@ from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.cost import Coster, GroupCost, stitch_of
 from tunedb.plan.epilogue import split_conv_bias
 from tunedb.plan.fusion import explore
+from tunedb.plan.gelu_epilogue import fold_gelu_epilogues
 from tunedb.plan.measure import Recorder, measure_steps
 from tunedb.plan.packing import PackMeasurer, pack_plan_steps, runnable_packs, store_times
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
@@ -169,7 +170,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             bindings: dict[str, int] | None = None, fill_initializers: bool = True,
             measure_device: str = "cuda", schedule: str = "sequential", pack: bool | str = "auto",
             pack_model: Any = None, bias_epilogue: bool = False, gemm_epilogue: bool = False,
-            concat_views: bool = False) -> Plan:
+            concat_views: bool = False, gelu_epilogue: bool = False) -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
@@ -212,6 +213,11 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     that is switched on (``TUNEDB_CUBLASLT=1``), else as a copy of the bias and cuBLAS with
     beta = 1.
 
+    ``gelu_epilogue``: a GEMM, its bias and its GELU are one ``gemm`` step (config ``epilogue:
+    gelu_bias``) that the executor runs as cuBLASLt's GELU_BIAS epilogue (the tanh GELU) where
+    cuBLASLt is on; bfloat16 only, where the tanh form is far inside the tolerance
+    (``tunedb.plan.gelu_epilogue``).
+
     ``concat_views``: a concat whose inputs are contiguous slices of its output (channels at
     batch 1) is no kernel: its producers write their slices (``tunedb.plan.views``). It is not
     fused either, so elementwise ops before it run in their branches' steps."""
@@ -222,7 +228,8 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     if pack is True and schedule != "sequential":
         raise PlanError("pack=True needs schedule='sequential' (IOS stages and packs do not mix)")
     if schedule != "sequential":
-        return compile_staged(functools.partial(compile, pack=False, concat_views=concat_views),
+        return compile_staged(functools.partial(compile, pack=False, concat_views=concat_views,
+                                                gelu_epilogue=gelu_epilogue),
                               load_graph(model, bindings, fill_initializers), schedule,
                               db=db, cost_model=cost_model, device=device, measure_top=measure_top,
                               beam=beam, horizontal=horizontal, measure_device=measure_device)
@@ -258,6 +265,8 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             finally:
                 # Whatever was measured is kept, even when measuring stopped half-way.
                 counts["stored"] = recorder.flush() if recorder is not None else 0
+        if gelu_epilogue:  # after measuring: measure_steps pairs the steps with part.costs
+            steps = fold_gelu_epilogues(index, steps, coster.workload_hash)
         packs: list[Any] = []
         if pack:
             predictor = _pack_predictor(pack_model, info)

@@ -47,7 +47,7 @@ from tunedb.kernels.codegen import generate
 from tunedb.kernels.schedule import Schedule
 from tunedb.runtime.blas import Blas
 from tunedb.runtime.device import current_stream, import_cupy
-from tunedb.runtime.executor_lt import BlasLt, lt_enabled
+from tunedb.runtime.executor_lt import GELU_BIAS, BlasLt, gelu_bias_step, lt_enabled
 from tunedb.runtime.executor_ops import (
     ComputeOps,
     Evaluator,
@@ -316,6 +316,8 @@ class PlanExecutor:
                                           f"failed ({_one_line(e, 200)}); ran op by op in CuPy")
             elif path != OP_BY_OP:
                 fns, n = self._single(sub, local, dict(zip(sub.outputs, outs)))
+            if fns is None and step.config_dict.get("epilogue") == GELU_BIAS:  # else op by op, noted
+                fns, n, path = gelu_bias_step(self, sub, {**local, **dict(zip(sub.outputs, outs))}, k, step)
             if fns is None:
                 if path == OP_BY_OP and step.kind == "fused" and not step.config:
                     self.fallbacks.append(f"step {k} ({'+'.join(step.ops)}): no schedule; ran op by op")
@@ -504,10 +506,10 @@ class PlanExecutor:
                     return
         self.graph_capture = True
 
-    def replay(self) -> None:
-        """Enqueue one run on the inputs already in place (the graph, or every launch eagerly)."""
+    def replay(self, stream: Any = None) -> None:
+        """Enqueue one run on the inputs in place: the graph on ``stream`` (None: ours), else each launch."""
         if self._graph is not None:
-            self._graph.launch(self.stream)
+            self._graph.launch(self.stream if stream is None else stream)
         else:
             with current_stream(self.cp, self.stream):
                 self._enqueue()

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tunedb.graph.ir import Graph, Node
 from tunedb.runtime.blas import (
     COMPUTE_32F,
     COMPUTE_32F_FAST_TF32,
@@ -41,6 +42,11 @@ DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER, DESC_BIAS_DATA_TYPE 
 EPILOGUE_DEFAULT, EPILOGUE_BIAS, EPILOGUE_GELU_BIAS = 1, 4, 36
 PREF_MAX_WORKSPACE_BYTES = 1
 WORKSPACE_BYTES = 32 << 20
+# A plan step's ``epilogue`` that runs matmul + bias + GELU as one GELU_BIAS call.
+GELU_BIAS = "gelu_bias"
+# max over x of |GELU_erf(x) - GELU_tanh(x)| (at x = 2.70, where GELU is 2.69): what running
+# the erf GELU that exporters write as cuBLASLt's GELU_BIAS (the tanh form) changes.
+GELU_TANH_MAX_ABS_ERR = 4.74e-4
 
 
 class LtError(RuntimeError):
@@ -221,7 +227,7 @@ class BlasLt:
         """A launch computing ``out = x @ w (w.T with trans_b) + bias`` on the stream, or None
         when the layouts do not fit or the heuristic has no algorithm (the caller falls back).
         ``epilogue=EPILOGUE_GELU_BIAS`` applies cuBLASLt's GELU after the bias: which GELU that
-        is (erf or tanh) is what ``test_cublaslt_gelu_epilogue_form`` finds out; no plan uses it."""
+        is the tanh form (``test_executor_gpu``); ``gelu_bias_launch`` uses it."""
         isz = out.dtype.itemsize
 
         def geom(a: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -256,3 +262,127 @@ class BlasLt:
 
         run.keep = (x, w, bias, out, desc, scalars, result)  # type: ignore[attr-defined]
         return run
+
+
+# -- matmul + bias + GELU as one GELU_BIAS call ----------------------------------------------------
+@dataclass(frozen=True)
+class BiasGelu:
+    """Names, in a step's sub-graph, of ``out = GELU(x @ w + bias)``."""
+
+    x: str
+    w: str
+    bias: str
+    out: str
+    trans_b: bool
+
+
+def _scalar(g: Graph, v: str) -> float | None:
+    c = g.constant_map.get(v)
+    return float(c.array.ravel()[0]) if c is not None and c.array.size == 1 else None
+
+
+def _erf_gelu(g: Graph, h: str, rest: list[Node]) -> bool:
+    """``rest`` is exactly the erf GELU of ``h`` as exporters write it:
+    ``h * 0.5 * (1 + erf(h / sqrt(2)))`` (or ``* (1/sqrt(2))``), the products in any order."""
+    if len(rest) != 5 or g.outputs[0] not in {o for n in rest for o in n.outputs}:
+        return False
+    by_out = {n.outputs[0]: n for n in rest}
+    erfs = [n for n in rest if n.op == "erf"]
+    if len(erfs) != 1 or erfs[0].inputs[0] not in by_out:
+        return False
+    scaled = by_out[erfs[0].inputs[0]]
+    root2 = 2 ** 0.5
+    if scaled.op == "div" and scaled.inputs[0] == h:
+        c = _scalar(g, scaled.inputs[1])
+        ok = c is not None and abs(c / root2 - 1) < 4e-3  # sqrt(2) rounded to bfloat16 counts
+    elif scaled.op == "mul" and h in scaled.inputs:
+        c = _scalar(g, scaled.inputs[1] if scaled.inputs[0] == h else scaled.inputs[0])
+        ok = c is not None and abs(c * root2 - 1) < 4e-3
+    else:
+        ok = False
+    plus = [n for n in rest if n.op == "add" and erfs[0].outputs[0] in n.inputs]
+    if not ok or len(plus) != 1:
+        return False
+    one = [v for v in plus[0].inputs if v != erfs[0].outputs[0]]
+    if len(one) != 1 or _scalar(g, one[0]) != 1.0:
+        return False
+    muls: list[Node] = []
+
+    def factors(v: str) -> list[str]:
+        n = by_out.get(v)
+        if n is None or n.op != "mul" or n is scaled:
+            return [v]
+        muls.append(n)
+        return factors(n.inputs[0]) + factors(n.inputs[1])
+
+    fs = factors(g.outputs[0])
+    p = plus[0].outputs[0]
+    halves = [v for v in fs if v not in (h, p) and _scalar(g, v) == 0.5]
+    return len(muls) == 2 and len(fs) == 3 and fs.count(h) == 1 and fs.count(p) == 1 and len(halves) == 1
+
+
+def bias_gelu_parts(g: Graph) -> BiasGelu | None:
+    """The parts of a sub-graph that is exactly ``GELU(x @ w + bias)``: one matmul (or a gemm
+    without C, A not transposed) by a 2-D ``w``, the add of a bias vector along its columns,
+    then the GELU (a ``gelu`` node, or the erf form of ``_erf_gelu``) as its one output; None
+    for anything else."""
+    if len(g.outputs) != 1:
+        return None
+    types = g.type_map
+    mm = [n for n in g.nodes if n.op in ("matmul", "gemm")]
+    if len(mm) != 1 or types[mm[0].inputs[1]].rank != 2 or types[mm[0].inputs[0]].rank < 2:
+        return None
+    m = mm[0]
+    trans_b = False
+    if m.op == "gemm":
+        if len([v for v in m.inputs if v]) != 2 or m.attr("trans_a") or m.attr("alpha", 1.0) != 1.0:
+            return None
+        trans_b = bool(m.attr("trans_b"))
+    y = m.outputs[0]
+    adds = [n for n in g.nodes if n.op == "add" and y in n.inputs]
+    if len(adds) != 1 or list(adds[0].inputs).count(y) != 1:
+        return None
+    bias = adds[0].inputs[1] if adds[0].inputs[0] == y else adds[0].inputs[0]
+    n_cols = types[y].shape[-1]
+    bshape = types[bias].shape
+    if not bshape or bshape[-1] != n_cols or any(d != 1 for d in bshape[:-1]) or len(bshape) > types[y].rank:
+        return None
+    h = adds[0].outputs[0]
+    rest = [n for n in g.nodes if n is not m and n is not adds[0]]
+    gelu = len(rest) == 1 and rest[0].op == "gelu" and rest[0].inputs == (h,) and rest[0].outputs == g.outputs
+    if not gelu and not _erf_gelu(g, h, rest):
+        return None
+    if types[g.outputs[0]].shape != types[y].shape:
+        return None
+    return BiasGelu(m.inputs[0], m.inputs[1], bias, g.outputs[0], trans_b)
+
+
+def gelu_bias_launch(lt: BlasLt | None, sub: Graph, arrays: dict[str, Any]) -> Callable[[], None] | None:
+    """One cuBLASLt GELU_BIAS launch computing the ``bias_gelu_parts`` sub-graph ``sub`` on its
+    device ``arrays`` (by sub-graph name, inputs and output), or None when there is no cuBLASLt,
+    the sub-graph is no such GEMM, an operand is strided or the heuristic has no algorithm (the
+    caller runs the step otherwise). cuBLASLt's GELU is the tanh form: within
+    ``GELU_TANH_MAX_ABS_ERR`` of the erf form, which the plan accepts only where that is far
+    inside the dtype's tolerance (``tunedb.plan.gelu_epilogue``)."""
+    parts = bias_gelu_parts(sub)
+    if lt is None or parts is None:
+        return None
+    x, w, bias, out = (arrays[v] for v in (parts.x, parts.w, parts.bias, parts.out))
+    if not (x.flags.c_contiguous and out.flags.c_contiguous and bias.flags.c_contiguous):
+        return None  # a reshape below would copy
+    dtype = sub.type_of(parts.out).dtype
+    return lt.gemm_bias(x.reshape(-1, x.shape[-1]), w, bias.reshape(-1), out.reshape(-1, out.shape[-1]),
+                        trans_b=parts.trans_b, dtype=dtype, epilogue=EPILOGUE_GELU_BIAS)
+
+
+def gelu_bias_step(ex: Any, sub: Graph, arrays: dict[str, Any], k: int, step: Any
+                   ) -> tuple[list[Callable[[], None]] | None, int, str]:
+    """``(launches, count, path)`` of an executor's (``ex``) plan step ``k`` whose epilogue is
+    ``GELU_BIAS``: one cuBLASLt launch, else ``(None, 0, op by op)`` with the reason in
+    ``ex.fallbacks`` (the step then runs op by op: the erf GELU, exactly)."""
+    one = gelu_bias_launch(ex.lt, sub, arrays)
+    if one is not None:
+        return [one], 1, "cublasLt gelu epilogue"
+    why = ex.lt_error or ("cuBLASLt off" if ex.lt is None else "no GELU_BIAS algorithm or layout")
+    ex.fallbacks.append(f"step {k} ({'+'.join(step.ops)}): no cuBLASLt GELU_BIAS ({why}); ran op by op")
+    return None, 0, "cupy op by op"
