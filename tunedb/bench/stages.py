@@ -1,6 +1,7 @@
 """Stage scheduling on the GPU: sequential plan vs IOS plans vs torch.compile, one process.
 
-    python -m tunedb.bench.stages OUT.json [--peers] [--refine] [--oracle=block|full|none]
+    python -m tunedb.bench.stages OUT.json [--peers[=NAME,...]] [--refine] [--refine-all]
+                                  [--oracle=block|full|none] [--concat-views]
                                   [--only=NAME,...] [--budget-s=200]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
     python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json
@@ -19,7 +20,11 @@ search again with the measurements, until the winner's stages are all measured) 
 full-profiling oracle on one block, or on the whole graph with ``--oracle=full`` (the oracle
 command: every stage candidate measured, where a graph has at most ``ORACLE_MAX``); the refined
 and the oracle's schedules then run end to end. Plans use ``bias_epilogue`` (Inception V3 also
-without it: ``*_plain``); peers are torch.compile reduce-overhead, JAX and torch.compile.
+without it: ``*_plain``); peers are torch.compile reduce-overhead, JAX and torch.compile
+(``--peers=torch_compile_ro,...``: only those). ``--concat-views``: the plans with
+``concat_views`` too (``sequential_views``, ``ios_views``, ``auto_views``; no ``*_plain``), and the
+refinement runs on the views plan. ``--refine-all``: the refinement on every case, not only
+batch 1. ``--only``'s order is the run order.
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
 Every measured stage goes to ``OUT_rows.json`` with the plan it belongs to; ``--replay`` runs the
 refinement loop on the CPU against those times and compares it with the oracle (``replay``);
@@ -293,8 +298,11 @@ def auto_replay(bench_file: Path, only: list[str] | None = None) -> dict[str, An
     return out
 
 
-def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: list[str],
-        oracle: str = "block") -> dict:
+PEERS = ("torch_compile_ro", "jax", "torch_compile")
+
+
+def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: float, only: list[str],
+        oracle: str = "block", concat_views: bool = False, refine_all: bool = False) -> dict:
 
 
     t_start = time.perf_counter()
@@ -311,7 +319,8 @@ def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: lis
     # every measured stage with the plan its step indices refer to: the stage model's data
     stage_data: dict[str, Any] = {}
     rows_path = out_path.with_name(out_path.stem + "_rows.json")
-    for name, load in cases():
+    # in the order ``only`` names them: what matters most runs before the budget is spent
+    for name, load in sorted(cases(), key=lambda c: only.index(c[0]) if c[0] in only else len(only)):
         if only and name not in only:
             continue
         if time.perf_counter() > deadline:
@@ -327,12 +336,16 @@ def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: lis
             if ort is not None:
                 rec["onnxruntime_vs_reference"] = max(rel_l2(ort[v], refs[v]) for v in graph.outputs)
             plans = {}
-            variants = [("sequential", "sequential", True), ("ios", "ios", True)]
-            if name == "inception_v3_b1":  # the plans before the bias moved into the epilogue
-                variants += [("sequential_plain", "sequential", False), ("ios_plain", "ios", False)]
-            for key, sched, bias_epilogue in variants:
+            variants = [("sequential", "sequential", True, False), ("ios", "ios", True, False)]
+            if concat_views:  # the branches write their slices of each concat (no copy kernel)
+                variants += [("sequential_views", "sequential", True, True), ("ios_views", "ios", True, True)]
+            elif name == "inception_v3_b1":  # the plans before the bias moved into the epilogue
+                variants += [("sequential_plain", "sequential", False, False),
+                             ("ios_plain", "ios", False, False)]
+            for key, sched, bias_epilogue, views in variants:
                 t = time.perf_counter()
-                plans[key] = compile_plan(graph, device="cuda", schedule=sched, bias_epilogue=bias_epilogue)
+                plans[key] = compile_plan(graph, device="cuda", schedule=sched, bias_epilogue=bias_epilogue,
+                                          concat_views=views)
                 rec.setdefault("plan_s", {})[key] = round(time.perf_counter() - t, 2)
             for sched, plan in plans.items():
                 rec[sched] = _run_plan(plan, dev, refs, ort, graph)
@@ -346,10 +359,16 @@ def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: lis
                                                 lambda p, t=timed: t[id(p)])
                 pick = "ios" if measured.stages else "sequential"
                 rec["auto_measured"] = {"picks": pick, "us": rec[pick]["us"]}
-            if do_refine and name.endswith("_b1"):
-                base = replace(plans["ios"], stages=())
-                small = dict(plans["ios"].search).get("ios_candidates", 0) <= ORACLE_MAX
+            if concat_views:
+                auto = choose_auto(plans["sequential_views"], plans["ios_views"])
+                pick = "ios_views" if auto.stages else "sequential_views"
+                rec["auto_views"] = {"picks": pick, "us": rec[pick]["us"]}
+            if do_refine and (refine_all or name.endswith("_b1")):
+                ios_key = "ios_views" if concat_views else "ios"
+                base = replace(plans[ios_key], stages=())
+                small = dict(plans[ios_key].search).get("ios_candidates", 0) <= ORACLE_MAX
                 rec["refine"] = refine(base, say, deadline - 60, oracle if small else "none")
+                rec["refine"]["concat_views"] = concat_views
                 rows = rec["refine"].pop("all_rows")
                 stage_data[name] = {"plan": base.to_json(), "rows": rows}
                 write_json({"device": result["device"], "device_info": asdict(device_info()),
@@ -368,6 +387,11 @@ def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: lis
             rec["speedup_vs_sequential"] = {k: _finite(seq / rec[k]["us"]) if seq and rec.get(k, {}).get("us")
                                             else None for k in ("ios", "auto", "ios_refined", "ios_oracle")
                                             if k in rec}
+            views = rec.get("sequential_views", {}).get("us")
+            if views:  # the same lever on both sides: refined and oracle ran on the views plan
+                mine = ("sequential", "ios_views", "auto_views", "ios_refined", "ios_oracle")
+                rec["speedup_vs_sequential_views"] = {k: _finite(views / rec[k]["us"]) for k in mine
+                                                      if rec.get(k, {}).get("us")}
             plain = rec.get("sequential_plain", {}).get("us")
             if plain:
                 mine = ("sequential", "ios", "ios_plain", "ios_refined", "ios_oracle")
@@ -384,7 +408,7 @@ def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: lis
     order = sorted(kept, key=lambda n: (not n.endswith("_b1"), n.startswith("inception"), n))
     tiers = [[n for n in order if n.endswith("_b1")], [n for n in order if not n.endswith("_b1")]]
     for names in tiers if fw is not None else ():
-        for p in ("torch_compile_ro", "jax", "torch_compile"):
+        for p in [q for q in PEERS if peers is True or q in peers]:
             for name in names:
                 graph, dev, refs = kept[name]
                 rec = result["cases"][name]
@@ -394,7 +418,8 @@ def run(out_path: Path, peers: bool, do_refine: bool, budget_s: float, only: lis
                 rec.setdefault("peers", {})[p] = _peer(fw, p, graph, dev, refs)
                 _free(fw)
                 say(f"{name} {p}: {rec['peers'][p].get('us')} us")
-                ours = {k: rec[k]["us"] for k in ("sequential", "ios", "auto", "ios_refined", "ios_oracle")
+                ours = {k: rec[k]["us"] for k in ("sequential", "ios", "auto", "ios_refined", "ios_oracle",
+                                                  "sequential_views", "ios_views", "auto_views")
                         if rec.get(k, {}).get("us")}
                 rec["speedup_vs_peer"] = {q: {k: _finite(r["us"] / u) for k, u in ours.items()}
                                           for q, r in rec.get("peers", {}).items() if r.get("us")}
@@ -434,7 +459,13 @@ def main(argv: list[str]) -> int:
     if oracle not in ("block", "full", "none"):
         print(f"error: --oracle must be block, full or none, got {oracle!r}", file=sys.stderr)
         return 2
-    run(Path(argv[0]), "--peers" in argv, "--refine" in argv, budget, names, oracle)
+    peer_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--peers=")), None)
+    peers: bool | list[str] = "--peers" in argv if peer_arg is None else peer_arg.split(",")
+    if peers is not True and peers and not set(peers) <= set(PEERS):
+        print(f"error: --peers names one of {', '.join(PEERS)}, got {peer_arg!r}", file=sys.stderr)
+        return 2
+    run(Path(argv[0]), peers, "--refine" in argv, budget, names, oracle,
+        concat_views="--concat-views" in argv, refine_all="--refine-all" in argv)
     return 0
 
 
