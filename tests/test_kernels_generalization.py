@@ -386,3 +386,16 @@ def test_wide_per_column_ids_match_reference_in_emulation(tmp_path):
     failures = mismatches(lib, jobs)
     assert not failures, "\n".join(failures[:20])
     assert len(jobs) >= 10
+
+
+def test_few_long_rows_split_over_a_cluster_without_a_model():
+    # UNet's GroupNorm at batch 8: 256 rows of 10240, a block per row left each SM one or two
+    # blocks (0.21-0.31 of the floor on the H200); the fallback splits the rows, 4 blocks an SM.
+    def picked(g):
+        (step,) = tunedb.compile(g, cost_model=False, device=None).steps
+        return dict(step.config)
+
+    few = picked(groupnorm(8, 320, 32, 32, 32))
+    assert few["mapping"] == "split_row" and 256 * few["split"] >= 4 * 132
+    assert picked(groupnorm(32, 320, 32, 32, 32))["mapping"] == "block_per_row"  # 1024 rows
+    assert picked(groupnorm(8, 320, 32, 8, 8))["mapping"] == "block_per_row"  # 2.6 MB: too small

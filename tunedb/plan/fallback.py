@@ -27,32 +27,44 @@ MAPPING_ORDER = {
     "transpose": ("transpose_tiled", "elementwise"),
     "short_rows": ("warp_per_row", "block_per_row", "rows_per_block", "split_row"),
     "long_rows": ("block_per_row", "warp_per_row", "split_row", "rows_per_block"),
+    "few_long_rows": ("split_row", "block_per_row", "warp_per_row", "rows_per_block"),
     "col_reduce": ("col_tiled", "col_cluster"),
 }
 COLUMN_MAPPINGS = ("col_tiled", "col_cluster")
 # A column grid under half a wave of blocks leaves SMs idle: 8x slower on 65536x768 mean columns.
 MIN_COLUMN_WAVES = 0.5
+# Few long rows (GroupNorm at batch 8: 256 rows of 10240): a block per row leaves an SM a block or
+# two, too few loads in flight, and a row split over a cluster ran 1.14-1.7x faster in the shipped
+# data (256 x 65536, 64 x 250000; 1000 rows: the block per row won); below a few MiB (64 x 4099)
+# the split's extra sync loses, so it needs the bytes.
+MIN_ROWS_PER_SM = 2
+SPLIT_ROW_MIN_BYTES = 4 << 20
+SPLIT_ROW_BLOCKS_PER_SM = 4  # the split that gives each SM this many blocks (best: s4-s8 there)
 ESTIMATE_BIN = 1.05  # estimates within 5 % count as equal, so the rules after them decide
 
 
-def _mapping_order(a: Analysis, elem_bytes: int) -> tuple[str, ...]:
+def _mapping_order(a: Analysis, elem_bytes: int, sm_count: int) -> tuple[str, ...]:
     if a.pattern in ("row_reduce", "multi"):
         short = a.C * elem_bytes <= SHORT_ROW_BYTES
+        few = a.R < MIN_ROWS_PER_SM * sm_count and a.R * a.C * elem_bytes >= SPLIT_ROW_MIN_BYTES
+        if not short and few:
+            return MAPPING_ORDER["few_long_rows"]
         return MAPPING_ORDER["short_rows" if short else "long_rows"]
     return MAPPING_ORDER.get(a.pattern, ())
 
 
 def fallback_order(a: Analysis, legal: Sequence[Schedule], roofline_us: np.ndarray,
-                   waves: np.ndarray) -> list[int]:
+                   waves: np.ndarray, sm_count: int = 132) -> list[int]:
     """Indices of ``legal``, best first; ties keep the schedule space's order."""
     eb = full_bytes(a)  # the element width the space's vector widths are checked against
-    order = _mapping_order(a, eb)
+    order = _mapping_order(a, eb, sm_count)
 
     def key(i: int) -> tuple:
         s, column = legal[i], legal[i].mapping in COLUMN_MAPPINGS
         hoisting = column or s.mapping == "transpose_tiled"  # loads issued together: more unroll
         return (order.index(s.mapping) if s.mapping in order else len(order),
                 column and waves[i] < MIN_COLUMN_WAVES,
+                s.mapping == "split_row" and a.R * s.split < SPLIT_ROW_BLOCKS_PER_SM * sm_count,
                 round(math.log(max(float(roofline_us[i]), 1e-9)) / math.log(ESTIMATE_BIN)),
                 s.grid != "full",                                    # a block per chunk of work
                 -min(s.vec * eb, 16),                                # 16-byte accesses
