@@ -238,3 +238,6 @@ def test_model_strategy_families_take_turns(stored: tuple[Path, int]) -> None:
     assert strat.round_order(list(range(W))) == [0, 4, 1, 5, 2, 3]  # suite order within a family
     strat.rounds_done = 1  # the next round starts one workload later, the turns as before
     assert strat.round_order(list(range(W))) == [1, 4, 2, 5, 3, 0]
+    strat.rounds_done = 0
+    strat.latency[strat.by_job[0][0]] = 1.0  # a known workload goes last, and its family's
+    assert strat.round_order(list(range(W))) == [1, 4, 2, 5, 3, 0]  # next one takes its turn

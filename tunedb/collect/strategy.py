@@ -342,12 +342,12 @@ class ModelStrategy(RooflineStrategy):
         that a time limit cuts the best-known workloads rather than a whole family."""
         rotated = super().round_order(active)
         known = np.bincount(self.job_of_arr[np.isfinite(self.latency)], minlength=len(self.jobs))
-        turn: dict[str, int] = {}
+        turn: dict[tuple[int, str], int] = {}
         key = {}
         for j in rotated:
-            family = self.jobs[j].workload.family
-            key[j] = (int(known[j]), turn.get(family, 0))
-            turn[family] = turn.get(family, 0) + 1
+            group = (int(known[j]), self.jobs[j].workload.family)
+            key[j] = (group[0], turn.get(group, 0))
+            turn[group] = turn.get(group, 0) + 1
         return sorted(rotated, key=key.__getitem__)
 
     # -- the model ---------------------------------------------------------------------------
