@@ -6,6 +6,7 @@ reference first, throughput timing). Not run in CI; needs a GPU with CuPy.
     python benchmarks/bench_generalization.py OUT_DIR [--limit S] [--db DB]
     python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --workers 14 --limit 500
     python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --workers 2 --plan-only  # CPU
+    python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --only NAME [NAME ...]
 
 Writes ``OUT_DIR/anchors_plan.json`` and ``OUT_DIR/generalization_plan.json`` (the ``tunedb
 bench plan`` JSON plus ``floor_bytes``/``floor_us`` per entry and ``copy_TBps``: each input
@@ -86,6 +87,19 @@ def suite_paths(kinds: tuple[str, ...] = KINDS) -> list[Path]:
                     used[(k, w["model"])] += 1
                     break
     return out
+
+
+def only_paths(names: list[str] | None) -> list[Path] | None:
+    """The tier's workloads named in ``names``, in the tier's order; None for all of them. A name
+    that is not a bandwidth-tier workload is an error (a typo would silently measure nothing)."""
+    if names is None:
+        return None
+    tier = suite_paths(TIER_KINDS)
+    known = {p.stem for p in tier}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise SystemExit(f"error: --only: not bandwidth-tier workloads: {', '.join(unknown)}")
+    return [p for p in tier if p.stem in set(names)]
 
 
 def add_floors(result: dict, entries: list[Entry], bw: float) -> None:
@@ -192,6 +206,8 @@ def main() -> None:
                     help="print the table of OUT/generalization_tier.json (CPU) and stop")
     ap.add_argument("--resume", type=Path, default=None,
                     help="with --tier: keep the finished workloads of this earlier result")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                    help="with --tier: only these workloads of the tier (names of the manifest)")
     args = ap.parse_args()
     t0 = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -200,7 +216,7 @@ def main() -> None:
         return
     if args.tier:
         res = run_tier(args.out / "generalization_tier.json", args.workers, args.limit, args.plan_only,
-                       args.gpu_lock, resume=args.resume)
+                       args.gpu_lock, paths=only_paths(args.only), resume=args.resume)
         print(f"done {len(res['entries'])} workloads, complete {res['complete']}, "
               f"{round(time.monotonic() - t0, 1)} s", flush=True)
         print("\n".join(tier_table(res)))

@@ -281,3 +281,13 @@ def test_tier_table_ranks_verified_workloads_against_floor_and_peers():
     summary = lines[-1]
     assert "2 of 3 workloads verified and timed" in summary and "1 below 0.5" in summary
     assert "geomean 0.474 of the floor" in summary and "(1 behind)" in summary
+
+
+def test_tier_only_picks_named_workloads_and_refuses_unknown_names():
+    bench = load_script("bench_generalization")
+    tier = bench.suite_paths(bench.TIER_KINDS)
+    names = [tier[5].stem, tier[0].stem]
+    assert [p.stem for p in bench.only_paths(names)] == [tier[0].stem, tier[5].stem]  # tier order
+    assert bench.only_paths(None) is None
+    with pytest.raises(SystemExit, match="not bandwidth-tier workloads: nonesuch"):
+        bench.only_paths([tier[0].stem, "nonesuch"])
