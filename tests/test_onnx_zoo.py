@@ -187,7 +187,8 @@ def test_zoo_model_imports_and_plans(file):
     want = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[entry["dtype"]]
     assert graph.type_of(graph.outputs[0]).dtype == want
     plan = tunedb.compile(graph, cost_model=False)
-    assert plan.steps and plan.kernels < len(graph.nodes)
+    # fused: fewer steps than nodes (launches may not be: a convolution is 2-3 kernels)
+    assert plan.steps and len(plan.steps) < len(graph.nodes)
 
 
 @pytest.mark.parametrize("file", ["bert_base_dynamo_bf16.onnx", "vit_dynamo_bf16.onnx",

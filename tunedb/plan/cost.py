@@ -43,6 +43,7 @@ from tunedb.kernels.gen_window import (
 from tunedb.kernels.schedule import Schedule, schedule_space
 from tunedb.plan.fallback import fallback_order
 from tunedb.plan.subgraph import COMPUTE_KIND, GraphIndex
+from tunedb.runtime.executor_ops import compute_launches
 
 # Sustained fp32 (no TF32) and fp16/bf16 tensor-core rates of an H200, for the compute roofline.
 PEAK_FLOPS = {"float32": 50e12, "float16": 660e12, "bfloat16": 660e12}
@@ -306,17 +307,19 @@ class Coster:
         return GroupCost(kind, self._roofline_us(self.subgraph(nodes, key)), "roofline", note=note)
 
     def _compute(self, nodes: Sequence[int], key: tuple) -> GroupCost:
-        op = self.index.nodes[nodes[0]].op
-        kind = COMPUTE_KIND.get(op, "op")
+        node = self.index.nodes[nodes[0]]
+        kind = COMPUTE_KIND.get(node.op, "op")
+        # the executor's kernels for it: a conv's im2col and bias kernels count as launches too
+        launches = compute_launches(node, self.index.types)
         hit = self._db(nodes, key)
         if hit is not None:
-            return GroupCost(kind, hit[0], "db", config=hit[1])
+            return GroupCost(kind, hit[0], "db", launches=launches, config=hit[1])
         sub = self.subgraph(nodes, key)
         flops, dtype = compute_flops(sub)
         peak = PEAK_FLOPS.get(dtype, PEAK_FLOPS["float32"])
         us = max(flops / peak, sub.floor_bytes() / self.device.bandwidth_bytes_per_s) * 1e6
         us = max(MIN_KERNEL_US, us)
-        return GroupCost(kind, us, "roofline")
+        return GroupCost(kind, us, "roofline", launches=launches)
 
     # -- schedule for a final group -----------------------------------------------------------
     def choose_schedule(self, nodes: Sequence[int], cost: GroupCost) -> GroupCost | None:

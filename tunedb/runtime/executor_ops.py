@@ -28,7 +28,7 @@ widen it to float32 and round back to nearest even.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -347,6 +347,39 @@ class Evaluator:
 
 
 # -- compute ops writing straight into their outputs ----------------------------------------------
+def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict) -> str:
+    """How ``ComputeOps`` runs a conv2d: ``1x1`` (one GEMM), ``depthwise`` (one kernel, bias
+    included) or ``im2col`` (an im2col kernel, then one batched GEMM)."""
+    c, (o, _, kh, kw) = x_shape[1], w_shape
+    if (kh, kw, *a["strides"], *a["dilations"], a["groups"]) == (1,) * 7 and not any(a["pads"]):
+        return "1x1"
+    return "depthwise" if int(a["groups"]) == c == o else "im2col"
+
+
+def gemm_bias_epilogue(node: Node, types: Mapping[str, TensorType]) -> bool:
+    """A gemm that adds a bias vector to ``A @ B`` (alpha = beta = 1, A not transposed): one
+    cuBLASLt call with its bias epilogue where cuBLASLt is on."""
+    if node.op != "gemm" or len(node.inputs) != 3 or not node.inputs[2]:
+        return False
+    c, out = types[node.inputs[2]].shape, types[node.outputs[0]].shape
+    return (node.attr("alpha", 1.0) == 1.0 and node.attr("beta", 1.0) == 1.0 and not node.attr("trans_a", 0)
+            and len(out) == 2 and c in ((out[-1],), (1, out[-1])))
+
+
+def compute_launches(node: Node, types: Mapping[str, TensorType], cublaslt: bool = True) -> int:
+    """Kernels ``ComputeOps.build`` launches for ``node`` (no GPU needed): a conv2d adds its
+    im2col kernel and, unless depthwise, its bias kernel; a gemm with ``beta * C`` copies C
+    first unless cuBLASLt takes the bias vector (``cublaslt``: it is on). 1 for other nodes."""
+    if node.op == "conv2d":
+        a = check_node(node, [types[v] for v in node.inputs])[1]
+        form = conv_form(types[node.inputs[0]].shape, types[node.inputs[1]].shape, a)
+        bias = len(node.inputs) == 3 and bool(node.inputs[2]) and form != "depthwise"
+        return (2 if form == "im2col" else 1) + int(bias)
+    if node.op == "gemm" and len(node.inputs) == 3 and node.inputs[2] and node.attr("beta", 1.0) != 0.0:
+        return 1 if cublaslt and gemm_bias_epilogue(node, types) else 2
+    return 1
+
+
 class ComputeOps:
     """Builders for single compute / layout nodes on stored arrays. ``build`` returns
     ``(launches, kernels, path)``; ``path`` names the implementation for the executor's report."""
@@ -382,8 +415,9 @@ class ComputeOps:
         B = ins[1].T if a["trans_b"] else ins[1]
         alpha, beta = float(a["alpha"]), float(a["beta"])
         steps: list[Launch] = []
+        # a bias vector only: a [M, 1] column C of the same size broadcasts along the rows
         if self.lt is not None and len(ins) == 3 and alpha == beta == 1.0 and not a["trans_a"] \
-                and ins[2].size == out.shape[-1] and out.ndim == 2:
+                and out.ndim == 2 and tuple(ins[2].shape) in ((out.shape[-1],), (1, out.shape[-1])):
             dtype = "bfloat16" if out.dtype == np.uint16 else str(out.dtype)
             one = self.lt.gemm_bias(ins[0], ins[1], ins[2].reshape(-1), out, trans_b=bool(a["trans_b"]),
                                     dtype=dtype)
@@ -419,11 +453,12 @@ class ComputeOps:
         _, _, oh, ow = out.shape
         steps: list[Launch] = []
         bf16 = out.dtype == np.uint16  # bfloat16 bits: GEMMs on cuBLAS, kernels on the bits
-        if (kh, kw, sh, sw, dh, dw, g) == (1, 1, 1, 1, 1, 1, 1) and not any(a["pads"]):
+        form = conv_form(x.shape, w.shape, a)
+        if form == "1x1":
             w2, x3, y3 = w.reshape(o, c), x.reshape(n, c, h * wd), out.reshape(n, o, oh * ow)
             steps.append(self._matmul(w2, x3, y3))
             path = "cublas (1x1 conv as GEMM)"
-        elif g == c == o and x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous:
+        elif form == "depthwise" and x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous:
             bias = ins[2] if len(ins) == 3 else w
             tail = (n * o * oh * ow, c, h, wd, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, len(ins) == 3)
             name = "tdbx_dwconv2d_bf16" if bf16 else "tdbx_dwconv2d_f32"
