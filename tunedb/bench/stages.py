@@ -4,7 +4,7 @@
                                   [--oracle=block|full|none] [--concat-views]
                                   [--only=NAME,...] [--budget-s=200]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
-    python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json
+    python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json [--stored=ROWS.json]
     python -m tunedb.bench.stages CANDIDATES.json --candidates [--only=NAME,...]
 
 Per case (Inception V3 batch 1 and SqueezeNet 1.1 exported from torchvision, NASNet-A-style and
@@ -34,7 +34,8 @@ The loop first measures every operator alone and prices stages from those times
 ``--candidates`` writes every stage candidate of each graph with its plan, the suite of
 ``tunedb collect --collector stage`` (CPU only).
 ``--auto-replay`` makes ``auto``'s predicted choice again on the CPU for each graph of a stored
-run and sets it next to that run's measured times (``auto_replay``).
+run and sets it next to that run's measured times (``auto_replay``); ``--stored``: with that run's
+stage rows as the database (``choose_auto``'s stored paths).
 """
 
 from __future__ import annotations
@@ -269,13 +270,19 @@ def candidates(only: list[str] | None = None) -> dict[str, Any]:
     return out
 
 
-def auto_replay(bench_file: Path, only: list[str] | None = None) -> dict[str, Any]:
-    """``compile(schedule="auto")``'s predicted choice, made again on the CPU for each graph of a
-    stored GPU run (``OUT.json``), next to the run's measured sequential and IOS times: did
-    ``auto`` keep the faster plan? Plans are rebuilt from today's code; kernel counts show
+def auto_replay(bench_file: Path, only: list[str] | None = None, stored_rows: Path | None = None
+                ) -> dict[str, Any]:
+    """``compile(schedule="auto")``'s choice, made again on the CPU for each graph of a stored GPU
+    run (``OUT.json``), next to the run's measured sequential and IOS times: did ``auto`` keep the
+    faster plan? Predicted, or with ``stored_rows`` (a run's ``OUT_rows.json``) as a database
+    holding those stages would make it. Plans are rebuilt from today's code; kernel counts show
     whether they still match the ones that were timed."""
     doc = json.loads(Path(bench_file).read_text())
-    out: dict[str, Any] = {"bench": str(bench_file), "device": doc.get("device"), "cases": {}}
+    tables = {} if stored_rows is None else {
+        name: {r["key"]: float(np.median(r["samples_us"])) for r in case["rows"] if r.get("status") == "ok"}
+        for name, case in json.loads(Path(stored_rows).read_text())["cases"].items()}
+    out: dict[str, Any] = {"bench": Path(bench_file).name, "device": doc.get("device"), "cases": {},
+                           "stored_rows": None if stored_rows is None else Path(stored_rows).name}
     for name, load in cases():
         rec = doc["cases"].get(name, {})
         seq_us, ios_us = rec.get("sequential", {}).get("us"), rec.get("ios", {}).get("us")
@@ -284,13 +291,20 @@ def auto_replay(bench_file: Path, only: list[str] | None = None) -> dict[str, An
         graph, _ = load()
         sequential = compile_plan(graph, device="cuda", schedule="sequential", bias_epilogue=True)
         staged = compile_plan(graph, device="cuda", schedule="ios", bias_epilogue=True)
-        auto = choose_auto(sequential, staged)
+        auto = choose_auto(sequential, staged, tables.get(name))
         pick = "ios" if auto.stages else "sequential"
         search = dict(auto.search)
-        predicted = search["auto_predicted_ios_us"] / search["auto_predicted_sequential_us"]
+        predicted = (search["auto_predicted_ios_us"] / search["auto_predicted_sequential_us"]
+                     if "auto_predicted_ios_us" in search else None)
+        decided = (search["auto_ios_us"] / search["auto_sequential_us"]
+                   if "auto_ios_us" in search else None)
         out["cases"][name] = {
-            "picks": pick, "measured_sequential_us": round(seq_us, 1), "measured_ios_us": round(ios_us, 1),
-            "predicted_ratio": round(predicted, 3), "measured_ratio": round(ios_us / seq_us, 3),
+            "picks": pick, "how": search["schedule"], "measured_sequential_us": round(seq_us, 1),
+            "measured_ios_us": round(ios_us, 1),
+            "predicted_ratio": None if predicted is None else round(predicted, 3),
+            "stored_ratio": None if decided is None else round(decided, 3),
+            "stored_share": search.get("auto_stored_share"),
+            "measured_ratio": round(ios_us / seq_us, 3),
             "kept_the_faster": (pick == "ios") == (ios_us < seq_us),
             "auto_vs_sequential": round(seq_us / (ios_us if pick == "ios" else seq_us), 3),
             "kernels_now": [sequential.kernels, staged.kernels],
@@ -434,7 +448,8 @@ def main(argv: list[str]) -> int:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     # the two CPU replays: one stored file in, the result printed and written to OUT if given
-    replays = {"--auto-replay": lambda f: auto_replay(f),
+    stored = next((Path(a.split("=", 1)[1]) for a in argv if a.startswith("--stored=")), None)
+    replays = {"--auto-replay": lambda f: auto_replay(f, stored_rows=stored),
                "--replay": lambda f: replay(f, alone="--no-alone" not in argv)}
     for flag, make in replays.items():
         src = next((a.split("=", 1)[1] for a in argv if a.startswith(f"{flag}=")), None)

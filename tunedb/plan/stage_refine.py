@@ -178,6 +178,10 @@ AUTO_MARGIN = 0.95   # measured auto keeps the stages only when at least 5 % fas
 # (data/bench/stages_h200_v2.json) it predicted 6 % gains at SqueezeNet b1 and b16 (measured +8 %
 # and -4 %) and 19-45 % on the graphs where stages won 7-29 %.
 AUTO_PREDICTED_MARGIN = 0.90
+# Stored stages that make up this share of both plans' totals decide (the rest priced by the
+# estimator scaled to the stored ones): the estimator alone put SqueezeNet's stages 6 % ahead
+# at b1 and at b16, where they measured +8 % and -5 % (data/bench/stages_h200_v3.json).
+AUTO_STORED_COVER = 0.8
 
 
 def compile_staged(compile_fn: Callable[..., Plan], graph: Any, schedule: str, *,
@@ -353,6 +357,26 @@ def stored_total(plan: Plan, times: Mapping[str, float]) -> float | None:
     return total
 
 
+def calibrated_total(plan: Plan, times: Mapping[str, float]) -> tuple[float, float] | None:
+    """(total, stored share of it): ``plan``'s stored stages at their stored times, the others
+    priced by ``StageEstimator`` scaled by the stored stages' stored/predicted ratio; None when
+    no stage that launches is stored."""
+    keys, est = StageKeys(plan.steps), StageEstimator(plan.steps, launch_us=plan.launch_us)
+    stored = predicted_stored = predicted_missing = 0.0
+    for st in plan_stages(plan):
+        if all(plan.steps[i].kind == "layout_view" for g in st for i in g):
+            continue
+        hit = times.get(keys(st))
+        if hit is None:
+            predicted_missing += est(st)
+        else:
+            stored, predicted_stored = stored + hit, predicted_stored + est(st)
+    if stored <= 0 or predicted_stored <= 0:
+        return None
+    total = stored + predicted_missing * stored / predicted_stored
+    return total, stored / total
+
+
 def predicted_total(plan: Plan) -> float:
     """The sum of ``plan``'s stages priced by ``StageEstimator`` (the same prices for a
     sequential plan, each step a stage, and a staged one)."""
@@ -363,13 +387,22 @@ def predicted_total(plan: Plan) -> float:
 def choose_auto(sequential: Plan, staged: Plan, stored: Mapping[str, float] | None = None) -> Plan:
     """``auto``: when ``stored`` (stage key -> measured µs) holds every stage of both plans,
     the staged plan is kept if its stages sum to ``AUTO_MARGIN`` of the sequential plan's or less
-    (``choose_auto_measured``); otherwise both plans are priced by the estimator and the staged
-    plan must win by ``AUTO_PREDICTED_MARGIN``. The choice and its numbers go into ``search``."""
+    (``choose_auto_measured``); when stored stages make up ``AUTO_STORED_COVER`` of each plan's
+    ``calibrated_total``, those totals decide with the same margin; otherwise both plans are
+    priced by the estimator and the staged plan must win by ``AUTO_PREDICTED_MARGIN``. The
+    choice and its numbers go into ``search``."""
     seq_s = stored_total(sequential, stored) if stored else None
     ios_s = stored_total(staged, stored) if stored else None
     if seq_s is not None and ios_s is not None:
         times = {id(sequential): seq_s, id(staged): ios_s}
         return choose_auto_measured(sequential, staged, lambda p: times[id(p)], how="stored")
+    seq_c = calibrated_total(sequential, stored) if stored else None
+    ios_c = calibrated_total(staged, stored) if stored else None
+    if seq_c is not None and ios_c is not None and min(seq_c[1], ios_c[1]) >= AUTO_STORED_COVER:
+        totals = {id(sequential): seq_c[0], id(staged): ios_c[0]}
+        got = choose_auto_measured(sequential, staged, lambda p: totals[id(p)], how="stored and predicted")
+        share = {"auto_stored_share": [round(seq_c[1], 3), round(ios_c[1], 3)]}
+        return replace(got, search={**dict(got.search), **share})
     seq_us, ios_us = predicted_total(sequential), predicted_total(staged)
     pick = staged if ios_us < AUTO_PREDICTED_MARGIN * seq_us else sequential
     label = "ios" if pick is staged else "sequential"
