@@ -203,17 +203,19 @@ def main() -> None:
     ap.add_argument("--plan-only", action="store_true", help="with --tier: plan on the CPU, no GPU")
     ap.add_argument("--gpu-lock", type=Path, default=Path(tempfile.gettempdir()) / "tunedb-gpu.lock")
     ap.add_argument("--table", action="store_true",
-                    help="print the table of OUT/generalization_tier.json (CPU) and stop")
+                    help="print the table of OUT/generalization_tier.json, or of OUT if it is a .json "
+                         "file (CPU), and stop")
     ap.add_argument("--resume", type=Path, default=None,
                     help="with --tier: keep the finished workloads of this earlier result")
     ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
                     help="with --tier: only these workloads of the tier (names of the manifest)")
     args = ap.parse_args()
     t0 = time.monotonic()
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.table:
-        print("\n".join(tier_table(json.loads((args.out / "generalization_tier.json").read_text()))))
+    if args.table:  # OUT is the folder of a run or a tier JSON itself (data/bench/...json)
+        path = args.out if args.out.suffix == ".json" else args.out / "generalization_tier.json"
+        print("\n".join(tier_table(json.loads(path.read_text()))))
         return
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.tier:
         res = run_tier(args.out / "generalization_tier.json", args.workers, args.limit, args.plan_only,
                        args.gpu_lock, paths=only_paths(args.only), resume=args.resume)
