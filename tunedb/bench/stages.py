@@ -1,7 +1,7 @@
 """Stage scheduling on the GPU: sequential plan vs IOS plans vs torch.compile, one process.
 
     python -m tunedb.bench.stages OUT.json [--peers[=NAME,...]] [--refine] [--refine-all]
-                                  [--oracle=block|full|none] [--concat-views]
+                                  [--oracle=block|full|none] [--concat-views] [--one-stream]
                                   [--only=NAME,...] [--budget-s=200]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
     python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json [--stored=ROWS.json]
@@ -22,9 +22,10 @@ command: every stage candidate measured, where a graph has at most ``ORACLE_MAX`
 and the oracle's schedules then run end to end. Plans use ``bias_epilogue`` (Inception V3 also
 without it: ``*_plain``); peers are torch.compile reduce-overhead, JAX and torch.compile
 (``--peers=torch_compile_ro,...``: only those). ``--concat-views``: the plans with
-``concat_views`` too (``sequential_views``, ``ios_views``, ``auto_views``; no ``*_plain``), and the
-refinement runs on the views plan. ``--refine-all``: the refinement on every case, not only
-batch 1. ``--only``'s order is the run order.
+``concat_views`` too (``sequential_views``, ``ios_views``, ``auto_views``; no ``*_plain``).
+``--refine-all``: the refinement on every case, not only batch 1. ``--one-stream``: the
+sequential plan without packs too (``sequential_one_stream``: packs may run their members on
+streams). ``--only``'s order is the run order.
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
 Every measured stage goes to ``OUT_rows.json`` with the plan it belongs to; ``--replay`` runs the
 refinement loop on the CPU against those times and compares it with the oracle (``replay``);
@@ -316,7 +317,8 @@ PEERS = ("torch_compile_ro", "jax", "torch_compile")
 
 
 def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: float, only: list[str],
-        oracle: str = "block", concat_views: bool = False, refine_all: bool = False) -> dict:
+        oracle: str = "block", concat_views: bool = False, refine_all: bool = False,
+        one_stream: bool = False) -> dict:
 
 
     t_start = time.perf_counter()
@@ -351,6 +353,8 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                 rec["onnxruntime_vs_reference"] = max(rel_l2(ort[v], refs[v]) for v in graph.outputs)
             plans = {}
             variants = [("sequential", "sequential", True, False), ("ios", "ios", True, False)]
+            if one_stream:  # packs of the sequential plan may run their members on streams
+                variants += [("sequential_one_stream", "sequential", True, False)]
             if concat_views:  # the branches write their slices of each concat (no copy kernel)
                 variants += [("sequential_views", "sequential", True, True), ("ios_views", "ios", True, True)]
             elif name == "inception_v3_b1":  # the plans before the bias moved into the epilogue
@@ -359,7 +363,8 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
             for key, sched, bias_epilogue, views in variants:
                 t = time.perf_counter()
                 plans[key] = compile_plan(graph, device="cuda", schedule=sched, bias_epilogue=bias_epilogue,
-                                          concat_views=views)
+                                          concat_views=views,
+                                          pack=False if key == "sequential_one_stream" else "auto")
                 rec.setdefault("plan_s", {})[key] = round(time.perf_counter() - t, 2)
             for sched, plan in plans.items():
                 rec[sched] = _run_plan(plan, dev, refs, ort, graph)
@@ -378,11 +383,9 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                 pick = "ios_views" if auto.stages else "sequential_views"
                 rec["auto_views"] = {"picks": pick, "us": rec[pick]["us"]}
             if do_refine and (refine_all or name.endswith("_b1")):
-                ios_key = "ios_views" if concat_views else "ios"
-                base = replace(plans[ios_key], stages=())
-                small = dict(plans[ios_key].search).get("ios_candidates", 0) <= ORACLE_MAX
+                base = replace(plans["ios"], stages=())
+                small = dict(plans["ios"].search).get("ios_candidates", 0) <= ORACLE_MAX
                 rec["refine"] = refine(base, say, deadline - 60, oracle if small else "none")
-                rec["refine"]["concat_views"] = concat_views
                 rows = rec["refine"].pop("all_rows")
                 stage_data[name] = {"plan": base.to_json(), "rows": rows}
                 write_json({"device": result["device"], "device_info": asdict(device_info()),
@@ -401,9 +404,14 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
             rec["speedup_vs_sequential"] = {k: _finite(seq / rec[k]["us"]) if seq and rec.get(k, {}).get("us")
                                             else None for k in ("ios", "auto", "ios_refined", "ios_oracle")
                                             if k in rec}
+            single = rec.get("sequential_one_stream", {}).get("us")
+            if single:  # the issue's sequential plan: one kernel at a time, one stream
+                mine = ("sequential", "ios", "ios_refined", "ios_oracle")
+                rec["speedup_vs_sequential_one_stream"] = {k: _finite(single / rec[k]["us"]) for k in mine
+                                                           if rec.get(k, {}).get("us")}
             views = rec.get("sequential_views", {}).get("us")
-            if views:  # the same lever on both sides: refined and oracle ran on the views plan
-                mine = ("sequential", "ios_views", "auto_views", "ios_refined", "ios_oracle")
+            if views:  # the same lever on both sides
+                mine = ("sequential", "ios_views", "auto_views")
                 rec["speedup_vs_sequential_views"] = {k: _finite(views / rec[k]["us"]) for k in mine
                                                       if rec.get(k, {}).get("us")}
             plain = rec.get("sequential_plain", {}).get("us")
@@ -480,7 +488,8 @@ def main(argv: list[str]) -> int:
         print(f"error: --peers names one of {', '.join(PEERS)}, got {peer_arg!r}", file=sys.stderr)
         return 2
     run(Path(argv[0]), peers, "--refine" in argv, budget, names, oracle,
-        concat_views="--concat-views" in argv, refine_all="--refine-all" in argv)
+        concat_views="--concat-views" in argv, refine_all="--refine-all" in argv,
+        one_stream="--one-stream" in argv)
     return 0
 
 
