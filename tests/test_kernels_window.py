@@ -148,3 +148,13 @@ def test_window_sources_compile_with_nvcc_for_sm90(tmp_path):
     assert r.stderr.count("Compiling entry function") == len(sources)
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", r.stderr)]
     assert len(spills) == len(sources) and not any(spills), spills
+
+
+def test_a_thread_loads_each_input_column_of_its_strip_once():
+    # 4 outputs of a 7x7 stride-1 row share 10 input columns (not 4 x 7 taps); stride 2, 3x3: 9
+    assert "float row[10];" in _plan(dwconv_block("float32", 7, 1)).kernels[0].source
+    assert "float row[9];" in _plan(dwconv_block("float32", 3, 2)).kernels[0].source
+    narrow = GraphBuilder("narrow")  # a row of 3 outputs: the strip is the row
+    x = narrow.input("x", (1, 4, 5, 3))
+    y = narrow.max_pool2d(x, kernel=(3, 3), pads=(1, 1, 1, 1))
+    assert "float acc[3];" in _plan(narrow.build([y])).kernels[0].source
