@@ -241,7 +241,8 @@ def replay(rows_file: Path, alone: bool = True, max_rounds: int = 40) -> dict[st
     (``OUT_rows.json``: every candidate where the oracle ran): per graph, the loop's schedule,
     how many stages it measured, and the full-profiling oracle's schedule on the same times."""
     doc = json.loads(Path(rows_file).read_text())
-    out: dict[str, Any] = {"rows": str(rows_file), "device": doc.get("device"), "alone": alone, "cases": {}}
+    out: dict[str, Any] = {"rows": Path(rows_file).name, "device": doc.get("device"), "alone": alone,
+                           "cases": {}}
     for name, case in doc["cases"].items():
         table = {r["key"]: float(np.median(r["samples_us"])) for r in case["rows"] if r.get("status") == "ok"}
         out["cases"][name] = _replay_case(Plan.from_json(case["plan"]), table, alone, max_rounds)
