@@ -89,13 +89,18 @@ def rounds(items: dict[str, Timed], n: int, target_s: float) -> dict:
 
     names = list(items)
     us: dict[str, list[float]] = {k: [] for k in names}
-    gpu = []
-    for r in range(n):
+    gpu, errors = [], {}
+    for r in range(n if names else 0):
         k0 = r % len(names)
         for k in names[k0:] + names[:k0]:
-            us[k].append(round(throughput_us(*items[k], target_s=target_s), 2))
+            if k in errors:
+                continue
+            try:
+                us[k].append(round(throughput_us(*items[k], target_s=target_s), 2))
+            except Exception as e:  # noqa: BLE001 - the item leaves the rounds, the others go on
+                errors[k] = _one_line(e)
         gpu.append(gpu_state())
-    return {"us": us, "stats": {k: stats(v) for k, v in us.items()}, "gpu": gpu}
+    return {"us": us, "stats": {k: stats(v) for k, v in us.items() if v}, "gpu": gpu, "errors": errors}
 
 
 def _executor(plan: Any, graph: Any, dev: Any, refs: Any, span: float, cublaslt: bool, r: dict) -> Any:
@@ -210,10 +215,13 @@ def session(dtype: str, a: argparse.Namespace, save: Callable[[], None], rec: di
         save()
         if "default" in plans:
             r = rec["plans"]["default_rebuilt"] = {}
-            ex = _executor(plans["default"], graph, dev, refs, span, False, r)
-            if ex is not None:
-                execs["default_rebuilt"] = ex
-                items["default_rebuilt"] = (ex.replay, ex.synchronize)
+            try:
+                ex = _executor(plans["default"], graph, dev, refs, span, False, r)
+                if ex is not None:
+                    execs["default_rebuilt"] = ex
+                    items["default_rebuilt"] = (ex.replay, ex.synchronize)
+            except Exception as e:  # noqa: BLE001
+                r["error"] = _one_line(e)
         rec["phases"]["after"] = rounds(items, a.rounds, a.target_s)
     save()
 

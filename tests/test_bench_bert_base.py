@@ -60,3 +60,13 @@ def test_bad_arguments_are_one_line(tmp_path, capsys, args, start):
     err = capsys.readouterr().err.strip()
     assert err.startswith(start) and "\n" not in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_an_item_that_fails_leaves_the_rounds_and_the_others_go_on():
+    def broken() -> None:
+        raise RuntimeError("device lost")
+
+    res = bench.rounds({"ok": (lambda: None, lambda: None), "bad": (broken, lambda: None)}, 2, 0.001)
+    assert len(res["us"]["ok"]) == 2 and "bad" not in res["stats"]
+    assert res["errors"] == {"bad": "RuntimeError: device lost"}
+    assert bench.rounds({}, 3, 0.001)["stats"] == {}
