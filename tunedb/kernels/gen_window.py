@@ -312,7 +312,8 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256) -> WindowKern
     strip = strip_width(OW)
     strips = N * C * OH * -(-OW // strip)
     _, _, H, W = m.in_shape
-    it = "int" if max(N * C * H * W, N * C * OH * OW) < 2**31 - 1 else "long long"
+    # 32-bit indices when no index (nor the grid-stride step past the last strip) can overflow
+    it = "int" if max(N * C * H * W, N * C * OH * OW) < 2**31 - 2**24 else "long long"
     body: list[str] = [
         f"const {it} total = {strips};",
         f"for ({it} s = ({it})blockIdx.x * {block} + threadIdx.x; s < total; "
