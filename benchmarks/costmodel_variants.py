@@ -66,6 +66,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "regression": {"objective": "reg:squarederror"},
     "top_weighted": {"objective": "reg:squarederror", "top_weight": 0.1},
     "top_weighted_wide": {"objective": "reg:squarederror", "top_weight": 0.2},
+    "balanced_half": {"objective": "reg:squarederror", "top_weight": 0.1, "workload_balance": 0.5},
+    "balanced": {"objective": "reg:squarederror", "top_weight": 0.1, "workload_balance": 1.0},
     "top_weighted_mono": {"objective": "reg:squarederror", "top_weight": 0.1, "monotone": True},
     # As many near-best members as --bag members (a 1:1 blend), on rows within 30 % of the best.
     "near_best": {"objective": "reg:squarederror", "top_weight": 0.1, "near_best_gap": 0.3},

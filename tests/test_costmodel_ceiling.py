@@ -1,5 +1,5 @@
 """The noise ceiling from re-measurements (tunedb.costmodel.ceiling) and the top-weighted
-regression's row weights, on hand-made frames with known answers."""
+regression's row weights (and their workload balance), on hand-made frames with known answers."""
 
 from __future__ import annotations
 
@@ -73,6 +73,23 @@ def test_top_weights_favour_each_workloads_fastest_candidates():
     assert w[1] == pytest.approx(0.1 + np.exp(-1.0), rel=1e-5)  # 10 % slower than its best
     assert w[2] == pytest.approx(0.1, abs=1e-4)  # twice as slow: the floor weight
     assert top_weights(label, groups, 0.0) is None
+
+
+def test_workload_balance_evens_out_big_and_small_workloads():
+    from tunedb.costmodel.train import TrainError, TrainParams, row_weights
+
+    groups = np.array([0] * 8 + [1] * 2)
+    label = np.zeros(10)  # every candidate as fast as its best: top weight 1.1 each
+    off = row_weights(label, groups, TrainParams(workload_balance=0.0))
+    assert off == pytest.approx(np.full(10, 1.1))
+    equal = row_weights(label, groups, TrainParams(top_weight=0.0, workload_balance=1.0))
+    assert equal.mean() == pytest.approx(1.0)  # rescaled: the mean weight is kept
+    assert equal[:8].sum() == pytest.approx(equal[8:].sum())  # each workload weighs the same
+    half = row_weights(label, groups, TrainParams(workload_balance=0.5))
+    assert half[:8].sum() / half[8:].sum() == pytest.approx(2.0)  # sqrt(8 / 2)
+    assert row_weights(label, groups, TrainParams(top_weight=0.0)) is None
+    with pytest.raises(TrainError, match="workload_balance must be in"):
+        TrainParams(workload_balance=1.5)
 
 
 def test_split_samples_of_a_quiet_board_rank_like_its_medians():

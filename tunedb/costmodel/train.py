@@ -118,6 +118,10 @@ class TrainParams:
     # op 0.953 -> 0.962, shape 0.946 -> 0.948, family 0.872 -> 0.893) and the pick within 2 % of
     # the best (0.51 -> 0.57 by workload), for -0.003 pairwise by workload.
     top_weight: float = 0.1
+    # Regression row weights also times n ** -workload_balance (n: the rows of the row's
+    # workload and board), rescaled to a mean of 1: the metrics are means over workloads, while
+    # unbalanced rows let the workloads with most candidates steer the loss. 0: off, 1: equal.
+    workload_balance: float = 0.0
     # Extra regression members trained only on each workload's near-best candidates (latency
     # within 1 + ``near_best_gap`` of its best), averaged in with the bag: they spend every
     # split on telling the fast candidates apart. 0: none.
@@ -145,6 +149,8 @@ class TrainParams:
             raise TrainError(f"unknown target {self.target!r}; expected one of {TARGETS}")
         if not 0.0 <= float(self.top_weight) < float("inf"):
             raise TrainError(f"top_weight must be 0 (off) or a positive gap scale, got {self.top_weight}")
+        if not 0.0 <= float(self.workload_balance) <= 1.0:
+            raise TrainError(f"workload_balance must be in [0, 1], got {self.workload_balance}")
         if int(self.near_best_members) < 0 or not float(self.near_best_gap) > 0:
             raise TrainError(f"near_best_members must be >= 0 and near_best_gap > 0, got "
                              f"{self.near_best_members} and {self.near_best_gap}")
@@ -277,6 +283,17 @@ def top_weights(label: np.ndarray, groups: np.ndarray, scale: float) -> np.ndarr
     return (0.1 + np.exp(-gap / scale)).astype(np.float32)
 
 
+def row_weights(label: np.ndarray, groups: np.ndarray, params: TrainParams) -> np.ndarray | None:
+    """Regression row weights: the top weights times the workload balance (None: unweighted)."""
+    w = top_weights(label, groups, params.top_weight)
+    alpha = float(params.workload_balance)
+    if alpha > 0 and len(groups):
+        per_row = np.bincount(groups)[groups].astype(np.float64) ** -alpha
+        per_row /= per_row.mean()
+        w = per_row.astype(np.float32) if w is None else (w * per_row).astype(np.float32)
+    return w
+
+
 def to_cost(margin: np.ndarray, objective: str) -> np.ndarray:
     """Booster margin -> a cost where lower is faster (ranking scores rise with speed)."""
     return margin if objective == REGRESSION else -margin
@@ -318,8 +335,8 @@ def _fit_one(objective: str, params: TrainParams, Xtr: np.ndarray, ytr: np.ndarr
         xp["nthread"] = 1
     threads = int(xp.get("nthread", -1))
     # Ranking objectives weigh whole queries, not rows: top weights apply to regression only.
-    wtr = None if rank else top_weights(ytr, gtr, params.top_weight)
-    wva = None if rank else top_weights(yva, gva, params.top_weight)
+    wtr = None if rank else row_weights(ytr, gtr, params)
+    wva = None if rank else row_weights(yva, gva, params)
     dtr = xgb.QuantileDMatrix(Xtr, label=_relevance(ytr, gtr) if rank else ytr, weight=wtr,
                               qid=gtr if rank else None, max_bin=xp["max_bin"], nthread=threads)
     dva = xgb.QuantileDMatrix(Xva, label=_relevance(yva, gva) if rank else yva, weight=wva,
