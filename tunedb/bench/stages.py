@@ -19,7 +19,8 @@ graph, the measured refinement loop (measure every operator alone, then the winn
 search again with the measurements, until the winner's stages are all measured) and the
 full-profiling oracle on one block, or on the whole graph with ``--oracle=full`` (the oracle
 command: every stage candidate measured, where a graph has at most ``ORACLE_MAX``); the refined
-and the oracle's schedules then run end to end. Plans use ``bias_epilogue`` (Inception V3 also
+and the oracle's schedules then run end to end; ``auto_stored`` is ``auto``'s choice with the
+stages measured so far as its database. Plans use ``bias_epilogue`` (Inception V3 also
 without it: ``*_plain``); peers are torch.compile reduce-overhead, JAX and torch.compile
 (``--peers=torch_compile_ro,...``: only those). ``--concat-views``: the plans with
 ``concat_views`` too (``sequential_views``, ``ios_views``, ``auto_views``; no ``*_plain``).
@@ -389,6 +390,12 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                 rec["refine"] = refine(base, say, deadline - 60, oracle if small else "none")
                 rows = rec["refine"].pop("all_rows")
                 stage_data[name] = {"plan": base.to_json(), "rows": rows}
+                # auto as a compile would decide with these stages stored in its database
+                table = {r["key"]: r["samples_us"][0] for r in rows}
+                stored = choose_auto(plans["sequential"], plans["ios"], table)
+                pick = "ios" if stored.stages else "sequential"
+                rec["auto_stored"] = {"picks": pick, "how": dict(stored.search)["schedule"],
+                                      "us": rec[pick]["us"]}
                 write_json({"device": result["device"], "device_info": asdict(device_info()),
                             "cases": stage_data}, rows_path)
                 st = [tuple(tuple(g) for g in s) for s in rec["refine"]["stages"]]
