@@ -47,6 +47,7 @@ from tunedb.kernels.codegen import generate
 from tunedb.kernels.schedule import Schedule
 from tunedb.runtime.blas import Blas
 from tunedb.runtime.device import current_stream, import_cupy
+from tunedb.runtime.executor_inputs import ExecutorError, prepare_inputs
 from tunedb.runtime.executor_lt import GELU_BIAS, BlasLt, gelu_bias_step, lt_enabled
 from tunedb.runtime.executor_ops import (
     ComputeOps,
@@ -67,7 +68,7 @@ from tunedb.runtime.executor_views import (
     is_output_view,
     output_view_steps,
 )
-from tunedb.runtime.inputs import bf16_bits, index_bounds, make_inputs
+from tunedb.runtime.inputs import make_inputs
 from tunedb.runtime.launch import kernel_function, launcher
 
 ALIGN = 256
@@ -82,10 +83,6 @@ COMPUTE_DIRECT: dict[str, frozenset[str]] = {
 LAYOUT_DIRECT = frozenset(("transpose", "reshape", "squeeze", "unsqueeze", "identity", "expand",
                            "slice", "gather", "concat", "split", "pad"))
 OP_BY_OP = "cupy op by op"
-
-
-class ExecutorError(ValueError):
-    """A plan cannot run here, or its inputs do not fit its graph (one-line message)."""
 
 
 def _one_line(exc: BaseException, limit: int = 400) -> str:
@@ -119,67 +116,6 @@ def step_path(step: Any) -> str:
     if node.op in LAYOUT_DIRECT:
         return "layout copy"
     return OP_BY_OP
-
-
-def _is_device_array(a: Any) -> bool:
-    return hasattr(a, "__cuda_array_interface__")
-
-
-def _dtype_shape(a: Any) -> tuple[np.dtype | None, tuple[int, ...]]:
-    """(dtype, shape) of a host or device array; dtype None for bfloat16 (no NumPy dtype)."""
-    if str(getattr(a, "dtype", "")) == "bfloat16":
-        return None, tuple(int(d) for d in a.shape)
-    try:
-        return np.dtype(a.dtype), tuple(int(d) for d in a.shape)
-    except TypeError:  # e.g. a torch tensor: its dtype is no NumPy dtype; the interface says
-        cai = a.__cuda_array_interface__
-        return np.dtype(cai["typestr"]), tuple(int(d) for d in cai["shape"])
-
-
-def _describe(a: Any) -> str:
-    return f"{getattr(a, 'dtype', type(a).__name__)}[{','.join(map(str, getattr(a, 'shape', ())))}]"
-
-
-def prepare_inputs(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Check ``inputs`` against the graph and bring host arrays into stored form (bfloat16 as
-    uint16 bits). Device arrays (``__cuda_array_interface__``) are checked, not moved. bfloat16
-    inputs may be uint16 bits or float32 values (rounded to nearest even); every other dtype must
-    match exactly. Host gather indices are checked to be in range."""
-    missing = [v for v in graph.inputs if v not in inputs]
-    extra = sorted(set(inputs) - set(graph.inputs))
-    name = graph.name or "<unnamed>"
-    if missing:
-        raise ExecutorError(f"plan {name}: missing input(s) {', '.join(map(repr, missing))}")
-    if extra:
-        raise ExecutorError(f"plan {name}: unknown input(s) {', '.join(map(repr, extra))}; "
-                            f"inputs are {', '.join(map(repr, graph.inputs))}")
-    bounds = index_bounds(graph)
-    out: dict[str, Any] = {}
-    for v in graph.inputs:
-        t = graph.type_of(v)
-        a = inputs[v]
-        if not _is_device_array(a):
-            a = np.asarray(a)
-        dt, shape = _dtype_shape(a)
-        want = storage_dtype(t.dtype)
-        ok_dtype = dt == want or (t.dtype == "bfloat16" and (dt is None or dt == np.float32))
-        if shape != t.shape or not ok_dtype:
-            hint = " (bfloat16 takes float32 values or uint16 bits)" if t.dtype == "bfloat16" else ""
-            raise ExecutorError(f"input {v!r}: expected {t}, got {_describe(a)}{hint}")
-        if isinstance(a, np.ndarray):
-            if t.dtype == "bfloat16" and dt is None:
-                a = a.view(np.uint16)
-            elif t.dtype == "bfloat16" and dt == np.float32:
-                a = bf16_bits(a).reshape(t.shape)
-            if v in bounds and a.size:
-                n = bounds[v]
-                lo, hi = int(a.min()), int(a.max())
-                if lo < -n or hi >= n:
-                    raise ExecutorError(f"input {v!r}: gather index out of range [{-n}, {n}) "
-                                        f"(min {lo}, max {hi})")
-            a = np.ascontiguousarray(a)
-        out[v] = a
-    return out
 
 
 def _const_storage(c: Any) -> np.ndarray:
