@@ -40,6 +40,7 @@ from tunedb.plan.subgraph import GraphIndex
 from tunedb.records import DeviceInfo, canonical_json
 from tunedb.runtime import open_device
 from tunedb.runtime.device import NoGPUError, device_info
+from tunedb.runtime.executor_ops import gemm_bias_epilogue
 from tunedb.runtime.executor_views import CONCAT_VIEW, OUTPUT_VIEW, check_concat_view, check_output_view
 from tunedb.runtime.pack_device import PackingDevice
 from tunedb.store import BUSY_WAIT_S, TuningStore
@@ -128,17 +129,6 @@ def load_cost_model(cost_model: Any, device: DeviceInfo | None) -> Any:
     return find_model(path, name, "fusion")
 
 
-def _vector_bias(index: GraphIndex, j: int) -> bool:
-    """A gemm node that adds a bias vector to ``A @ B`` (alpha = beta = 1, A not transposed):
-    what a GEMM epilogue (cuBLASLt's ``BIAS``) computes."""
-    n = index.nodes[j]
-    if n.op != "gemm" or len(n.inputs) != 3 or not n.inputs[2]:
-        return False
-    c, out = index.types[n.inputs[2]].shape, index.types[n.outputs[0]].shape
-    return (n.attr("alpha", 1.0) == 1.0 and n.attr("beta", 1.0) == 1.0 and not n.attr("trans_a", 0)
-            and c in ((out[-1],), (1, out[-1])))
-
-
 def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: GroupCost) -> KernelStep:
     sub = index.cut(nodes)
     output_view = cost.kind == "layout_view" and any(j in index.output_view for j in nodes)
@@ -153,7 +143,7 @@ def _make_step(index: GraphIndex, coster: Coster, nodes: tuple[int, ...], cost: 
         workload_hash=coster.workload_hash(nodes), config=cost.config or {},
         stitch=stitch_of(cost.config) if cost.kind == "fused" else (), predicted_us=cost.us,
         cost_source=cost.source, launches=cost.launches, note=cost.note)
-    if cost.kind == "gemm" and _vector_bias(index, nodes[0]):
+    if cost.kind == "gemm" and gemm_bias_epilogue(index.nodes[nodes[0]], index.types):
         step = dataclasses.replace(step, config={**step.config_dict, "epilogue": "bias"})
     if output_view or concat_view:
         try:  # the executor undoes a transpose-then-reshapes chain, or takes one concat, only
