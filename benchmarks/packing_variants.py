@@ -13,8 +13,11 @@ features) gives the times, handed out in the variant's order within each workloa
 
 Feature sets beyond the shipped ``FEATURES`` (suffix of a component's name): ``+`` spread of n,
 k and FLOPs, estimates over serial's, launch share, batched problem tiles and count, log wasted
-FLOPs; ``#`` share of members read with B transposed, partition one-hots, the largest batched
-problem's tiles, most streams; ``&`` a split-K-aware wave time; ``^`` both ``#`` and ``&``.
+FLOPs. ``#`` (B read transposed, partition, largest batched problem, most streams: the kind's
+``layout_features``), ``&`` (``splitk_features``) and ``^`` (both) were added to the shipped
+features in schema ``packing/4``, so they now name the shipped set. Since ``packing/4`` the
+shipped ranker is ``rank_fine8`` (30 grades, 8 pairs per row), so ``rank`` and ``rank_fine8``
+name the same component; the docs' tables before it were scored with ``packing/3``.
 Prints one markdown row per variant (by workload / op / shape / family) and writes JSON.
 """
 
@@ -45,6 +48,8 @@ VARIANTS: dict[str, list[str]] = {
     "mean:rank_s012": ["rank", "rank_s1", "rank_s2"], "rank+": ["rank+"], "rank#": ["rank#"],
     "rank_s1#": ["rank_s1#"], "rank_s2#": ["rank_s2#"], "mean:rank_s012#": ["rank#", "rank_s1#", "rank_s2#"],
     "rank&": ["rank&"], "rank^": ["rank^"], "rank_fine8^": ["rank_fine8^"], "knn": ["knn"],
+    "rank_fine8_s1^": ["rank_fine8_s1^"], "rank_fine8_s2^": ["rank_fine8_s2^"],
+    "mean:rank_fine8_s012^": ["rank_fine8^", "rank_fine8_s1^", "rank_fine8_s2^"],
     "rank|reglr": ["rank", "reglr"], "rank+|rank|reglr": ["rank+", "rank", "reglr"],
     # two stages: the shipped ranker's top 2, re-ordered by a ranker of near-best rows only
     "two:rank|rank_near1.3": ["rank", "rank_near1.3"], "two:rank|rank_near1.15": ["rank", "rank_near1.15"],
@@ -74,44 +79,6 @@ def extra_plus(w: PackingWorkload, c: Candidate, base: dict[str, float]) -> dict
             "log_waste_flops": math.log2(1 + base["waste"] * w.flops)}
 
 
-def extra_hash(w: PackingWorkload, c: Candidate) -> dict[str, float]:
-    ms = w.members
-    # padded_t keeps the weight stack in the other layout: B is read transposed where nn members
-    trans = sum((ms[i].layout != "nt") if cl.backend == "padded_t" else (ms[i].layout == "nt")
-                for cl in c.clusters for i in cl.members)
-    out = {"trans_b_share": trans / len(ms)}
-    out.update({f"part_{p}": float(c.partition == p) for p in ("whole", "shape", "nk", "bins", "k")})
-    big = [P._tiles(*padded_shape([ms[i] for i in cl.members])[:2]) for cl in c.clusters
-           if cl.backend in ("padded", "padded_t", "pointer")]
-    out["log_batched_tiles_max"] = float(np.log2(max(big))) if big else -1.0
-    out["streams_max"] = float(max(cl.streams for cl in c.clusters))
-    return out
-
-
-def extra_amp(w: PackingWorkload, c: Candidate) -> dict[str, float]:
-    """Wave time with split-K: a single GEMM of t tiles and depth k runs min(132 / t, k / 256)
-    CTAs per tile (cuBLAS splits k when the output alone does not fill the SMs); a batched call
-    one."""
-    ms = w.members
-    tile_us = 1e6 * 2 * P.TILE * P.TILE * P.SMS / P.PEAK_FLOPS[ms[0].dtype]
-    total, splits = 0.0, []
-    for cl in c.clusters:
-        ts = P.launch_tiles([ms[i] for i in cl.members], cl.backend)
-        single = cl.backend in ("serial", "streams")
-        us, ctas, sp_cl = [], 0, []
-        for t, k in ts:
-            sp = max(1, min(P.SMS // max(1, t), k // 256)) if single else 1
-            sp_cl.append(sp)
-            us.append(math.ceil(t * sp / P.SMS) * k / sp)
-            ctas += t * sp
-        u = sum(us)
-        if cl.streams > 1:
-            u = max(u / cl.streams, math.ceil(ctas / P.SMS) * max(k for _, k in ts) / max(sp_cl), max(us))
-        total += u * tile_us
-        splits += sp_cl
-    return {"est_splitk_us": total / max(1, c.concurrent), "mean_split": float(np.mean(splits))}
-
-
 def records(data: Path) -> tuple[dict[str, PackingWorkload], dict[tuple[str, str], Candidate]]:
     """The export's packing workloads, and its candidates by (workload hash, candidate name)."""
     ws = {r["hash"]: PackingWorkload.from_json(json.loads(r["graph_json"]))
@@ -128,19 +95,12 @@ def records(data: Path) -> tuple[dict[str, PackingWorkload], dict[tuple[str, str
 
 def feature_sets(frame: dict[str, Any], ws: dict[str, PackingWorkload],
                  cands: dict[tuple[str, str], Candidate]) -> dict[str, tuple[np.ndarray, list[str]]]:
-    plus, hashed, amp = [], [], []
-    for g, name in zip(frame["groups"], frame["names"]):
-        w, c = ws[g], cands[(g, name)]
-        plus.append(extra_plus(w, c, P.features(w, c)))
-        hashed.append(extra_hash(w, c))
-        amp.append(extra_amp(w, c))
-
-    def block(rows: list[dict[str, float]]) -> tuple[np.ndarray, list[str]]:
-        return np.asarray([list(r.values()) for r in rows], np.float32), list(rows[0])
+    plus = [extra_plus(ws[g], cands[(g, name)], P.features(ws[g], cands[(g, name)]))
+            for g, name in zip(frame["groups"], frame["names"])]
     X, F = frame["X"], list(P.FEATURES)
-    (Xp, Fp), (Xh, Fh), (Xa, Fa) = block(plus), block(hashed), block(amp)
-    return {"": (X, F), "+": (np.hstack([X, Xp]), F + Fp), "#": (np.hstack([X, Xh]), F + Fh),
-            "&": (np.hstack([X, Xa]), F + Fa), "^": (np.hstack([X, Xh, Xa]), F + Fh + Fa)}
+    Xp, Fp = np.asarray([list(r.values()) for r in plus], np.float32), list(plus[0])
+    # since packing/4 the shipped features hold # (layout_features) and & (splitk_features)
+    return {"": (X, F), "+": (np.hstack([X, Xp]), F + Fp), "#": (X, F), "&": (X, F), "^": (X, F)}
 
 
 # -- components -----------------------------------------------------------------------------------
@@ -184,6 +144,9 @@ class Components:
         _, qid = np.unique(groups[order], return_inverse=True)
         rel = P.relevance(y[order], groups[order])
         params = dict(P.RANK_PARAMS)
+        if base.startswith("rank_fine8_s"):  # rank_fine8 with another seed
+            params["seed"] = int(base[len("rank_fine8_s"):])
+            base = "rank_fine8"
         if base.startswith("rank_s"):
             params["seed"] = int(base[len("rank_s"):])
         elif base == "rank_ndcg":

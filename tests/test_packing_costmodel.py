@@ -85,7 +85,7 @@ def test_train_cli_is_the_one_entry_point_and_fails_in_one_line(tmp_path):
 
 
 def test_ranker_orders_and_regression_scales_one_workloads_candidates(tmp_path):
-    from tunedb.costmodel.packing import PackingModel, load_predictor, relevance
+    from tunedb.costmodel.packing import GRADES, PackingModel, load_predictor, relevance
 
     rng = np.random.default_rng(0)
     ws = [w for w in bench_cases() if w.family in ("replicas", "moe")]
@@ -98,8 +98,8 @@ def test_ranker_orders_and_regression_scales_one_workloads_candidates(tmp_path):
             g.append(w.hash)
     X, y, g = np.asarray(X, np.float32), np.asarray(y), np.asarray(g)
     rel = relevance(y, g)
-    assert rel.max() == 10 and rel.min() >= 0
-    assert all(rel[g == h][np.argmin(y[g == h])] == 10 for h in set(g))
+    assert rel.max() == GRADES and rel.min() >= 0
+    assert all(rel[g == h][np.argmin(y[g == h])] == GRADES for h in set(g))
     model = fit(X, y, g)
     assert isinstance(model, PackingModel) and model.rank is not None
     pred = predict_us(model, X, g)
@@ -136,25 +136,24 @@ def test_measure_top_replay_spends_at_most_the_budget_beyond_first_picks():
     assert half["reaches_best"] == 1.0 and half["measured_share"] == 0.125
 
 
-def test_variant_features_of_the_benchmark_follow_the_candidate():
-    """benchmarks/packing_variants.py: B read transposed flips with padded_t; split-K only for
-    single GEMMs whose tiles do not fill the SMs."""
-    from bench_scripts import load_script
-
+def test_layout_and_split_k_features_follow_the_candidate():
+    """B read transposed flips with padded_t; split-K only for single GEMMs whose tiles do not
+    fill the SMs; both are features of the shipped schema."""
+    from tunedb.costmodel.packing import layout_features, splitk_features
     from tunedb.kernels.packing import Member, PackingWorkload
 
-    pv = load_script("packing_variants")
     nt = PackingWorkload("qkv", "t", tuple(Member(128, 768, 768, layout="nt") for _ in range(3)))
     by_name = {c.name: c for c in candidates(nt)}
-    assert pv.extra_hash(nt, by_name["whole:padded"])["trans_b_share"] == 1.0
-    assert pv.extra_hash(nt, by_name["whole:padded_t"])["trans_b_share"] == 0.0
-    assert pv.extra_hash(nt, by_name["whole:padded"])["part_whole"] == 1.0
+    assert layout_features(nt, by_name["whole:padded"])["trans_b_share"] == 1.0
+    assert layout_features(nt, by_name["whole:padded_t"])["trans_b_share"] == 0.0
+    assert layout_features(nt, by_name["whole:padded"])["part_whole"] == 1.0
     small = PackingWorkload("r2", "t", (Member(256, 128, 1152), Member(256, 128, 1152)))
     by_name = {c.name: c for c in candidates(small)}
-    assert pv.extra_amp(small, by_name["whole:serial"])["mean_split"] == 4  # 2 tiles, k 1152: 4 ways
-    assert pv.extra_amp(small, by_name["whole:padded"])["mean_split"] == 1
-    serial = by_name["whole:serial"]
-    assert pv.extra_amp(small, serial)["est_splitk_us"] < features(small, serial)["est_wave_us"]
+    assert splitk_features(small, by_name["whole:serial"])["mean_split"] == 4  # 2 tiles, k 1152: 4 ways
+    assert splitk_features(small, by_name["whole:padded"])["mean_split"] == 1
+    serial = features(small, by_name["whole:serial"])
+    assert serial["est_splitk_us"] < serial["est_wave_us"]
+    assert {"trans_b_share", "est_splitk_us"} <= set(FEATURES)
 
 
 def test_board_labels_judge_a_workload_on_one_board_basis():

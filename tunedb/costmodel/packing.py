@@ -4,9 +4,11 @@ Features (``FEATURES``, schema ``FEATURE_SCHEMA``) come from the workload record
 alone, so the model ranks candidates before any is measured: member counts, FLOPs and bytes, the
 spread of m/n/k, waves and tail of 128x128 tiles on the H200's 132 SMs, the sum and the max of the
 members' single-op roofline times, and per candidate its backends' shares, clusters, concurrency,
-launches, padding waste and waves rounded up per launch. Two XGBoost models: a regression on
-log(µs) and a pairwise ranker of each workload's candidates; a workload's predictions are the
-regression's times in the ranker's order (``predict_us``).
+launches, padding waste, waves rounded up per launch, a split-K-aware wave time, the share of
+members whose B is read transposed, its partition, largest batched problem and most streams.
+Two XGBoost models: a regression on log(µs) and a pairwise ranker of each workload's
+candidates; a workload's predictions are the regression's times in the ranker's order
+(``predict_us``).
 
 Held-out evaluation (``evaluate``): the fusion kind's four splits (``evaluate_fits``: by
 workload, op = scenario, shape, family) with its metric keys; per held-out workload also: is the
@@ -46,7 +48,7 @@ from tunedb.kernels.packing import (
 from tunedb.records import canonical_json, sha256_hex
 from tunedb.store import BUSY_WAIT_S, TuningStore
 
-FEATURE_SCHEMA = "packing/3"  # 2: share_padded_t; 3: waves per launch (cand_*, est_wave_us)
+FEATURE_SCHEMA = "packing/4"  # 2: share_padded_t; 3: waves per launch; 4: layout, split-K
 SMS, TILE = 132, 128
 PEAK_FLOPS = {"float32": 60e12, "bfloat16": 800e12, "float16": 800e12}  # attainable, not datasheet
 PEAK_BYTES = 4.0e12
@@ -135,8 +137,49 @@ def candidate_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
     return out
 
 
+def layout_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
+    """How the candidate reads its operands: the share of members whose B is read transposed
+    (``padded_t`` flips the layout), its partition, the largest batched problem, most streams:
+    cuBLAS picks other kernels for these, which the roofline estimates do not see."""
+    ms = w.members
+    trans = sum((ms[i].layout != "nt") if cl.backend == "padded_t" else (ms[i].layout == "nt")
+                for cl in c.clusters for i in cl.members)
+    out = {"trans_b_share": trans / len(ms)}
+    out.update({f"part_{p}": float(c.partition == p) for p in ("whole", "shape", "nk", "bins", "k")})
+    big = [_tiles(*padded_shape([ms[i] for i in cl.members])[:2]) for cl in c.clusters
+           if cl.backend in ("padded", "padded_t", "pointer")]
+    out["log_batched_tiles_max"] = float(np.log2(max(big))) if big else -1.0
+    out["streams_max"] = float(max(cl.streams for cl in c.clusters))
+    return out
+
+
+def splitk_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
+    """Wave time with split-K: a single GEMM of t tiles and depth k runs min(132 / t, k / 256)
+    CTAs per tile (cuBLAS splits k when the output alone does not fill the SMs); a batched call
+    one."""
+    ms = w.members
+    tile_us = 1e6 * 2 * TILE * TILE * SMS / PEAK_FLOPS[ms[0].dtype]
+    total, splits = 0.0, []
+    for cl in c.clusters:
+        ts = launch_tiles([ms[i] for i in cl.members], cl.backend)
+        single = cl.backend in ("serial", "streams")
+        us, ctas, sp_cl = [], 0, []
+        for t, k in ts:
+            sp = max(1, min(SMS // max(1, t), k // 256)) if single else 1
+            sp_cl.append(sp)
+            us.append(math.ceil(t * sp / SMS) * k / sp)
+            ctas += t * sp
+        u = sum(us)
+        if cl.streams > 1:
+            u = max(u / cl.streams, math.ceil(ctas / SMS) * max(k for _, k in ts) / max(sp_cl), max(us))
+        total += u * tile_us
+        splits += sp_cl
+    return {"est_splitk_us": total / max(1, c.concurrent), "mean_split": float(np.mean(splits))}
+
+
 def features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
-    return {**workload_features(w), **candidate_features(w, c)}
+    return {**workload_features(w), **candidate_features(w, c), **layout_features(w, c),
+            **splitk_features(w, c)}
 
 
 def _feature_names() -> tuple[str, ...]:
@@ -230,11 +273,12 @@ PARAMS = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.15, "subsamp
           "colsample_bytree": 0.8, "min_child_weight": 2.0, "nthread": 1, "seed": 0}
 # One thread: on ~3k rows a second thread costs more in spinning than it saves.
 ROUNDS = 150
-# The ranker orders the candidates of one workload; trained on graded relevance (10 for the
-# best, one grade less per 5 % slower, 0 from 50 % slower), which held out picked within 5 %
-# of the best more often than the regression's order (88.7 % against 83 %, 240 workloads).
-RANK_PARAMS = {**PARAMS, "objective": "rank:pairwise"}
+# The ranker orders the candidates of one workload, trained on graded relevance (30 for the
+# best, one grade less per 1.7 % slower, 0 from 50 % slower; 8 pairs per row): held out it
+# picks within 5 % of the best more often than the regression's order (docs/packing.md).
+RANK_PARAMS = {**PARAMS, "objective": "rank:pairwise", "lambdarank_num_pair_per_sample": 8}
 RANK_ROUNDS = 300
+GRADES, PER_UNIT = 30, 60  # relevance: 30 for the best, one grade less per 1/60 (1.7 %) slower
 
 
 def relevance(y_us: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -242,7 +286,7 @@ def relevance(y_us: np.ndarray, groups: np.ndarray) -> np.ndarray:
     for g, t in zip(groups, y_us):
         best[g] = min(best.get(g, math.inf), float(t))
     ratio = np.array([t / best[g] for g, t in zip(groups, y_us)])
-    return np.maximum(0, 10 - np.floor(20 * (ratio - 1) + 1e-9))
+    return np.maximum(0, GRADES - np.floor(PER_UNIT * (ratio - 1) + 1e-9))
 
 
 class PackingModel:
@@ -393,10 +437,11 @@ def save(model: Any, out_dir: Path, frame: dict[str, Any], scores: dict[str, Any
         model.rank.save_model(str(out_dir / "rank.ubj"))
     rows = zip(frame["groups"], frame["names"], frame["y"])
     digest = sha256_hex(canonical_json(sorted([str(g), str(n), round(float(t), 3)] for g, n, t in rows)))
+    graded = f"{GRADES} - floor({PER_UNIT} * (us / best - 1))"
     card = {"kind": "packing", "feature_schema": FEATURE_SCHEMA, "features": list(FEATURES),
             "device_name": device_name, "target": "log_us", "params": PARAMS, "rounds": ROUNDS,
             "ranker": None if model.rank is None else {"params": RANK_PARAMS, "rounds": RANK_ROUNDS,
-                                                       "relevance": "10 - floor(20 * (us / best - 1))"},
+                                                       "relevance": graded},
             "rows": int(len(frame["y"])), "workloads": int(len(np.unique(frame["groups"]))),
             "data": {"hash": digest, "families": sorted({str(f) for f in frame["families"]})},
             "held_out": scores, "metrics": scores.get("by_workload", {}),
