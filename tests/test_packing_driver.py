@@ -184,6 +184,35 @@ def test_an_exact_database_hit_decides(tmp_path):
             assert (pk.source, pk.label, pk.predicted_us, pk.serial_us) == ("db", "whole:streams2", 6.0, 10.0)
 
 
+def test_a_database_hit_judges_serial_and_the_pack_on_one_board(tmp_path):
+    """Serial measured on a fast and a slow board, streams on the slow one only: judged on the
+    slow board's basis streams wins by 7 %; a median over both boards would make it 3 %."""
+    from collectors.packing_ingest import store_results
+    from tunedb.plan.packing import decide, graph_workloads, store_times
+    from tunedb.records import DeviceInfo
+    from tunedb.store.core import TuningStore
+
+    (w,) = graph_workloads(attention(), "qkv")
+    serial = Candidate("whole", (Cluster((0, 1, 2), "serial"),))
+    streams = Candidate("whole", (Cluster((0, 1, 2), "streams", 2),))
+
+    def row(cand, us):
+        return {"system": "tunedb", "variant": cand.name, "status": "ok", "candidate": cand.to_json(),
+                "samples_us": [us] * 5}
+    db = tmp_path / "boards.duckdb"
+    boards = []
+    for board, rows in (("fast", [row(serial, 10.0)]), ("slow", [row(serial, 11.0), row(streams, 10.2)])):
+        dev = DeviceInfo("NVIDIA H200", board, "9.0", 132, 60 << 20, 141 << 30, "13.0", "13.0", "14.2.0")
+        boards.append(dev.id)
+        store_results(db, {"results": [{"workload": w.to_json(), "rows": rows}], "samples": 5}, dev,
+                      {"test": str(uuid.uuid4())})
+    with TuningStore.open(db) as store:
+        times = store_times(store, boards)
+        assert times(w) == pytest.approx({"whole:serial": 11.0, "whole:streams2": 10.2})
+        got = decide(w, times=times)
+    assert got is not None and got[0].name == "whole:streams2" and got[3] == "db"
+
+
 def test_pack_plans_packs_the_tenants_ready_layers():
     plans = [_plan(attention(name=f"t{t}"), pack=False) for t in range(2)]
     tp = pack_plans(plans)

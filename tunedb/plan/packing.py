@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.costmodel.packing import board_labels
 from tunedb.graph.ir import Graph, Node
 from tunedb.graph.ops import canonical_attrs, infer_graph
 from tunedb.kernels.packing import Candidate, Cluster, Member, PackingWorkload, candidate_waste, candidates
@@ -268,11 +269,12 @@ def plan_candidates(w: PackingWorkload, grouped: bool = True) -> list[Candidate]
 
 
 def store_times(store: Any, device_ids: Sequence[str] | None) -> Any:
-    """A lookup ``w -> {candidate name: median µs}`` of a tuning store's ok packing measurements
-    on ``device_ids`` (whole-workload candidates only: their meaning does not depend on the order
-    of the members, which the workload hash ignores)."""
+    """A lookup ``w -> {candidate name: µs}`` of a tuning store's ok packing measurements on
+    ``device_ids`` (whole-workload candidates only: their meaning does not depend on the order
+    of the members, which the workload hash ignores), boards combined as training combines them
+    (``board_labels``: one board's basis, so serial and a pack are not judged on two boards)."""
     def times(w: PackingWorkload) -> dict[str, float]:
-        out: dict[str, list[float]] = {}
+        per: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
         for c in store.candidates(workload_hash=w.hash, kind="packing"):
             cfg = c.config_dict
             if cfg.get("partition") != "whole":
@@ -281,8 +283,9 @@ def store_times(store: Any, device_ids: Sequence[str] | None) -> Any:
                                         "clusters": json.loads(cfg["clusters"])})
             for m in store.measurements(candidate_hash=c.hash):
                 if m.status == "ok" and (device_ids is None or m.device_id in device_ids):
-                    out.setdefault(cand.name, []).append(float(np.median(m.samples_us)))
-        return {k: float(np.median(v)) for k, v in out.items()}
+                    us = float(np.median(m.samples_us))
+                    per.setdefault(cand.name, {}).setdefault(m.device_id, []).append((us, us, us))
+        return {k: band[1] for k, band in board_labels(per, dict.fromkeys(per, w.hash)).items()}
     return times
 
 
