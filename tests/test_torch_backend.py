@@ -119,10 +119,10 @@ class Ffn(torch.nn.Module):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("options", [{}, {"gemm_epilogue": True, "gelu_epilogue": True, "cublaslt": True}])
-def test_backend_runs_on_the_callers_stream_and_matches_eager(options):
-    """The plan's CUDA graph is launched on the caller's current stream (the default one, then a
-    side stream): each call's output equals eager within bf16's tolerance, on fresh inputs too,
-    with the GELU epilogue merged where asked for."""
+def test_backend_matches_eager_on_the_default_and_a_side_stream(options):
+    """Called on the default stream, then on a side stream (the plan's stream waits for the
+    caller's and the caller's for it): each call's output equals eager within bf16's tolerance,
+    on fresh inputs too, with the GELU epilogue merged where asked for."""
     import functools
 
     from tunedb.frontends.torch_backend import TOLERANCE, TunedbGraph, tunedb_backend

@@ -443,10 +443,10 @@ class PlanExecutor:
                     return
         self.graph_capture = True
 
-    def replay(self, stream: Any = None) -> None:
-        """Enqueue one run on the inputs in place: the graph on ``stream`` (None: ours), else each launch."""
+    def replay(self) -> None:
+        """Enqueue one run on the inputs already in place (the graph, or every launch eagerly)."""
         if self._graph is not None:
-            self._graph.launch(self.stream if stream is None else stream)
+            self._graph.launch(self.stream)
         else:
             with current_stream(self.cp, self.stream):
                 self._enqueue()
