@@ -9,7 +9,9 @@ workloads alone (a larger dataset against a smaller one, like for like).
 
 Variants: ``regression`` (squared error on log latency over the floor), ``top_weighted``
 (the default: the same with row weights 0.1 + exp(-gap / 0.1), gap = latency / best of the
-workload - 1), ``top_weighted_wide`` (gap scale 0.2), ``top_weighted_mono`` (with
+workload - 1), ``top_weighted_wide`` (gap scale 0.2), ``balanced_half`` / ``balanced``
+(top_weighted with ``TrainParams.workload_balance`` 0.5 / 1: a workload's rows weigh
+n ** -alpha), ``top_weighted_mono`` (with
 ``TrainParams.monotone``: latency monotone in traffic, roofline time, lane use and wave
 efficiency), ``near_best`` (top_weighted plus as
 many members trained only on each workload's candidates within 30 % of its best),
