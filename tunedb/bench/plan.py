@@ -61,6 +61,15 @@ INPUTS = ("by role (make_inputs): conv/matmul weights normal(0, 1/sqrt(fan_in)),
 ORT_SLACK = 4.0        # onnxruntime computes in float32 as well: tolerance x this
 
 
+def _shown(path: Path) -> str:
+    """The path as results record it: relative to the working directory when under it, so a
+    result file names the repository's files and not the machine's folders."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 @dataclass
 class Entry:
     """One graph to benchmark: a model file, or a graph given directly (anchors)."""
@@ -140,7 +149,7 @@ def collect_entries(models: Sequence[Path], graphs_dir: Path | None = None, anch
                     if p in explicit:
                         raise
                     error = str(e)  # a graph of the folder: recorded, the others still run
-            out.append(Entry(name, str(p), path=p, bindings=bind, batch=b, error=error))
+            out.append(Entry(name, _shown(p), path=p, bindings=bind, batch=b, error=error))
     if want_anchors:
         out += [Entry(c.name, "anchor", graph=c.graph) for c in ANCHOR_CASES]
     if not out:
