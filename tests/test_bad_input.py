@@ -96,6 +96,7 @@ def _graph_json(path: Path, shape: list, const: dict | None = None) -> Path:
 
 
 # -- crashes and tracebacks -----------------------------------------------------------------------
+@pytest.mark.slow  # a CLI subprocess or several: seconds; the full tier runs it
 @pytest.mark.parametrize("size", [0, 1000])
 def test_empty_or_truncated_model_file(tmp_path: Path, size: int) -> None:
     model = tmp_path / "m"
@@ -203,6 +204,7 @@ def test_constant_with_the_wrong_byte_length(tmp_path: Path) -> None:
     refused(r, "16 bytes", "12", code=1)
 
 
+@pytest.mark.slow  # a CLI subprocess or several: seconds; the full tier runs it
 def test_onnx_opset_outside_the_range(tmp_path: Path) -> None:
     import onnx
 
@@ -240,6 +242,7 @@ def test_manifest_naming_files_outside_the_export(tmp_path: Path, export: Path, 
     assert not target.exists()  # a failed import leaves no new database
 
 
+@pytest.mark.slow  # a CLI subprocess or several: seconds; the full tier runs it
 def test_edited_plan_step_is_refused(tmp_path: Path) -> None:
     r = tunedb("plan", _graph_json(tmp_path / "g.json", [4, 8]), "--device", "generic", "--model", "none",
                "--json", cwd=tmp_path)
@@ -301,6 +304,7 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
                    cwd=tmp_path), "strategy", code=2)
 
 
+@pytest.mark.slow  # a CLI subprocess or several: seconds; the full tier runs it
 def test_lists_of_suites_collectors_models_and_ops(tmp_path: Path) -> None:
     from tunedb.cli.collect import SUITE_NAMES
     from tunedb.kernels.suites import SUITES

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from bench_scripts import load_script
 from typer.testing import CliRunner
 
@@ -25,6 +26,7 @@ def _counts(db: Path) -> dict[str, int]:
         return s.counts()
 
 
+@pytest.mark.slow  # a CLI subprocess or several: seconds; the full tier runs it
 def test_merge_and_import_of_several_hosts(tmp_path: Path) -> None:
     f = _faults()
     source = f.make_source(tmp_path / "source.duckdb", "quick", 4)

@@ -66,6 +66,7 @@ def test_missing_file(tmp_path, bad, capsys):
 DATA = Path(__file__).resolve().parent.parent / "data" / "packing_h200"
 
 
+@pytest.mark.slow  # a CLI subprocess or several: seconds; the full tier runs it
 def test_the_plugin_replays_stored_packing_rows_through_the_engine(tmp_path):
     from collectors.packing import PackingCollector
     from tunedb.collect import load_collector

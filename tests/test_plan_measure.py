@@ -38,6 +38,7 @@ def fused(plan):
     return steps[0]
 
 
+@pytest.mark.slow  # a CLI subprocess or several: seconds; the full tier runs it
 def test_measurements_from_the_shipped_replay_are_stored_and_hit_next_time(tmp_path):
     g = projected_softmax()
     db = tmp_path / "fresh.duckdb"

@@ -165,6 +165,7 @@ def row_map(tables: Tables, table_id: str) -> dict[str, list[str]]:
     return {r[0]: r[1:] for r in tables.tables[table_id][1:]}
 
 
+@pytest.mark.slow  # a CLI subprocess or several: seconds; the full tier runs it
 def test_report_sections_plots_and_numbers(db_path, tmp_path):
     path, made = db_path
     with TuningStore.open(path, read_only=True) as db:

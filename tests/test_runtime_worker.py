@@ -19,6 +19,7 @@ TASK = "tunedb.runtime.worker:selftest_task"
 INIT = "tunedb.runtime.worker:selftest_init"
 
 
+@pytest.mark.slow  # a CLI subprocess or several: seconds; the full tier runs it
 def test_crash_hang_and_exception_each_fail_one_item_and_the_next_still_runs() -> None:
     items = [{"action": "ok", "value": 1}, {"action": "exit", "value": 7}, {"action": "ok", "value": 2},
              {"action": "sleep"}, {"action": "ok", "value": 3}, {"action": "raise", "value": "bad"},
