@@ -356,14 +356,22 @@ def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict) -> str:
     return "depthwise" if int(a["groups"]) == c == o else "im2col"
 
 
+def _bias_vector_gemm(alpha: float, beta: float, trans_a: Any, c_shape: Sequence[int],
+                      out_shape: Sequence[int]) -> bool:
+    """``alpha * A @ B + beta * C`` is ``A @ B`` plus a bias vector along a 2-D output's columns
+    (a ``[M, 1]`` C of the same size broadcasts along the rows: no bias vector)."""
+    n = out_shape[-1]
+    return (alpha == beta == 1.0 and not trans_a and len(out_shape) == 2
+            and tuple(c_shape) in ((n,), (1, n)))
+
+
 def gemm_bias_epilogue(node: Node, types: Mapping[str, TensorType]) -> bool:
     """A gemm that adds a bias vector to ``A @ B`` (alpha = beta = 1, A not transposed): one
     cuBLASLt call with its bias epilogue where cuBLASLt is on."""
     if node.op != "gemm" or len(node.inputs) != 3 or not node.inputs[2]:
         return False
-    c, out = types[node.inputs[2]].shape, types[node.outputs[0]].shape
-    return (node.attr("alpha", 1.0) == 1.0 and node.attr("beta", 1.0) == 1.0 and not node.attr("trans_a", 0)
-            and len(out) == 2 and c in ((out[-1],), (1, out[-1])))
+    return _bias_vector_gemm(node.attr("alpha", 1.0), node.attr("beta", 1.0), node.attr("trans_a", 0),
+                             types[node.inputs[2]].shape, types[node.outputs[0]].shape)
 
 
 def compute_launches(node: Node, types: Mapping[str, TensorType], cublaslt: bool = True) -> int:
@@ -415,9 +423,9 @@ class ComputeOps:
         B = ins[1].T if a["trans_b"] else ins[1]
         alpha, beta = float(a["alpha"]), float(a["beta"])
         steps: list[Launch] = []
-        # a bias vector only: a [M, 1] column C of the same size broadcasts along the rows
-        if self.lt is not None and len(ins) == 3 and alpha == beta == 1.0 and not a["trans_a"] \
-                and out.ndim == 2 and tuple(ins[2].shape) in ((out.shape[-1],), (1, out.shape[-1])):
+        # the same rule as the plan's ``gemm_bias_epilogue``, on the arrays
+        if self.lt is not None and len(ins) == 3 \
+                and _bias_vector_gemm(alpha, beta, a["trans_a"], ins[2].shape, out.shape):
             dtype = "bfloat16" if out.dtype == np.uint16 else str(out.dtype)
             one = self.lt.gemm_bias(ins[0], ins[1], ins[2].reshape(-1), out, trans_b=bool(a["trans_b"]),
                                     dtype=dtype)
