@@ -151,9 +151,10 @@ def test_window_sources_compile_with_nvcc_for_sm90(tmp_path):
 
 
 def test_a_thread_loads_each_input_column_of_its_strip_once():
-    # 4 outputs of a 7x7 stride-1 row share 10 input columns (not 4 x 7 taps); stride 2, 3x3: 9
+    # 4 outputs of a 7x7 stride-1 row share 10 input columns (not 4 x 7 taps); stride 2 keeps
+    # one output a thread (``strip_width``): its 3x3 window's 3 columns
     assert "float row[10];" in _plan(dwconv_block("float32", 7, 1)).kernels[0].source
-    assert "float row[9];" in _plan(dwconv_block("float32", 3, 2)).kernels[0].source
+    assert "float row[3];" in _plan(dwconv_block("float32", 3, 2)).kernels[0].source
     narrow = GraphBuilder("narrow")  # a row of 3 outputs: the strip is the row
     x = narrow.input("x", (1, 4, 5, 3))
     y = narrow.max_pool2d(x, kernel=(3, 3), pads=(1, 1, 1, 1))

@@ -1,0 +1,58 @@
+"""The strip of outputs a window-kernel thread computes: the rule (stride-1 rows a strip of 4,
+strided windows one output a thread) and every strip width, forced, still matching the float64
+reference in the CPU emulator (benchmarks/window_strip.py times them against each other)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import pytest
+from test_kernels_window import dwconv_block, pool_block
+
+from tunedb.kernels.codegen import KernelPlan, KernelSpec
+from tunedb.kernels.gen_window import STRIP, strip_width, window_kernel
+from tunedb.kernels.schedule import Schedule
+from tunedb.records import sha256_hex
+from tunedb.runtime.emu import build, mismatches
+
+WINDOW = Schedule.from_config({"mapping": "elementwise", "block": 256})
+
+
+def _plan(g, strip):
+    w = window_kernel(g, strip=strip)
+    return KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, 0, w.args),), (),
+                      sha256_hex(w.source), w.R, w.C, "window")
+
+
+def test_the_rule_gives_stride_one_rows_a_strip_and_strided_windows_one_output():
+    assert strip_width(56, 1) == STRIP == 4
+    assert strip_width(3, 1) == 3  # a row narrower than the strip: the strip is the row
+    assert strip_width(56, 2) == 1
+    assert "float acc[4];" in window_kernel(dwconv_block("float32", 3, 1)).source
+    assert "float acc[1];" in window_kernel(dwconv_block("float32", 3, 2)).source
+    assert "float acc[1];" in window_kernel(pool_block("float32", "max_pool2d", 3, 2, 1)).source
+    # a forced strip overrides the rule, capped at the row; a strip of 0 is refused
+    assert "float acc[2];" in window_kernel(dwconv_block("float32", 3, 2), strip=2).source
+    assert "float acc[9];" in window_kernel(dwconv_block("float32", 3, 1), strip=16).source
+    with pytest.raises(ValueError, match="strip 0"):
+        window_kernel(dwconv_block("float32", 3, 1), strip=0)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_every_forced_strip_matches_the_float64_reference(tmp_path):
+    # odd rows (5 outputs): the edge strip of stride-1 rows and the stride-2 partial last window
+    # (the rule's own widths run in test_kernels_window's variants)
+    graphs = [dwconv_block("float32", 3, 2, act="silu", residual=True, prologue=True),
+              pool_block("float32", "avg_pool2d", 3, 2, 1, True), dwconv_block("float16", 5, 1)]
+    jobs = [(g, WINDOW, _plan(g, s)) for g in graphs for s in (2, 3 if g is graphs[2] else 4)]
+    assert len({p.source_hash for _, _, p in jobs}) == len(jobs)
+    # and the check can fail: a strip of 4 that stores only its first output
+    g, _, good = jobs[1]
+    k = good.kernels[0]
+    src = k.source.replace("if (ow0 + v >= 5) break;", "if (v >= 1) break;").replace(k.name, "cut")
+    assert src != k.source.replace(k.name, "cut")
+    cut = replace(good, kernels=(replace(k, name="cut", source=src),))
+    lib = build([p.kernels[0].source for _, _, p in jobs] + [src], str(tmp_path))
+    assert not mismatches(lib, jobs, seed=5)
+    assert len(mismatches(lib, [(g, WINDOW, cut)], seed=5)) == 1
