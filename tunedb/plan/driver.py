@@ -32,6 +32,7 @@ from tunedb.plan.epilogue import split_conv_bias
 from tunedb.plan.fusion import explore
 from tunedb.plan.gelu_epilogue import fold_gelu_epilogues
 from tunedb.plan.measure import Recorder, measure_steps
+from tunedb.plan.merge_choice import compile_merged
 from tunedb.plan.packing import PackMeasurer, pack_plan_steps, runnable_packs, store_times
 from tunedb.plan.record import KernelStep, Plan, PlanError, source_of
 from tunedb.plan.rewrite import fold_matmul_bias, rewrite_for_plan
@@ -160,7 +161,7 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             bindings: dict[str, int] | None = None, fill_initializers: bool = True,
             measure_device: str = "cuda", schedule: str = "sequential", pack: bool | str = "auto",
             pack_model: Any = None, bias_epilogue: bool = False, gemm_epilogue: bool = False,
-            concat_views: bool = False, gelu_epilogue: bool = False) -> Plan:
+            concat_views: bool = False, gelu_epilogue: bool = False, merge: bool | str = False) -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
@@ -210,7 +211,18 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
 
     ``concat_views``: a concat whose inputs are contiguous slices of its output (channels at
     batch 1) is no kernel: its producers write their slices (``tunedb.plan.views``). It is not
-    fused either, so elementwise ops before it run in their branches' steps."""
+    fused either, so elementwise ops before it run in their branches' steps.
+
+    ``merge``: sibling convolutions of one input with constant weights become one convolution
+    (IOS's merge strategy, ``tunedb.plan.merge``): all that can (``True``) or where the
+    predicted plans say it pays (``"auto"``, ``tunedb.plan.merge_choice``)."""
+    if merge:
+        rest = dict(db=db, cost_model=cost_model, device=device, measure_top=measure_top, beam=beam,
+                    horizontal=horizontal, measure_device=measure_device, schedule=schedule, pack=pack,
+                    pack_model=pack_model, bias_epilogue=bias_epilogue, gemm_epilogue=gemm_epilogue,
+                    concat_views=concat_views, gelu_epilogue=gelu_epilogue)
+        graph = load_graph(model, bindings, fill_initializers)
+        return compile_merged(functools.partial(compile, **rest), graph, merge)
     if bias_epilogue:
         model = split_conv_bias(load_graph(model, bindings, fill_initializers))
     if gemm_epilogue:

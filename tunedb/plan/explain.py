@@ -83,6 +83,9 @@ def explain(plan: Any, width: int = 160) -> str:
                       f"{max(len(st) for st in plan.stages)} streams); predicted "
                       f"{search.get('ios_predicted_us', '?')} µs staged vs "
                       f"{search.get('sequential_predicted_us', '?')} µs in one stream")
+    merged = dict(plan.search).get("merged_convs")
+    if merged:  # IOS's merge strategy: sibling convolutions run as one (tunedb.plan.merge)
+        console.print(f"merged convolutions: {len(merged)} ({'; '.join('+'.join(m) for m in merged)})")
     for pk in getattr(plan, "packs", ()):
         what = "measured" if pk.source == "db" else "predicted"
         console.print(f"pack: steps {pk.steps[0]}-{pk.steps[-1]} "

@@ -1,0 +1,65 @@
+"""Which sibling-convolution merges (``tunedb.plan.merge``) a plan takes.
+
+A merge saves launches (one GEMM, an im2col, the branches' bias/ReLU kernels, a concat) and
+adds the FLOPs of its zero taps, so it pays at batch 1 and may lose at batch 16. ``merge="auto"``
+prices both sides from the plans themselves: the plan of the graph without merges and the plan
+with every merge, each without stages or packs; a merge is kept where the predicted µs (kernel
+time plus launches) of the steps computing its merged nodes is below that of the steps
+computing the nodes it replaces. The plan is then compiled on the graph with the kept merges;
+``plan.search`` records them (``merged_convs``: each merge's member convolutions) and the
+prices (``merge_priced``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import replace
+from typing import Any
+
+from tunedb.plan.merge import merge_candidates, merge_sibling_convs
+from tunedb.plan.record import Plan, PlanError
+
+MERGE_MODES = (False, True, "auto")
+
+
+def _touches(value: str, names: Collection[str]) -> bool:
+    """``value`` is one of ``names`` or a value a plan rewrite split off it (``v.nobias``)."""
+    return any(value == n or value.startswith(n + ".") for n in names)
+
+
+def region_us(plan: Plan, values: Collection[str]) -> float:
+    """Predicted µs (kernels and their launches) of the steps that compute any of ``values``."""
+    nodes = plan.graph.nodes
+    total = 0.0
+    for s in plan.steps:
+        if any(_touches(o, values) for i in s.nodes for o in nodes[i].outputs):
+            total += s.predicted_us + s.launches * plan.launch_us
+    return total
+
+
+def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | str) -> Plan:
+    """``compile_fn(graph)`` on ``graph`` with sibling convolutions merged: all that can
+    (``merge=True``) or those the prices say pay (``"auto"``)."""
+    if merge not in MERGE_MODES:
+        raise PlanError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
+    groups = merge_candidates(graph)
+    priced: list[dict[str, Any]] = []
+    if merge == "auto" and groups:
+        flat = dict(schedule="sequential", pack=False, horizontal=False, measure_top=0)
+        plain, merged_all = compile_fn(graph, **flat), None
+        g_all, done_all = merge_sibling_convs(graph, groups)
+        merged_all = compile_fn(g_all, **flat)
+        keep = []
+        for g, d in zip(groups, done_all):
+            before, after = region_us(plain, d.old), region_us(merged_all, d.new)
+            priced.append({"members": list(d.members), "unmerged_us": round(before, 2),
+                           "merged_us": round(after, 2)})
+            if after < before:
+                keep.append(g)
+        groups = keep
+    merged, done = merge_sibling_convs(graph, groups) if groups else (graph, [])
+    plan = compile_fn(merged)
+    search = {**dict(plan.search), "merge": str(merge), "merged_convs": [list(d.members) for d in done]}
+    if priced:
+        search["merge_priced"] = priced
+    return replace(plan, search=search)
