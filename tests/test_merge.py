@@ -12,6 +12,7 @@ from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.execute import run_reference_steps
 from tunedb.plan.merge import bind_constants, check_mergeable, merge_candidates, merge_sibling_convs
 from tunedb.plan.record import PlanError
+from tunedb.plan.stage_refine import predicted_total
 
 
 def _w(rng, *shape):
@@ -134,3 +135,14 @@ def test_auto_merges_where_the_prediction_says_it_pays():
     assert priced["merged_us"] > priced["unmerged_us"] and dict(wide.search)["merged_convs"] == ()
     with pytest.raises(PlanError, match="merge must be"):
         compile_plan(fire(), device=None, cost_model=False, schedule="ios", merge="sometimes")
+
+
+def test_auto_keeps_the_plan_without_merges_when_the_stages_predict_it_faster():
+    for g in (heads(), fire()):
+        kw = dict(device="cuda", cost_model=False, schedule="ios", bias_epilogue=True)
+        plain, auto = compile_plan(g, **kw), compile_plan(g, merge="auto", **kw)
+        search = dict(auto.search)
+        assert predicted_total(auto) <= predicted_total(plain) + 1e-6
+        if "merge_predicted_us" in search:  # both totals priced: the plan kept is the smaller
+            kept = search["merge_predicted_us"] if search["merged_convs"] else search["unmerged_predicted_us"]
+            assert kept == min(search["merge_predicted_us"], search["unmerged_predicted_us"])

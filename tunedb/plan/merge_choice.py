@@ -5,7 +5,9 @@ adds the FLOPs of its zero taps, so it pays at batch 1 and may lose at batch 16.
 prices both sides from the plans themselves: the plan of the graph without merges and the plan
 with every merge, each without stages or packs; a merge is kept where the predicted µs (kernel
 time plus launches) of the steps computing its merged nodes is below that of the steps
-computing the nodes it replaces. The plan is then compiled on the graph with the kept merges;
+computing the nodes it replaces. The plan is then compiled on the graph with the kept merges
+and kept only if its stages' predicted sum (``predicted_total``) beats the plan without merges:
+a merge also takes away concurrency the stages had (Inception's 1x1 heads ran side by side).
 ``plan.search`` records them (``merged_convs``: each merge's member convolutions) and the
 prices (``merge_priced``).
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 from tunedb.plan.merge import merge_candidates, merge_sibling_convs
 from tunedb.plan.record import Plan, PlanError
+from tunedb.plan.stage_refine import predicted_total
 
 MERGE_MODES = (False, True, "auto")
 
@@ -59,7 +62,15 @@ def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | st
         groups = keep
     merged, done = merge_sibling_convs(graph, groups) if groups else (graph, [])
     plan = compile_fn(merged)
-    search = {**dict(plan.search), "merge": str(merge), "merged_convs": [list(d.members) for d in done]}
+    totals: dict[str, float] = {}
+    if merge == "auto" and done:
+        unmerged = compile_fn(graph)
+        totals = {"merge_predicted_us": round(predicted_total(plan), 2),
+                  "unmerged_predicted_us": round(predicted_total(unmerged), 2)}
+        if totals["merge_predicted_us"] >= totals["unmerged_predicted_us"]:
+            plan, done = unmerged, []
+    search = {**dict(plan.search), "merge": str(merge), **totals,
+              "merged_convs": [list(d.members) for d in done]}
     if priced:
         search["merge_priced"] = priced
     return replace(plan, search=search)
