@@ -190,7 +190,10 @@ def _analyze_with(graph: Graph, R: int, C: int) -> Analysis:
     if None in outs.values():  # a piece of an input never read at the domain's size
         raise UnsupportedFusion("an output is a piece of an input smaller than the domain")
     # an output that is a view of an input (a split piece, a repeated head) is a gathered copy
-    copies = {v for v, c in outs.items() if c == IDX and v in k.isrc and pattern == "elementwise"}
+    # written at the domain's indices, so only one of the domain's size (a view of a smaller
+    # input, as GQA's key heads beside the query's, would be written past its end)
+    copies = {v for v, c in outs.items()
+              if c == IDX and v in k.isrc and pattern == "elementwise" and k.numel(v) == R * C}
     if pattern in ("elementwise", "transpose") and any(c != FULL and v not in copies
                                                        for v, c in outs.items()):
         raise UnsupportedFusion("an elementwise subgraph with a non-full-size output")

@@ -220,10 +220,12 @@ class Classifier:
             # a view of an input (a split piece, a smaller input), rows permuted: whole runs
             self.mapped(out, tuple(base[p] for p in perm), self.resolve(src))
             return
-        if self.resolve(src) not in self.leaves or self.numel(src) != self.N:
+        rs = self.resolve(src)
+        # the source itself full-size: an expand in the alias chain (GQA's repeated heads) is
+        # no copy of the input, and reading it permuted as if it were would run past its end
+        if rs not in self.leaves or self.numel(rs) != self.N:
             raise UnsupportedFusion(f"{what}: only full-size graph inputs can be read transposed")
         split = batched_transpose(perm, shape)
-        rs = self.resolve(src)
         if split is None or split[0] * split[1] != self.R or split[2] != self.C:
             # no transpose tile on this domain (rows permuted, as an attention head split's):
             # read the input through the permuted index map
