@@ -2,7 +2,7 @@
 
     python -m tunedb.bench.stages OUT.json [--peers[=NAME,...]] [--refine] [--refine-all]
                                   [--oracle=block|full|none] [--concat-views] [--one-stream]
-                                  [--only=NAME,...] [--budget-s=200]
+                                  [--merge] [--only=NAME,...] [--budget-s=200]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
     python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json [--stored=ROWS.json]
     python -m tunedb.bench.stages CANDIDATES.json --candidates [--only=NAME,...]
@@ -26,7 +26,11 @@ without it: ``*_plain``); peers are torch.compile reduce-overhead, JAX and torch
 ``concat_views`` too (``sequential_views``, ``ios_views``, ``auto_views``; no ``*_plain``).
 ``--refine-all``: the refinement on every case, not only batch 1. ``--one-stream``: the
 sequential plan without packs too (``sequential_one_stream``: packs may run their members on
-streams). ``--only``'s order is the run order.
+streams). ``--merge``: the plans with sibling convolutions merged (IOS's merge strategy,
+``tunedb.plan.merge``; the weights bound as constants, same values): ``sequential_merge``,
+``ios_merge`` (every merge), ``auto_merge`` (``schedule="auto", merge="auto"``), with concat
+views when ``--concat-views``; with ``--refine`` the refinement on ``ios_merge`` too where it has
+concurrent stages (``ios_merge_refined``). ``--only``'s order is the run order.
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
 Every measured stage goes to ``OUT_rows.json`` with the plan it belongs to; ``--replay`` runs the
 refinement loop on the CPU against those times and compares it with the oracle (``replay``);
@@ -60,11 +64,12 @@ from tunedb.graph.multibranch import nasnet_a_graph, randwire_graph
 from tunedb.graph.reference import run_reference
 from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.driver import compile as compile_plan
+from tunedb.plan.merge import bind_constants
 from tunedb.plan.record import Plan
 from tunedb.plan.stage_refine import choose_auto, choose_auto_measured, refine_stages
 from tunedb.plan.stages import StageEstimator, StageKeys, apply_stages, ios_search, search_blocks
 from tunedb.runtime.device import device_info
-from tunedb.runtime.inputs import make_inputs
+from tunedb.runtime.inputs import input_roles, make_inputs
 from tunedb.runtime.stage_exec import StagedExecutor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -316,11 +321,14 @@ def auto_replay(bench_file: Path, only: list[str] | None = None, stored_rows: Pa
 
 
 PEERS = ("torch_compile_ro", "jax", "torch_compile")
+MERGE_VARIANTS = (("sequential_merge", "sequential", True), ("ios_merge", "ios", True),
+                  ("auto_merge", "auto", "auto"))
+MERGE_KEYS = ("sequential_merge", "ios_merge", "auto_merge", "ios_merge_refined")
 
 
 def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: float, only: list[str],
         oracle: str = "block", concat_views: bool = False, refine_all: bool = False,
-        one_stream: bool = False) -> dict:
+        one_stream: bool = False, merge: bool = False) -> dict:
 
 
     t_start = time.perf_counter()
@@ -368,8 +376,20 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                                           concat_views=views,
                                           pack=False if key == "sequential_one_stream" else "auto")
                 rec.setdefault("plan_s", {})[key] = round(time.perf_counter() - t, 2)
+            if merge:  # the weights as constants (the values make_inputs drew): a merge needs them
+                roles = input_roles(graph)
+                weights = [v for v in graph.inputs if roles.get(v, ("data", 0))[0] != "data"]
+                bound = bind_constants(graph, dev, weights)
+                for key, sched, how in MERGE_VARIANTS:
+                    t = time.perf_counter()
+                    plans[key] = compile_plan(bound, device="cuda", schedule=sched, bias_epilogue=True,
+                                              concat_views=concat_views, merge=how)
+                    rec.setdefault("plan_s", {})[key] = round(time.perf_counter() - t, 2)
+            inputs_of = {k: {v: dev[v] for v in p.graph.inputs} for k, p in plans.items()}
             for sched, plan in plans.items():
-                rec[sched] = _run_plan(plan, dev, refs, ort, graph)
+                rec[sched] = _run_plan(plan, inputs_of[sched], refs, ort, graph)
+                if "merge" in sched:
+                    rec[sched]["merged_convs"] = len(dict(plan.search).get("merged_convs", ()))
                 say(f"{name} {sched}: {rec[sched].get('us')} us ({rec[sched].get('error', 'ok')})")
             auto = choose_auto(plans["sequential"], plans["ios"])
             rec["auto"] = {"picks": "ios" if auto.stages else "sequential",
@@ -408,10 +428,21 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                     rec["ios_oracle"] = _run_plan(apply_stages(base, st, {"schedule": "ios (oracle)"}),
                                                   dev, refs, ort, graph)
                     say(f"{name} ios oracle: {rec['ios_oracle'].get('us')} us")
+                if merge and any(len(st) > 1 for st in plans["ios_merge"].stages):
+                    base = replace(plans["ios_merge"], stages=())
+                    rec["refine_merge"] = refine(base, say, deadline - 30, "none")
+                    rows = rec["refine_merge"].pop("all_rows")
+                    stage_data[name + "_merge"] = {"plan": base.to_json(), "rows": rows}
+                    st = [tuple(tuple(g) for g in s) for s in rec["refine_merge"]["stages"]]
+                    refined = apply_stages(base, st, {"schedule": "ios (measured)"})
+                    rec["ios_merge_refined"] = _run_plan(refined, inputs_of["ios_merge"], refs, ort, graph)
+                    say(f"{name} ios merge refined: {rec['ios_merge_refined'].get('us')} us")
+                    write_json({"device": result["device"], "device_info": asdict(device_info()),
+                                "cases": stage_data}, rows_path)
             seq = rec["sequential"].get("us")
             rec["speedup_vs_sequential"] = {k: _finite(seq / rec[k]["us"]) if seq and rec.get(k, {}).get("us")
-                                            else None for k in ("ios", "auto", "ios_refined", "ios_oracle")
-                                            if k in rec}
+                                            else None for k in ("ios", "auto", "ios_refined", "ios_oracle",
+                                                                *MERGE_KEYS) if k in rec}
             single = rec.get("sequential_one_stream", {}).get("us")
             if single:  # the issue's sequential plan: one kernel at a time, one stream
                 mine = ("sequential", "ios", "ios_refined", "ios_oracle")
@@ -419,7 +450,7 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                                                            if rec.get(k, {}).get("us")}
             views = rec.get("sequential_views", {}).get("us")
             if views:  # the same lever on both sides
-                mine = ("sequential", "ios_views", "auto_views")
+                mine = ("sequential", "ios_views", "auto_views", *MERGE_KEYS)
                 rec["speedup_vs_sequential_views"] = {k: _finite(views / rec[k]["us"]) for k in mine
                                                       if rec.get(k, {}).get("us")}
             plain = rec.get("sequential_plain", {}).get("us")
@@ -449,7 +480,7 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                 _free(fw)
                 say(f"{name} {p}: {rec['peers'][p].get('us')} us")
                 ours = {k: rec[k]["us"] for k in ("sequential", "ios", "auto", "ios_refined", "ios_oracle",
-                                                  "sequential_views", "ios_views", "auto_views")
+                                                  "sequential_views", "ios_views", "auto_views", *MERGE_KEYS)
                         if rec.get(k, {}).get("us")}
                 rec["speedup_vs_peer"] = {q: {k: _finite(r["us"] / u) for k, u in ours.items()}
                                           for q, r in rec.get("peers", {}).items() if r.get("us")}
@@ -497,7 +528,7 @@ def main(argv: list[str]) -> int:
         return 2
     run(Path(argv[0]), peers, "--refine" in argv, budget, names, oracle,
         concat_views="--concat-views" in argv, refine_all="--refine-all" in argv,
-        one_stream="--one-stream" in argv)
+        one_stream="--one-stream" in argv, merge="--merge" in argv)
     return 0
 
 
