@@ -152,3 +152,40 @@ def test_backend_matches_eager_on_the_default_and_a_side_stream(options):
     merged = [s for s in g.plan.steps if s.config_dict.get("epilogue") == "gelu_bias"]
     assert len(merged) == (1 if options else 0)
     assert ("cublasLt gelu epilogue" in g.executor.paths) == bool(options), g.executor.fallbacks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("handoff", ["stream", "caller"])
+def test_backend_reads_the_bound_tensor_by_pointer_and_copies_any_other(handoff):
+    """The example input is bound by pointer: calls with that tensor (rewritten in place between
+    calls) run the bound graph with no copy, calls with another tensor copy it in; every output
+    equals eager, on the default and a side stream, for both hand-offs."""
+    from tunedb.frontends.torch_backend import TOLERANCE, TunedbGraph
+
+    torch.manual_seed(0)
+    model = Ffn().eval().to(torch.bfloat16).cuda()
+    graphs: list[TunedbGraph] = []
+
+    def backend(gm, example_inputs):
+        graphs.append(TunedbGraph(gm, example_inputs, {"handoff": handoff}))
+        return graphs[-1]
+
+    x = torch.randn(1, 16, 64, device="cuda", dtype=torch.bfloat16)
+    fast = torch.compile(model, backend=backend)
+    atol, rtol = TOLERANCE["bfloat16"]
+    side = torch.cuda.Stream()
+    with torch.no_grad():
+        fast(x)
+        (g,) = graphs
+        assert g.executor is not None and g._bound_graph is not None, (g.fallback, g.bound_error)
+        bound0, copied0 = g.calls_bound, g.calls_copied
+        other = torch.randn_like(x)
+        for i, (arg, stream) in enumerate([(x, None), (other, None), (x, side), (other, side), (x, None)]):
+            with torch.cuda.stream(stream or torch.cuda.current_stream()):
+                arg.mul_(1.5)  # new values in the same memory, written on the calling stream
+                got = fast(arg).float()
+                want = model(arg).float()
+            torch.cuda.synchronize()
+            scale = float(want.abs().max())
+            torch.testing.assert_close(got, want, atol=atol * scale, rtol=rtol, msg=f"call {i}")
+    assert (g.calls_bound - bound0, g.calls_copied - copied0) == (3, 2)

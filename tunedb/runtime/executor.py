@@ -47,7 +47,7 @@ from tunedb.kernels.codegen import generate
 from tunedb.kernels.schedule import Schedule
 from tunedb.runtime.blas import Blas
 from tunedb.runtime.device import current_stream, import_cupy
-from tunedb.runtime.executor_inputs import ExecutorError, prepare_inputs
+from tunedb.runtime.executor_inputs import ExecutorError, bindable, prepare_inputs
 from tunedb.runtime.executor_lt import GELU_BIAS, BlasLt, gelu_bias_step, lt_enabled
 from tunedb.runtime.executor_ops import (
     ComputeOps,
@@ -156,6 +156,7 @@ class PlanExecutor:
         self._owned: set[str] = set()  # values whose memory a step writes (not inputs/constants)
         self._graph: Any = None
         self._graph_pool: Any = None
+        self._bound_graphs: list[tuple[Any, Any]] = []
         self._modules: dict[tuple[str, tuple[str, ...]], Any] = {}  # (source, options) -> module
         self._scratch_need = 0
         self._scratch: Any = None
@@ -386,10 +387,10 @@ class PlanExecutor:
             return bool(cp.allclose(x, y, rtol=1e-3, atol=1e-5, equal_nan=True))
         return bool(cp.array_equal(a, b))
 
-    def _capture(self, verify: bool) -> None:
+    def _record(self) -> tuple[Any, Any, BaseException | None]:
+        """One ``_enqueue`` captured as a CUDA graph on the executor's stream: (graph, the pool
+        its temporaries live in, the error that stopped it)."""
         cp = self.cp
-        with current_stream(self.cp, self.stream):
-            eager = self._outputs_now() if verify else {}
         pool = cp.cuda.MemoryPool()
         graph, err = None, None
         # No garbage collection while capturing: a finalizer that frees device memory or
@@ -414,6 +415,12 @@ class PlanExecutor:
         finally:
             if gc_was_on:
                 gc.enable()
+        return graph, pool, err
+
+    def _capture(self, verify: bool) -> None:
+        with current_stream(self.cp, self.stream):
+            eager = self._outputs_now() if verify else {}
+        graph, pool, err = self._record()
         if err is not None or graph is None:
             why = _one_line(err or RuntimeError("no graph"))
             self.capture_error = f"capture failed, launching eagerly: {why}"
@@ -453,6 +460,50 @@ class PlanExecutor:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def bind_inputs(self, arrays: Mapping[str, Any]) -> Any:
+        """A second CUDA graph of the plan that reads inputs straight from ``arrays`` (device
+        arrays in each input's stored form, ``bindable``) instead of the input buffers: a
+        caller's tensors bound by pointer, with no copy. The caller keeps them alive and orders
+        its writes to them against the launches. The steps are rebuilt on them (the same
+        buffers, kernels and constants), run once eagerly, captured, and the replay is checked
+        against the plan's own graph on the same values. Returns the graph: ``launch(stream)``."""
+        cp = self.cp
+        if self._graph is None:
+            raise ExecutorError(f"no CUDA graph to bind inputs into ({self.capture_error})")
+        for v, a in arrays.items():
+            why = bindable(self.graph, v, a.dtype, a.shape, a.strides, a.data.ptr)
+            if why:
+                raise ExecutorError(why)
+        saved = (self.env, self._launch_fns, self.launches, self.paths, self.fallbacks)
+        self.env = {**self.env, **arrays}
+        self._launch_fns, self.launches, self.paths, self.fallbacks = [], 0, [], []
+        try:
+            with current_stream(cp, self.stream):
+                for k, step in enumerate(self.plan.steps):
+                    self._build(k, step)
+                self._enqueue()  # first use of each rebuilt launch outside the capture
+            graph, pool, err = self._record()
+        finally:
+            self.env, self._launch_fns, self.launches, self.paths, self.fallbacks = saved
+        if err is not None or graph is None:
+            raise ExecutorError(f"bound capture failed: {_one_line(err or RuntimeError('no graph'))}")
+        with current_stream(cp, self.stream):
+            for v, a in arrays.items():
+                cp.copyto(self.inputs[v], a)
+            self._graph.launch(self.stream)
+            want = self._outputs_now()
+            for v in want:
+                if v in self._owned:
+                    self.env[v].fill(0)
+            graph.launch(self.stream)
+            got = self._outputs_now()
+        self.stream.synchronize()
+        for v in want:
+            if not self._same(got[v], want[v], self.types[v].dtype):
+                raise ExecutorError(f"graph bound to the caller's inputs differs on {v!r}")
+        self._bound_graphs.append((graph, pool))  # its temporaries live as long as it
+        return graph
 
     def set_inputs(self, inputs: Mapping[str, Any]) -> None:
         """Check ``inputs`` and copy them into the persistent input buffers (on the stream)."""
