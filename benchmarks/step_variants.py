@@ -1,0 +1,233 @@
+"""Issue 21 on one GPU: the generated steps of generalization-suite workloads timed under the
+kernel choices the planner makes by rule, next to the alternatives, so a rule rests on numbers.
+
+    python benchmarks/step_variants.py OUT.json NAME [NAME ...] [--target-s 0.1]
+    python benchmarks/step_variants.py OUT.json NAME [NAME ...] --plan-only   # CPU: variants only
+    python benchmarks/step_variants.py OUT.json NAME:window NAME:rows ...      # those steps only
+
+For each workload (``data/graphs/generalization/NAME.onnx``) the CPU plan's generated steps:
+a window step (depthwise conv / pool) with strips of 1, 2 and 4 outputs a thread
+(``gen_window.strip_width`` picks one); a row step (norms) with its planned schedule and the
+first legal schedule, in the fallback rules' order, of ``block_per_row`` and of ``split_row`` at
+splits 2, 4 and 8. Each variant runs on the step's own inputs (``make_inputs``), is checked
+against the float64 reference of its subgraph (``compare_outputs``: a failing variant is
+recorded, never timed), then timed with the plan protocol's ``throughput_us``, all variants of
+a step back to back in one process. Prints one line per variant; writes ``OUT.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tunedb.bench.plan import Entry, load_entry
+from tunedb.graph.ir import Graph
+from tunedb.kernels.analysis import analyze
+from tunedb.kernels.codegen import KernelPlan, KernelSpec, generate
+from tunedb.kernels.gen_window import has_window_op, match_window, strip_width, window_kernel, window_stride
+from tunedb.kernels.schedule import Schedule, schedule_space
+from tunedb.plan.driver import compile as compile_plan
+from tunedb.plan.fallback import fallback_order
+from tunedb.records import sha256_hex
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "data" / "graphs" / "generalization"
+STRIPS = (1, 2, 4)
+ROW_CHOICES = (("block_per_row", 1), ("split_row", 2), ("split_row", 4), ("split_row", 8))
+SM_COUNT = 132
+
+
+def _window_variants(sub: Graph) -> tuple[dict[str, KernelPlan], str]:
+    m = match_window(sub)
+    rule = strip_width(m.out_shape[3], window_stride(sub, m))
+    out = {}
+    for s in STRIPS:
+        w = window_kernel(sub, SM_COUNT, strip=s)
+        out[f"strip{s}"] = KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, 0, w.args),),
+                                      (), sha256_hex(w.source), w.R, w.C, "window")
+    return out, f"strip{rule}"
+
+
+def _row_variants(sub: Graph, config: dict) -> tuple[dict[str, KernelPlan], str]:
+    a = analyze(sub)
+    if a.pattern not in ("row_reduce", "multi"):
+        return {}, ""
+    out = {"planned": generate(a, Schedule.from_config(config), SM_COUNT)}
+    legal = schedule_space(a, SM_COUNT)[0]
+    order = fallback_order(a, legal, np.ones(len(legal)), np.ones(len(legal)), SM_COUNT)
+    for mapping, split in ROW_CHOICES:
+        hit = next((legal[i] for i in order
+                    if legal[i].mapping == mapping and (mapping != "split_row" or legal[i].split == split)),
+                   None)
+        kp = generate(a, hit, SM_COUNT) if hit is not None else None
+        if kp is not None and all(kp.source_hash != p.source_hash for p in out.values()):
+            out[f"{mapping}" + (f"_s{split}" if mapping == "split_row" else "")] = kp
+    return out, "planned"
+
+
+def step_variants(name: str, steps: str = "all") -> list[dict[str, Any]]:
+    """The generated steps of workload ``name`` with their variants (plans not yet run);
+    ``steps``: window, rows or all."""
+    path = SUITE / f"{name}.onnx"
+    graph, _ = load_entry(Entry(name, str(path.relative_to(ROOT)), path=path))
+    plan = compile_plan(graph)
+    out = []
+    for i, st in enumerate(plan.steps):
+        if st.kind != "fused":
+            continue
+        sub = Graph.from_json(json.loads(st.subgraph))
+        window = has_window_op(sub)
+        if steps != "all" and window != (steps == "window"):
+            continue
+        variants, chosen = _window_variants(sub) if window else _row_variants(sub, st.config_dict)
+        if variants:
+            out.append({"workload": name, "step": i, "ops": list(st.ops), "chosen": chosen,
+                        "config": st.config_dict, "graph": sub, "variants": variants})
+    return out
+
+
+def _wire(kp: KernelPlan) -> dict:
+    from tunedb.runtime.cuda import plan_to_wire
+
+    w = plan_to_wire(kp)
+    for s in w["scratch"]:  # the plan says which scratch needs zeros
+        s["zero"] = s["name"] in kp.zeroed
+    return w | {"source_hash": kp.source_hash[:16]}
+
+
+def prepare(name: str, steps: str, tmp: str) -> list[dict]:
+    """In a worker process: plan ``name``, draw each step's inputs and its float64 reference
+    (``.npz`` in ``tmp``, no pickles); the steps as JSON-ready dicts."""
+    from tunedb.runtime.inputs import make_inputs, reference_outputs
+    from tunedb.runtime.measure import precompile
+
+    out = []
+    for st in step_variants(name, steps):
+        g: Graph = st["graph"]
+        dev, ref = make_inputs(g, 0)
+        npz = Path(tmp) / f"{name}_{st['step']}.npz"
+        np.savez(npz, **{f"in:{k}": v for k, v in dev.items()},
+                 **{f"ref:{k}": v for k, v in reference_outputs(g, ref).items()})
+        for p in st["variants"].values():  # on a GPU host: fill CuPy's disk cache of kernels
+            precompile([{"source": k.source} for k in p.kernels])
+        out.append({**{k: v for k, v in st.items() if k not in ("graph", "variants")},
+                    "graph": g.to_json(), "npz": str(npz),
+                    "variants": {k: _wire(p) for k, p in st["variants"].items()}})
+    return out
+
+
+def run_step(cp: Any, step: dict, target_s: float) -> dict[str, dict]:
+    """Verify, then time, every variant of ``step`` on the local GPU."""
+    from tunedb.bench.peers import throughput_us
+    from tunedb.runtime.inputs import poison_value, storage_dtype
+    from tunedb.runtime.launch import kernel_function, launcher, scratch_zeroed
+    from tunedb.runtime.tolerance import compare_outputs
+
+    g = Graph.from_json(step["graph"])
+    with np.load(step["npz"], allow_pickle=False) as z:
+        bufs = {k[3:]: cp.asarray(z[k]) for k in z.files if k.startswith("in:")}
+        refs = {k[4:]: z[k] for k in z.files if k.startswith("ref:")}
+    for v in g.outputs:
+        t = g.type_of(v)
+        bufs[v] = cp.empty(t.shape, storage_dtype(t.dtype))
+    modules: dict = {}
+    res: dict[str, dict] = {}
+    for label, kp in step["variants"].items():
+        rec: dict[str, Any] = {"source_hash": kp["source_hash"],
+                               "grid": [k["grid"] for k in kp["kernels"]]}
+        try:
+            sz = scratch_zeroed(kp)
+            scratch = {n: cp.zeros(nb // 4 + 1, cp.float32) for n, nb, _ in sz}
+            zero = [scratch[n] for n, _, z in sz if z]
+            funcs = [kernel_function(cp, modules, k) for k in kp["kernels"]]
+            run = launcher(funcs, kp["kernels"], {**bufs, **scratch}, zero)
+            for v in g.outputs:  # unwritten elements fail the check
+                bufs[v].fill(poison_value(g.type_of(v).dtype))
+            run()
+            cp.cuda.runtime.deviceSynchronize()
+            worst, err = compare_outputs(g, {v: cp.asnumpy(bufs[v]) for v in g.outputs}, refs)
+            rec["err_over_tol"] = float(err)
+            if not err <= 1.0:
+                rec["error"] = f"output {worst} off by {err:.3g}x tolerance"
+            else:
+                rec["us"] = throughput_us(run, cp.cuda.runtime.deviceSynchronize, target_s=target_s)
+        except Exception as e:  # noqa: BLE001 - one failing variant is a result
+            rec["error"] = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        res[label] = rec
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("names", nargs="+")
+    ap.add_argument("--steps", choices=("window", "rows", "all"), default="all")
+    ap.add_argument("--target-s", type=float, default=0.05, help="seconds per timed batch")
+    ap.add_argument("--workers", type=int, default=2, help="processes preparing plans and inputs")
+    ap.add_argument("--limit", type=float, default=0.0, help="no new workload after S seconds")
+    ap.add_argument("--plan-only", action="store_true", help="prepare the variants, run nothing")
+    args = ap.parse_args()
+    picks = [(n.partition(":")[0], n.partition(":")[2] or args.steps) for n in args.names]
+    bad = [n for n, st in picks if st not in ("window", "rows", "all")]
+    if bad:
+        sys.exit(f"step_variants: steps of {', '.join(bad)}: expected :window, :rows or :all")
+    unknown = [n for n, _ in picks if not (SUITE / f"{n}.onnx").is_file()]
+    if unknown:
+        sys.exit(f"step_variants: no such workload in {SUITE.relative_to(ROOT)}: {', '.join(unknown)}")
+    cp = None
+    if not args.plan_only:
+        from tunedb.runtime.device import import_cupy
+
+        cp = import_cupy()
+    t0 = time.monotonic()
+    rows: list[dict] = []
+    result = {"benchmark": "step_variants", "argv": sys.argv[1:], "target_s": args.target_s,
+              "complete": False, "rows": rows}
+    with tempfile.TemporaryDirectory(prefix="tunedb-variants-") as tmp, \
+            ProcessPoolExecutor(max(1, args.workers), mp_context=mp.get_context("spawn")) as pool:
+        futures = [(n, pool.submit(prepare, n, st, tmp)) for n, st in picks]
+        for name, fut in futures:
+            if args.limit and time.monotonic() - t0 > args.limit:
+                print(f"time limit {args.limit:g}s: {name} and after skipped", flush=True)
+                for _, f in futures:
+                    f.cancel()
+                break
+            try:
+                steps = fut.result()
+            except Exception as e:  # noqa: BLE001 - a workload that does not plan is a result
+                rows.append({"workload": name, "error": str(e).splitlines()[0][:300]})
+                print(f"{name}: {rows[-1]['error']}", flush=True)
+                continue
+            for st in steps:
+                try:
+                    res = run_step(cp, st, args.target_s) if cp is not None else {
+                        k: {"source_hash": p["source_hash"]} for k, p in st["variants"].items()}
+                except Exception as e:  # noqa: BLE001 - a step that cannot run is a result
+                    res = {"all": {"error": str(e).splitlines()[0][:300] if str(e) else type(e).__name__}}
+                Path(st.pop("npz")).unlink(missing_ok=True)
+                rows.append({k: v for k, v in st.items() if k not in ("graph", "variants")}
+                            | {"variants": res})
+                for label, r in res.items():
+                    mark = "*" if label == st["chosen"] else " "
+                    val = f"{r['us']:8.2f} us" if "us" in r else r.get("error", "not run")
+                    print(f"{name} step {st['step']} {'+'.join(st['ops'])[:32]:32s} {mark}{label:14s} {val}",
+                          flush=True)
+            args.out.write_text(json.dumps(result, indent=1, default=str))
+        else:
+            result["complete"] = True
+    result["elapsed_s"] = round(time.monotonic() - t0, 1)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"done {len(rows)} steps, {result['elapsed_s']} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""benchmarks/step_variants.py on the CPU: the variants it would time for a window step and a
+GroupNorm step of the generalization suite, and its one-line refusals."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from bench_scripts import ROOT, load_script
+
+SCRIPT = str(ROOT / "benchmarks" / "step_variants.py")
+
+
+def test_a_strided_window_step_gets_every_strip_and_the_rule_picks_one():
+    sv = load_script("step_variants")
+    (st,) = sv.step_variants("windowed_mobilenet_v2_b16_c67d3d81", "window")
+    assert list(st["variants"]) == ["strip1", "strip2", "strip4"]
+    assert st["chosen"] == "strip1"  # stride 2: one output a thread
+    assert len({p.source_hash for p in st["variants"].values()}) == 3
+    assert "float acc[4];" in st["variants"]["strip4"].kernels[0].source
+
+
+@pytest.mark.slow  # plans a UNet GroupNorm and generates its schedules: ~6 s
+def test_a_groupnorm_step_gets_distinct_row_schedules():
+    sv = load_script("step_variants")
+    (st,) = sv.step_variants("norm_unet_640x16_b8_2d0edf97", "rows")
+    labels = list(st["variants"])
+    assert labels[0] == "planned" and "block_per_row" in labels
+    assert any(lbl.startswith("split_row") for lbl in labels) or st["config"]["mapping"] == "split_row"
+    assert len({p.source_hash for p in st["variants"].values()}) == len(labels)
+
+
+@pytest.mark.parametrize("arg,why", [("no_such_workload", "no such workload"),
+                                     ("norm_unet_640x16_b8_2d0edf97:cols", "expected :window")])
+def test_bad_names_get_one_line_errors(tmp_path, monkeypatch, arg, why):
+    sv = load_script("step_variants")
+    monkeypatch.setattr(sys, "argv", [SCRIPT, str(tmp_path / "o.json"), arg])
+    with pytest.raises(SystemExit) as e:
+        sv.main()
+    assert why in str(e.value) and "\n" not in str(e.value)  # sys.exit(text): exit status 1
+    assert not (tmp_path / "o.json").exists()
