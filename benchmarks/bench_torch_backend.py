@@ -1,39 +1,52 @@
-"""``torch.compile(model, backend=tunedb_backend)`` on BERT-base and ResNet-50 on the local GPU:
-outputs against eager, times against eager (not for a table of peers: the zoo benchmark has
-those) and the backend's own plans replayed without the hand-off.
+"""``torch.compile(model, backend=tunedb_backend)`` on BERT-base and ResNet-50 on the local GPU,
+verified against eager, and timed against the backend's own plans replayed as tunedb's ONNX
+path times them, in interleaved rounds (issue 24: the backend no slower than the ONNX path).
 
-    python benchmarks/bench_torch_backend.py OUT.json [--gpu-lock FILE] [--only NAME ...]
+    python benchmarks/bench_torch_backend.py OUT.json [--cases bert_base:bfloat16,...]
+        [--rounds 5] [--target-s 0.05] [--budget-s 80] [--eager]
 
 Models as the zoo builds them (``export_zoo.MODELS``: library default configs, random weights,
-batch 1, BERT at sequence 128), in fp32 and bf16, TF32 off. Per model and dtype: the compile
-time (Dynamo capture, ONNX export, tunedb plan, executor build and its check against the eager
-graph), the number of FX graphs Dynamo handed over and how many run as tunedb plans, the largest
-difference from eager relative to the output's largest magnitude, and three throughput times:
-eager, the compiled module end to end (inputs copied into the plan's buffers, outputs copied out), and
-the sum of its plans' CUDA-graph replays (what tunedb's ONNX path times). Timings hold
-``--gpu-lock`` (``bench_zoo_plan.gpu_lock``) so that they can run beside the zoo benchmark.
+batch 1, BERT at sequence 128), TF32 off; bfloat16 BERT with both cuBLASLt epilogues (the
+options of the 444 µs plan). Per case: the compile time, the FX graphs Dynamo handed over and
+how many run as tunedb plans, whether the example inputs were bound by pointer, the largest
+difference from eager relative to the output's largest magnitude, and in ``--rounds`` rounds
+(each times every item once by ``throughput_us``, the order rotated by one per round):
+
+- ``plan_replay``: the plans' CUDA graphs replayed back to back on the executor's stream (what
+  the ONNX path's tables time: inputs in place, outputs left in the plan's buffers);
+- ``plan_replay_caller``: the same graphs launched on the caller's stream (mostly the legacy
+  default stream): what a launch there costs by itself;
+- ``backend_<bound|copy>_<stream|caller>``: the compiled module end to end, outputs copied out;
+  ``bound``: called with the tensors it was compiled on (read by pointer, no input copy),
+  ``copy``: with equal tensors elsewhere (copied in); ``stream``: the plan on its own stream
+  with two waits, ``caller``: the graph launched on the caller's stream;
+- ``eager`` (``--eager``): the module itself.
+
+Each case is skipped when its rough cost would pass ``--budget-s``; OUT.json is rewritten after
+every step, so a cut run keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_zoo_plan import locked_timer  # noqa: E402 - the sibling script
-
 from tunedb.bench.fusion import _one_line  # noqa: E402
 from tunedb.bench.provenance import provenance  # noqa: E402
 
-CASES = (("bert_base", "float32"), ("bert_base", "bfloat16"),
-         ("resnet50", "float32"), ("resnet50", "bfloat16"))
+CASES = ("bert_base:bfloat16", "resnet50:bfloat16", "resnet50:float32", "bert_base:float32")
+OPTIONS = {("bert_base", "bfloat16"): {"gemm_epilogue": True, "gelu_epilogue": True, "cublaslt": True}}
+COST_S = {"bert_base": 35, "resnet50": 30}  # rough compile + rounds on an H200 host
+SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 
 
 def _build(name: str, dtype: str) -> tuple[Any, tuple]:
@@ -49,22 +62,45 @@ def _build(name: str, dtype: str) -> tuple[Any, tuple]:
     return model, args
 
 
-def one(name: str, dtype: str, lock: Path, target_s: float) -> dict:
+def rounds(items: dict[str, tuple[Callable[[], Any], Callable[[], None]]], n: int,
+           target_s: float) -> dict:
+    """``n`` rounds, each timing every item once, the order rotated by one per round: per item
+    the µs of each round and their median, min and max."""
+    from tunedb.bench.peers import throughput_us
+
+    names = list(items)
+    us: dict[str, list[float]] = {k: [] for k in names}
+    errors: dict[str, str] = {}
+    for r in range(n):
+        k0 = r % len(names)
+        for k in names[k0:] + names[:k0]:
+            if k in errors:
+                continue
+            try:
+                us[k].append(round(throughput_us(*items[k], target_s=target_s), 2))
+            except Exception as e:  # noqa: BLE001 - the item leaves the rounds, the others go on
+                errors[k] = _one_line(e)
+    stats = {k: {"median": round(statistics.median(v), 1), "min": min(v), "max": max(v)}
+             for k, v in us.items() if v}
+    return {"us": us, "stats": stats, "errors": errors}
+
+
+def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
+    import cupy as cp
     import torch
 
     from tunedb.frontends.torch_backend import TOLERANCE, TunedbGraph, tunedb_backend
 
-    rec: dict[str, Any] = {"model": name, "dtype": dtype}
-    timer = locked_timer(lock, target_s)
+    options = OPTIONS.get((name, dtype), {})
+    rec["options"] = options
     model, args = _build(name, dtype)
+    graphs: list[TunedbGraph] = []
     with torch.no_grad():
         want = model(*args).float()
-        graphs: list[TunedbGraph] = []
 
         def backend(gm: Any, example_inputs: Any) -> Any:
-            g = tunedb_backend(gm, example_inputs)
-            graphs.append(g)
-            return g
+            graphs.append(tunedb_backend(gm, example_inputs, **options))
+            return graphs[-1]
 
         torch._dynamo.reset()
         fast = torch.compile(model, backend=backend)
@@ -79,49 +115,103 @@ def one(name: str, dtype: str, lock: Path, target_s: float) -> dict:
         rec["planned"] = sum(g.executor is not None for g in graphs)
         rec["kernels"] = [g.plan.kernels if g.plan is not None else None for g in graphs]
         rec["fallbacks"] = [g.fallback for g in graphs if g.fallback]
+        rec["bound"] = [g._bound_graph is not None for g in graphs]
+        rec["bound_errors"] = [g.bound_error for g in graphs if g.bound_error]
         scale = float(want.abs().max()) or 1.0
-        rec["max_rel_err"] = float((got - want).abs().max()) / scale
         atol, rtol = TOLERANCE[dtype]
-        rec["equal_within_tolerance"] = bool(torch.allclose(got, want, atol=atol * scale, rtol=rtol))
+
+        def check(got: Any, key: str) -> bool:
+            rec[f"max_rel_err_{key}"] = float((got - want).abs().max()) / scale
+            ok = bool(torch.allclose(got, want, atol=atol * scale, rtol=rtol))
+            rec[f"equal_within_tolerance_{key}"] = ok
+            return ok
+
+        ok = check(got, "bound")
+        other = tuple(t.clone() for t in args)  # equal values, other addresses: copied in
+        ok = check(fast(*other).float(), "copy") and ok
         sync = torch.cuda.synchronize
-        rec["eager_us"] = timer(lambda: model(*args), sync)
-        rec["backend_us"] = timer(lambda: fast(*args), sync)
+        items: dict[str, Any] = {}
         ex = [g.executor for g in graphs if g.executor is not None]
-        if ex and len(ex) == len(graphs):
+        if ok and ex and len(ex) == len(graphs):
             def replay() -> None:
                 for e in ex:
                     e.replay()
 
-            def sync_all() -> None:
+            def replay_caller() -> None:
+                s = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
                 for e in ex:
-                    e.synchronize()
-            rec["plan_replay_us"] = timer(replay, sync_all)
-    return rec
+                    e._graph.launch(s)
+
+            def backend_call(inputs: tuple, handoff: str) -> Callable[[], Any]:
+                def call() -> Any:
+                    for g in graphs:
+                        g.handoff = handoff
+                    return fast(*inputs)
+                return call
+
+            items["plan_replay"] = (replay, lambda: [e.synchronize() for e in ex])
+            if all(e.graph_capture for e in ex):
+                items["plan_replay_caller"] = (replay_caller, sync)
+            for kind, inputs in (("bound", args), ("copy", other)):
+                for handoff in ("stream", "caller"):
+                    items[f"backend_{kind}_{handoff}"] = (backend_call(inputs, handoff), sync)
+            if a.eager:
+                items["eager"] = (lambda: model(*args), sync)
+            before = [(g.calls_bound, g.calls_copied) for g in graphs]
+            rec["rounds"] = rounds(items, a.rounds, a.target_s)
+            rec["calls_bound_copied"] = [(g.calls_bound - b, g.calls_copied - c)
+                                         for g, (b, c) in zip(graphs, before)]
+            for g in graphs:
+                g.handoff = "stream"
+            # after the rounds: every variant's output still equals eager
+            for handoff in ("stream", "caller"):
+                for g in graphs:
+                    g.handoff = handoff
+                check(fast(*args).float(), f"bound_{handoff}_after")
+                check(fast(*other).float(), f"copy_{handoff}_after")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
-    p.add_argument("--only", nargs="*", default=None, help="model names (bert_base, resnet50)")
-    p.add_argument("--gpu-lock", type=Path, default=Path(tempfile.gettempdir()) / "tunedb-gpu.lock")
-    p.add_argument("--target-s", type=float, default=0.1)
+    p.add_argument("--cases", default=",".join(CASES), help="model:dtype, comma-separated")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--target-s", type=float, default=0.05, help="seconds per timed batch")
+    p.add_argument("--budget-s", type=float, default=600.0, help="no case starts that would end later")
+    p.add_argument("--eager", action="store_true", help="time the module eagerly too")
     a = p.parse_args(argv)
+    cases = [tuple(c.split(":")) for c in a.cases.split(",") if c]
+    bad = [":".join(c) for c in cases if len(c) != 2 or c[0] not in COST_S or c[1] not in SHORT]
+    if bad or a.rounds < 1:
+        print(f"error: bad --cases {', '.join(bad)} (model:dtype with model in {', '.join(COST_S)}, "
+              f"dtype in {', '.join(SHORT)}) or --rounds < 1", file=sys.stderr)
+        return 2
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    start = time.perf_counter()
     result: dict[str, Any] = {"benchmark": "torch_backend", "torch": torch.__version__,
-                              "device": torch.cuda.get_device_name(), "cases": [], **provenance()}
-    for name, dtype in CASES:
-        if a.only and name not in a.only:
+                              "device": torch.cuda.get_device_name(), "rounds": a.rounds,
+                              "target_s": a.target_s, "runs": {}, **provenance(argv)}
+    for name, dtype in cases:
+        rec: dict[str, Any] = {}
+        result["runs"][f"{name}_{SHORT[dtype]}"] = rec
+        if time.perf_counter() - start + COST_S[name] > a.budget_s:
+            rec["skipped"] = "budget"
             continue
+        t0 = time.perf_counter()
         try:
-            rec = one(name, dtype, a.gpu_lock, a.target_s)
+            one(name, dtype, a, rec)
         except Exception as e:  # noqa: BLE001 - a failing case is a result
-            rec = {"model": name, "dtype": dtype, "error": _one_line(e)}
-        print(json.dumps(rec), flush=True)
-        result["cases"].append(rec)
+            rec["error"] = _one_line(e)
+        rec["wall_s"] = round(time.perf_counter() - t0, 1)
+        st = rec.get("rounds", {}).get("stats", {})
+        print(f"{name} {dtype}: " + ", ".join(f"{k} {v['median']:.1f}" for k, v in st.items())
+              + f" | {json.dumps({k: v for k, v in rec.items() if k != 'rounds'})[:600]}", flush=True)
         a.out.write_text(json.dumps(result, indent=1) + "\n")
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
