@@ -183,8 +183,8 @@ def merge_sibling_convs(graph: Graph, groups: Sequence[MergeGroup] | None = None
             members, tails = [members[k] for k in order], [tails[k] for k in order]
             offsets = [g.offsets[k] for k in order]
             unary = [unary[k] for k in order] if unary else None
-        else:
-            offsets = list(g.offsets)
+        else:  # slices: each branch keeps its own bias and activation, fused after its slice
+            offsets, unary, tails = list(g.offsets), None, [graph.nodes[i].outputs[0] for i in members]
         nodes = [graph.nodes[i] for i in members]
         first = nodes[0]
         wts = [consts[n.inputs[1]].array for n in nodes]
@@ -196,7 +196,7 @@ def merge_sibling_convs(graph: Graph, groups: Sequence[MergeGroup] | None = None
         has_bias, row = False, 0
         for n, w, (oy, ox) in zip(nodes, wts, offsets):
             weight[row:row + w.shape[0], :, oy:oy + w.shape[2], ox:ox + w.shape[3]] = w
-            if len(n.inputs) > 2 and n.inputs[2]:
+            if len(n.inputs) > 2 and n.inputs[2] and concat is not None:
                 bias[row:row + w.shape[0]] = consts[n.inputs[2]].array
                 has_bias = True
             row += w.shape[0]
@@ -234,10 +234,18 @@ def merge_sibling_convs(graph: Graph, groups: Sequence[MergeGroup] | None = None
             drop.add(concat)
         else:
             row = 0
-            for v, w in zip(tails, wts):
-                new.append(Node("slice", (y,), (v,), {"starts": (row,), "ends": (row + w.shape[0],),
-                                                     "axes": (1,), "steps": (1,)}))
+            for v, n, w in zip(tails, nodes, wts):
+                part = {"starts": (row,), "ends": (row + w.shape[0],), "axes": (1,), "steps": (1,)}
                 row += w.shape[0]
+                if len(n.inputs) < 3 or not n.inputs[2]:
+                    new.append(Node("slice", (y,), (v,), part))
+                    continue
+                raw, shaped = fresh_name(taken, f"{v}.part", sep=""), fresh_name(taken, f"{v}.bias", sep="")
+                taken.update((raw, shaped))
+                types[raw], types[shaped] = graph.type_of(v), TensorType((w.shape[0], 1, 1), dtype)
+                new += [Node("slice", (y,), (raw,), part), Node("reshape", (n.inputs[2],), (shaped,),
+                                                                {"shape": (w.shape[0], 1, 1)}),
+                        Node("add", (raw, shaped), (v,))]
         drop.update(members)
         # the merged nodes go where the first member was: its readers come later in the order
         at.setdefault(min(members), []).extend(new)
