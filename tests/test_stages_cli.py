@@ -32,3 +32,22 @@ def test_cli_plan_schedule_option(tmp_path):
     assert Plan.from_json(res.output).stages
     bad = CliRunner().invoke(app, ["plan", str(path), "--schedule", "fast"], env=env)
     assert bad.exit_code != 0 and "--schedule" in bad.output
+
+
+def test_cli_plan_merge_option_explains_the_merges(tmp_path):
+    from typer.testing import CliRunner
+
+    from tests.test_merge import fire
+    from tunedb.cli import app
+
+    path = tmp_path / "fire.json"
+    path.write_text(json.dumps(fire().to_json()))
+    env = {"TUNEDB_DB": None, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    args = ["plan", str(path), "--device", "generic", "--model", "none", "--schedule", "ios"]
+    res = CliRunner().invoke(app, [*args, "--merge", "on"], env=env)
+    assert res.exit_code == 0, res.output
+    assert "merged convolutions: 1" in res.output
+    plain = CliRunner().invoke(app, args, env=env)
+    assert plain.exit_code == 0 and "merged convolutions" not in plain.output
+    bad = CliRunner().invoke(app, [*args, "--merge", "maybe"], env=env)
+    assert bad.exit_code != 0 and "--merge" in bad.output

@@ -21,6 +21,8 @@ from tunedb.cli.common import (
     usage_error,
 )
 
+MERGE_CHOICES: dict[str, bool | str] = {"off": False, "on": True, "auto": "auto"}
+
 
 def check_measure_device(value: str) -> str:
     """``--measure-device``: cuda, emu or replay:PATH (an existing export folder or database)."""
@@ -58,6 +60,10 @@ def plan(
         "--schedule", help="sequential (one stream), ios (stages of concurrent groups, one "
                            "stream each) or auto (stages where they are predicted to pay).")
     ] = "sequential",
+    merge: Annotated[str, typer.Option(
+        "--merge", help="off, on (sibling convolutions of one input with constant weights run as "
+                        "one convolution: IOS's merge) or auto (where the plans predict it pays).")
+    ] = "off",
     json_out: JsonOption = False,
 ) -> None:
     """Plan a model: fusion groups, schedules, stitch schemes, predicted times and buffers.
@@ -73,6 +79,8 @@ def plan(
     bindings = parse_bindings(bind)
     if schedule not in ("sequential", "ios", "auto"):
         usage_error(f"--schedule must be sequential, ios or auto, got {schedule!r}")
+    if merge not in MERGE_CHOICES:
+        usage_error(f"--merge must be off, on or auto, got {merge!r}")
     check_measure_device(measure_device)
     if not model.is_file():
         fail(f"no such model file: {model}")
@@ -84,7 +92,7 @@ def plan(
         db = default_db_path()
     result = compile_plan(str(model), db=db, cost_model=cost_model_arg(cost_model), device=device,
                           measure_top=measure_top, beam=beam, bindings=bindings,
-                          measure_device=measure_device, schedule=schedule)
+                          measure_device=measure_device, schedule=schedule, merge=MERGE_CHOICES[merge])
     if measure_top > 0:
         counts = dict(result.search)
         typer.echo(f"measured {counts.get('measured', 0)} schedule(s); stored "
