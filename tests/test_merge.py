@@ -86,6 +86,7 @@ def test_the_merged_plan_computes_the_unmerged_outputs_and_says_it_merged():
         np.testing.assert_allclose(np.asarray(got[v]), np.asarray(want[v]), rtol=1e-5, atol=1e-6)
     assert len(dict(plan.search)["merged_convs"]) == 1 and "merged_convs" not in dict(plain.search)
     assert "merged convolutions: 1" in plan.explain()
+    assert [s.note for s in plan.steps if "merged conv" in s.note] == ["merged conv v6+v10"]
     assert "merged convolutions" not in plain.explain()
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Any
 
-from tunedb.plan.merge import merge_candidates, merge_sibling_convs
+from tunedb.plan.merge import MergeDone, merge_candidates, merge_sibling_convs
 from tunedb.plan.record import Plan, PlanError
 from tunedb.plan.stage_refine import predicted_total
 
@@ -73,4 +73,16 @@ def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | st
               "merged_convs": [list(d.members) for d in done]}
     if priced:
         search["merge_priced"] = priced
-    return replace(plan, search=search)
+    return replace(plan, search=search, steps=_noted(plan, done))
+
+
+def _noted(plan: Plan, done: list[MergeDone]) -> tuple[Any, ...]:
+    """The plan's steps, each step that runs a merged convolution noting its members."""
+    nodes = plan.graph.nodes
+    out = []
+    for s in plan.steps:
+        hit = [d for d in done if s.kind != "layout_view" and any(
+            nodes[i].op == "conv2d" and _touches(o, d.new) for i in s.nodes for o in nodes[i].outputs)]
+        note = "; ".join(f"merged conv {'+'.join(d.members)}" for d in hit)
+        out.append(replace(s, note="; ".join(x for x in (s.note, note) if x)) if note else s)
+    return tuple(out)
