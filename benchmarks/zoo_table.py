@@ -45,9 +45,38 @@ def _verified(e: dict) -> str:
     if ref.get("ok") is None:
         return "—"
     marks = ["ref " + ("ok" if ref["ok"] else "FAIL")]
+    if not ref["ok"] and ref.get("rel_err") is not None:
+        # next to the peers' errors on the same inputs: a wrong plan, or a model no one meets
+        errs = sorted(r for p in (e.get("peers") or {}).values()
+                      if (r := (p or {}).get("rel_err")) is not None)
+        peers = f"; peers {_rel(errs[0])}-{_rel(errs[-1])}" if errs else ""
+        marks[0] += f" (rel {_rel(ref['rel_err'])}{peers})"
     if ort.get("ok") is not None:
         marks.append("ORT " + ("ok" if ort["ok"] else "FAIL"))
     return ", ".join(marks)
+
+
+def _rel(x: float) -> str:
+    return f"{x:.2f}" if x >= 0.01 else f"{x:.0e}"
+
+
+def geomean_line(result: dict) -> str:
+    """tunedb's geometric-mean speedup over each peer and over the best peer of each row, on
+    the rows whose plan was verified against the reference (a fast wrong plan is no speedup)."""
+    ratios: dict[str, list[float]] = {p: [] for p in (*PEERS, "best")}
+    for e in result.get("entries", []):
+        t = (e.get("tunedb") or {}).get("us")
+        if not t or not ((e.get("verify") or {}).get("reference") or {}).get("ok"):
+            continue
+        us = {p: ((e.get("peers") or {}).get(p) or {}).get("us") for p in PEERS}
+        for p, u in us.items():
+            if u:
+                ratios[p].append(u / t)
+        if any(us.values()):
+            ratios["best"].append(min(u for u in us.values() if u) / t)
+    n = len(ratios["best"])
+    parts = [f"{p} {math.exp(sum(map(math.log, r)) / len(r)):.2f}x" for p, r in ratios.items() if r]
+    return f"Geometric mean over the {n} verified rows: " + (", ".join(parts) if parts else "none")
 
 
 def zoo_lines(result: dict) -> list[str]:
@@ -210,8 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     docs = [json.loads(Path(a).read_text()) for a in args]
     zoo = [d for d in docs if "entries" in d]
-    for line in zoo_lines(merge_results(zoo)):
+    merged = merge_results(zoo)
+    for line in zoo_lines(merged):
         print(line)
+    print()
+    print(geomean_line(merged))
     for d in docs:
         if "cases" in d:
             print()

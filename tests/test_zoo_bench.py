@@ -51,6 +51,22 @@ def test_table_has_a_row_per_entry_with_the_best_peer_ratio():
     assert "not finished" in lines[3]
 
 
+def test_failed_rows_show_their_error_beside_the_peers_and_leave_the_geomean():
+    peers = {"torch_eager": {"us": 400.0, "rel_err": 0.15}, "jax": {"us": 200.0, "rel_err": 0.12}}
+    result = {"entries": [
+        {"name": "t5_encoder_dynamo_bf16", "tunedb": {"us": 100.0}, "peers": peers,
+         "verify": {"reference": {"ok": False, "rel_err": 0.1197}}},
+        {"name": "vit_dynamo_bf16", "tunedb": {"us": 100.0}, "peers": peers,
+         "verify": {"reference": {"ok": True, "rel_err": 0.004}}},
+        {"name": "gpt2_dynamo_bf16", "tunedb": {"us": 400.0}, "peers": peers,
+         "verify": {"reference": {"ok": True, "rel_err": 0.004}}}]}
+    lines = zoo_table.zoo_lines(result)
+    assert "| ref FAIL (rel 0.12; peers 0.12-0.15) |" in next(x for x in lines if "t5_encoder" in x)
+    # the two verified rows only: best peer 2.0x and 0.5x, geomean 1.00x; eager 4x and 1x
+    assert zoo_table.geomean_line(result) == ("Geometric mean over the 2 verified rows: "
+                                              "torch_eager 2.00x, jax 1.00x, best 1.00x")
+
+
 def test_merged_parts_keep_the_finished_entry():
     first = {"entries": [{"name": "a", "tunedb": {"us": 5.0}}, {"name": "b", "tunedb": {"us": None}}]}
     second = {"entries": [{"name": "a", "tunedb": {"us": None}, "error": "not finished"},
