@@ -7,7 +7,8 @@ kernel choices the planner makes by rule, next to the alternatives, so a rule re
 
 For each workload (``data/graphs/generalization/NAME.onnx``) the CPU plan's generated steps:
 a window step (depthwise conv / pool) with strips of 1, 2 and 4 outputs a thread
-(``gen_window.strip_width`` picks one); a row step (norms) with its planned schedule and the
+(``gen_window.strip_width`` picks one) and as a "plane" kernel (a block an input plane in shared
+memory); a row step (norms) with its planned schedule and the
 first legal schedule, in the fallback rules' order, of ``block_per_row`` and of ``split_row`` at
 splits 2, 4 and 8. Each variant runs on the step's own inputs (``make_inputs``), is checked
 against the float64 reference of its subgraph (``compare_outputs``: a failing variant is
@@ -31,7 +32,7 @@ import numpy as np
 
 from tunedb.bench.plan import Entry, load_entry
 from tunedb.graph.ir import Graph
-from tunedb.kernels.analysis import analyze
+from tunedb.kernels.analysis import UnsupportedFusion, analyze
 from tunedb.kernels.codegen import KernelPlan, KernelSpec, generate
 from tunedb.kernels.gen_window import has_window_op, match_window, strip_width, window_kernel, window_stride
 from tunedb.kernels.schedule import Schedule, schedule_space
@@ -49,11 +50,13 @@ SM_COUNT = 132
 def _window_variants(sub: Graph) -> tuple[dict[str, KernelPlan], str]:
     m = match_window(sub)
     rule = strip_width(m.out_shape[3], window_stride(sub, m))
-    out = {}
-    for s in STRIPS:
-        w = window_kernel(sub, SM_COUNT, strip=s)
-        out[f"strip{s}"] = KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, 0, w.args),),
-                                      (), sha256_hex(w.source), w.R, w.C, "window")
+    kernels = {f"strip{s}": window_kernel(sub, SM_COUNT, strip=s) for s in STRIPS}
+    try:
+        kernels["plane"] = window_kernel(sub, SM_COUNT, layout="plane")
+    except UnsupportedFusion:  # a plane too large for shared memory
+        pass
+    out = {k: KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args),),
+                         (), sha256_hex(w.source), w.R, w.C, "window") for k, w in kernels.items()}
     return out, f"strip{rule}"
 
 

@@ -4,12 +4,16 @@ reference in the CPU emulator (benchmarks/window_strip.py times them against eac
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 from dataclasses import replace
 
 import pytest
-from test_kernels_window import dwconv_block, pool_block
+from test_kernels_window import _variants, dwconv_block, pool_block
 
+from tunedb.graph.builder import GraphBuilder
+from tunedb.kernels.analysis import UnsupportedFusion
 from tunedb.kernels.codegen import KernelPlan, KernelSpec
 from tunedb.kernels.gen_window import STRIP, strip_width, window_kernel
 from tunedb.kernels.schedule import Schedule
@@ -56,3 +60,56 @@ def test_every_forced_strip_matches_the_float64_reference(tmp_path):
     lib = build([p.kernels[0].source for _, _, p in jobs] + [src], str(tmp_path))
     assert not mismatches(lib, jobs, seed=5)
     assert len(mismatches(lib, [(g, WINDOW, cut)], seed=5)) == 1
+
+
+def _plane(g):
+    w = window_kernel(g, layout="plane")
+    return KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args),), (),
+                      sha256_hex(w.source), w.R, w.C, "window")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_plane_kernels_match_the_float64_reference(tmp_path):
+    # a block per input plane, the plane in shared memory: prologue, residual, both paddings
+    graphs = [dwconv_block("float32", 3, 2, act="silu", residual=True, prologue=True),
+              pool_block("bfloat16", "avg_pool2d", 3, 2, 1, True),
+              pool_block("float32", "avg_pool2d", 3, 1, 1), dwconv_block("float16", 3, 1, dilation=2)]
+    jobs = [(g, WINDOW, _plane(g)) for g in graphs]
+    assert all(p.kernels[0].shared_bytes == 9 * 9 * 4 for _, _, p in jobs)
+    k = jobs[0][2].kernels[0]  # a tile read one row off fails
+    src = k.source.replace("tile[ih * 9 + iw]", "tile[(ih + 1) * 9 + iw]").replace(k.name, "off")
+    assert "tile[(ih + 1)" in src
+    off = replace(jobs[0][2], kernels=(replace(k, name="off", source=src),))
+    lib = build([p.kernels[0].source for _, _, p in jobs] + [src], str(tmp_path))
+    assert not mismatches(lib, jobs, seed=3)
+    assert len(mismatches(lib, [(graphs[0], WINDOW, off)], seed=3)) == 1
+
+
+def test_a_plane_too_large_for_shared_memory_is_refused():
+    b = GraphBuilder("big_plane")
+    y = b.max_pool2d(b.input("x", (1, 2, 224, 224)), kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    with pytest.raises(UnsupportedFusion, match="shared memory"):
+        window_kernel(b.build([y]), layout="plane")
+    with pytest.raises(ValueError, match="layout 'tile'"):
+        window_kernel(b.build([y]), layout="tile")
+
+
+@pytest.mark.slow  # nvcc over the 39 variants as plane kernels: ~20 s
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_plane_sources_compile_with_nvcc_for_sm90_without_spills(tmp_path):
+    sources = {p.kernels[0].name: p.kernels[0].source for p in map(_plane, _variants())}
+    cu = tmp_path / "plane.cu"
+    cu.write_text("\n".join(sources.values()))
+    r = subprocess.run([shutil.which("nvcc"), "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
+                        str(tmp_path / "plane.cubin"), str(cu)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+    assert len(spills) == len(sources) and not any(spills), spills
+
+
+@pytest.mark.slow  # 39 variants through g++: ~10 s
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_every_window_variant_as_a_plane_kernel_matches_the_float64_reference(tmp_path):
+    jobs = [(g, WINDOW, _plane(g)) for g in _variants()]
+    lib = build([p.kernels[0].source for _, _, p in jobs], str(tmp_path))
+    assert not mismatches(lib, jobs, seed=11)

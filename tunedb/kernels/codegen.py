@@ -92,7 +92,7 @@ def _texts(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
 def _window_plan(graph: Graph, schedule: Schedule, sm_count: int) -> KernelPlan:
     """A depthwise convolution or pool with its elementwise neighbours (``gen_window``)."""
     w = window_kernel(graph, sm_count, schedule.block)
-    k = KernelSpec(w.name, w.source, w.grid, w.block, 0, w.args)
+    k = KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args)
     return KernelPlan((k,), (), sha256_hex(w.source), w.R, w.C, "window")
 
 

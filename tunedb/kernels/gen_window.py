@@ -39,6 +39,7 @@ WINDOW_OPS = ("conv2d", "max_pool2d", "avg_pool2d")
 WINDOW_CONFIG = {"mapping": "elementwise", "block": 256}
 MAX_CONST_ELEMS = 4096
 STRIP = 4  # outputs per thread along a row (``strip_width``)
+PLANE_MAX_BYTES = 100 * 1024  # a "plane" kernel's input plane in shared memory, 2+ blocks an SM
 
 
 class _GraphView:
@@ -60,6 +61,7 @@ class WindowKernel:
     args: tuple  # graph inputs, graph outputs, then R and C as numpy.int64
     R: int
     C: int
+    shared_bytes: int = 0  # dynamic shared memory ("plane" kernels: the input plane)
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,71 @@ def _window_body(gen: _Gen, lines: list[str], strip: int, it: str) -> list[str]:
     return [result]
 
 
+def _plane_body(gen: _Gen, it: str, block: int) -> list[str]:
+    """A block per (n, c) plane: the input plane is loaded once, coalesced and through the
+    prologue, into shared memory; each thread then computes outputs of the plane from it, as
+    the one-output-a-thread kernel does from global memory."""
+    g, m = gen.g, gen.m
+    w = m.node
+    a = canonical_attrs(w, [g.type_of(v) for v in w.inputs])
+    N, C, OH, OW = m.out_shape
+    _, _, H, W = m.in_shape
+    sh, sw = a["strides"]
+    pt, pl, pb, pr = a["pads"]
+    dh, dw = a.get("dilations", (1, 1))
+    KH, KW = g.type_of(w.inputs[1]).shape[2:] if w.op == "conv2d" else a["kernel"]
+    x = w.inputs[0]
+    lines = ["extern __shared__ __align__(16) unsigned char tdb_smem[];",
+             "float* tile = reinterpret_cast<float*>(tdb_smem);",
+             f"for ({it} nc = blockIdx.x; nc < {N * C}; nc += gridDim.x) {{",
+             f"  const int c = (int)(nc % {C});",
+             f"  for (int j = threadIdx.x; j < {H * W}; j += {block}) {{",
+             f"    const {it} xi = nc * {H * W} + j;"]
+    tap: list[str] = []
+    xv = gen.cone(m.prologue, x, "xi", m.in_shape, {}, "q", tap)
+    tap.append(f"tile[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
+    lines += ["    " + t for t in tap]
+    lines += ["  }", "  __syncthreads();",
+              f"  for (int o = threadIdx.x; o < {OH * OW}; o += {block}) {{",
+              f"    const int oh = o / {OW}, ow = o % {OW};",
+              f"    float acc = {'-TDB_INF' if w.op == 'max_pool2d' else '0.0f'};"]
+    inc = w.op == "avg_pool2d" and a["count_include_pad"]
+    if w.op == "avg_pool2d":
+        lines.append("    int cnt = 0;")
+    lines += ["    #pragma unroll", f"    for (int kh = 0; kh < {KH}; ++kh) {{"]
+    lines.append(f"      const int ih = oh * {sh} - {pt} + kh * {dh};")
+    lines += ["      #pragma unroll", f"      for (int kw = 0; kw < {KW}; ++kw) {{"]
+    lines.append(f"        const int iw = ow * {sw} - {pl} + kw * {dw};")
+    if inc:  # taps inside the padded extent count
+        lines.append(f"        cnt += (ih < {H + pb} && iw < {W + pr}) ? 1 : 0;")
+    lines.append(f"        if (ih < 0 || ih >= {H} || iw < 0 || iw >= {W}) continue;")
+    lines.append(f"        const float t = tile[ih * {W} + iw];")
+    if w.op == "conv2d":
+        wload = f"{gen.buffer(w.inputs[1])}[c * {KH * KW} + kh * {KW} + kw]"
+        lines.append(f"        acc += t * {load_conv(g.type_of(w.inputs[1]).dtype, wload)};")
+    elif w.op == "max_pool2d":
+        lines.append("        acc = fmaxf(acc, t);")
+    else:
+        lines.append("        acc += t;" if inc else "        acc += t; ++cnt;")
+    lines += ["      }", "    }"]
+    result = "acc"
+    if w.op == "avg_pool2d":
+        result = "acc / (float)cnt"
+    if w.op == "conv2d" and len(w.inputs) == 3:
+        b = w.inputs[2]
+        result = f"acc + {load_conv(g.type_of(b).dtype, f'{gen.buffer(b)}[c]')}"
+    lines.append(f"    const {it} i = nc * {OH * OW} + o;")
+    lines.append(f"    const float wout = {result};")
+    env = {w.outputs[0]: "wout"}
+    epi: list[str] = []
+    for v in g.outputs:
+        e = gen.cone(m.epilogue, v, "i", m.out_shape, env, "e", epi)
+        epi.append(f"{gen.params[v]}[i] = {store_conv(g.type_of(v).dtype, e)};")
+    lines += ["    " + t for t in "\n".join(epi).split("\n")]
+    lines += ["  }", "  __syncthreads();  // the next plane overwrites the tile", "}"]
+    return lines
+
+
 # Prologue ops that go through the SFU (or a long sequence): a prologue runs once per tap, and at
 # 9 taps a sigmoid costs more issue time than the bytes it saves (a SiLU before a 3x3 depthwise
 # conv needs ~18 SFU ops per output element, ~2.5x the H200's SFU rate at the bandwidth floor).
@@ -309,25 +376,29 @@ def has_window_op(g: Graph) -> bool:
 
 
 def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
-                  strip: int | None = None) -> WindowKernel:
+                  strip: int | None = None, layout: str = "strip") -> WindowKernel:
     """One kernel computing every output of ``g`` (a window node with its elementwise
-    neighbours); raises ``UnsupportedFusion`` for graphs outside the pattern. ``strip``: outputs
-    a thread computes along a row (default ``strip_width``'s rule; other values for benchmarks)."""
+    neighbours); raises ``UnsupportedFusion`` for graphs outside the pattern. ``layout``:
+    "strip" (a thread a strip of ``strip`` outputs along a row, from global memory; default
+    ``strip_width``'s rule) or "plane" (a block an input plane in shared memory)."""
     m = match_window(g)
     N, C, OH, OW = m.out_shape
     for v in list(g.inputs) + list(g.outputs):
         if g.type_of(v).dtype not in STORAGE:
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
     gen = _Gen(g, m)
+    if layout == "plane":
+        return _finish(g, gen, _plane_body(gen, _index_type(m), block), block,
+                       max(1, min(N * C, sm_count * 8)), plane_bytes(m))
+    if layout != "strip":
+        raise ValueError(f"window layout {layout!r}: expected strip or plane")
     if strip is None:
         strip = strip_width(OW, window_stride(g, m))
     elif strip < 1:
         raise ValueError(f"strip {strip}: a thread computes at least one output")
     strip = min(strip, OW)
     strips = N * C * OH * -(-OW // strip)
-    _, _, H, W = m.in_shape
-    # 32-bit indices when no index (nor the grid-stride step past the last strip) can overflow
-    it = "int" if max(N * C * H * W, N * C * OH * OW) < 2**31 - 2**24 else "long long"
+    it = _index_type(m)
     body: list[str] = [
         f"const {it} total = {strips};",
         f"for ({it} s = ({it})blockIdx.x * {block} + threadIdx.x; s < total; "
@@ -349,6 +420,27 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
     el.append("}")
     body += ["  " + t for t in "\n".join(el).split("\n")]
     body.append("}")
+    return _finish(g, gen, body, block, max(1, min(-(-strips // block), sm_count * 16)), 0)
+
+
+def _index_type(m: WindowMatch) -> str:
+    """32-bit indices when no index (nor a grid-stride step past the last one) can overflow."""
+    N, C, OH, OW = m.out_shape
+    _, _, H, W = m.in_shape
+    return "int" if max(N * C * H * W, N * C * OH * OW) < 2**31 - 2**24 else "long long"
+
+
+def plane_bytes(m: WindowMatch) -> int:
+    """Shared memory of a "plane" kernel; raises ``UnsupportedFusion`` above ``PLANE_MAX_BYTES``."""
+    nbytes = m.in_shape[2] * m.in_shape[3] * 4
+    if nbytes > PLANE_MAX_BYTES:
+        raise UnsupportedFusion(f"input plane of {nbytes} bytes > {PLANE_MAX_BYTES} for shared memory")
+    return nbytes
+
+
+def _finish(g: Graph, gen: _Gen, body: list[str], block: int, blocks: int, shared: int) -> WindowKernel:
+    m = gen.m
+    N, C, OH, OW = m.out_shape
     ps = [f"const {STORAGE[g.type_of(v).dtype]}* __restrict__ {gen.params[v]}" for v in g.inputs]
     ps += [f"{STORAGE[g.type_of(v).dtype]}* __restrict__ {gen.params[v]}" for v in g.outputs]
     ps += ["long long R", "long long C"]
@@ -358,6 +450,5 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
     prefix = "tdb_w" + sha256_hex(text)[:16]
     name = f"{prefix}_k0"
     src = text.replace("@K@", name).replace("@P@", prefix)
-    blocks = max(1, min(-(-strips // block), sm_count * 16))
     args = tuple(g.inputs) + tuple(g.outputs) + (np.int64(N * C), np.int64(OH * OW))
-    return WindowKernel(name, src, (blocks, 1, 1), (block, 1, 1), args, N * C, OH * OW)
+    return WindowKernel(name, src, (blocks, 1, 1), (block, 1, 1), args, N * C, OH * OW, shared)
