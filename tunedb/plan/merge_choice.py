@@ -5,9 +5,10 @@ adds the FLOPs of its zero taps, so it pays at batch 1 and may lose at batch 16.
 prices both sides from the plans themselves: the plan of the graph without merges and the plan
 with every merge, each without stages or packs; a merge is kept where the predicted µs (kernel
 time plus launches) of the steps computing its merged nodes is below that of the steps
-computing the nodes it replaces. The plan is then compiled on the graph with the kept merges
-and kept only if its stages' predicted sum (``predicted_total``) beats the plan without merges:
-a merge also takes away concurrency the stages had (Inception's 1x1 heads ran side by side).
+computing the nodes it replaces. Those prices are local, so whole plans decide: the plans with
+the kept merges, with every merge and with none are compiled and the least predicted stage sum
+(``predicted_total``) wins; a merge also takes away concurrency the stages had (Inception's 1x1
+heads ran side by side).
 ``plan.search`` records them (``merged_convs``: each merge's member convolutions) and the
 prices (``merge_priced``).
 """
@@ -46,33 +47,35 @@ def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | st
     if merge not in MERGE_MODES:
         raise PlanError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     groups = merge_candidates(graph)
-    priced: list[dict[str, Any]] = []
-    if merge == "auto" and groups:
-        flat = dict(schedule="sequential", pack=False, horizontal=False, measure_top=0)
-        plain, merged_all = compile_fn(graph, **flat), None
-        g_all, done_all = merge_sibling_convs(graph, groups)
-        merged_all = compile_fn(g_all, **flat)
-        keep = []
-        for g, d in zip(groups, done_all):
-            before, after = region_us(plain, d.old), region_us(merged_all, d.new)
-            priced.append({"members": list(d.members), "unmerged_us": round(before, 2),
-                           "merged_us": round(after, 2)})
-            if after < before:
-                keep.append(g)
-        groups = keep
-    merged, done = merge_sibling_convs(graph, groups) if groups else (graph, [])
-    plan = compile_fn(merged)
-    totals: dict[str, float] = {}
-    if merge == "auto" and done:
-        unmerged = compile_fn(graph)
-        totals = {"merge_predicted_us": round(predicted_total(plan), 2),
-                  "unmerged_predicted_us": round(predicted_total(unmerged), 2)}
-        if totals["merge_predicted_us"] >= totals["unmerged_predicted_us"]:
-            plan, done = unmerged, []
+    if merge is True or not groups:
+        merged, done = merge_sibling_convs(graph, groups) if groups else (graph, [])
+        plan = compile_fn(merged)
+        search = {**dict(plan.search), "merge": str(merge), "merged_convs": [list(d.members) for d in done]}
+        return replace(plan, search=search, steps=_noted(plan, done))
+    flat = dict(schedule="sequential", pack=False, horizontal=False, measure_top=0)
+    g_all, done_all = merge_sibling_convs(graph, groups)
+    plain, merged_all = compile_fn(graph, **flat), compile_fn(g_all, **flat)
+    priced, keep = [], []
+    for g, d in zip(groups, done_all):
+        before, after = region_us(plain, d.old), region_us(merged_all, d.new)
+        priced.append({"members": list(d.members), "unmerged_us": round(before, 2),
+                       "merged_us": round(after, 2)})
+        if after < before:
+            keep.append(g)
+    # the priced merges, and every merge: whole plans decide (the prices are local)
+    plan = compile_fn(graph)
+    totals = {"unmerged_predicted_us": round(predicted_total(plan), 2)}
+    best, done = totals["unmerged_predicted_us"], []
+    for name, sel in (("merge_predicted_us", keep), ("merge_all_predicted_us", groups)):
+        if not sel or (name == "merge_all_predicted_us" and len(keep) == len(groups)):
+            continue
+        g2, d2 = merge_sibling_convs(graph, sel)
+        p2 = compile_fn(g2)
+        totals[name] = round(predicted_total(p2), 2)
+        if totals[name] < best:
+            plan, done, best = p2, d2, totals[name]
     search = {**dict(plan.search), "merge": str(merge), **totals,
-              "merged_convs": [list(d.members) for d in done]}
-    if priced:
-        search["merge_priced"] = priced
+              "merged_convs": [list(d.members) for d in done], "merge_priced": priced}
     return replace(plan, search=search, steps=_noted(plan, done))
 
 
