@@ -4,6 +4,7 @@ path times them, in interleaved rounds (issue 24: the backend no slower than the
 
     python benchmarks/bench_torch_backend.py OUT.json [--cases bert_base:bfloat16,...]
         [--rounds 5] [--target-s 0.05] [--budget-s 80] [--eager]
+    python benchmarks/bench_torch_backend.py --table OUT.json   # the markdown table of a run
 
 Models as the zoo builds them (``export_zoo.MODELS``: library default configs, random weights,
 batch 1, BERT at sequence 128), TF32 off; bfloat16 BERT with both cuBLASLt epilogues (the
@@ -171,7 +172,35 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
                 check(fast(*other).float(), f"copy_{handoff}_after")
 
 
+def table_lines(result: dict) -> list[str]:
+    """Markdown: per case and item the median µs over the rounds [min-max] and the difference
+    from ``plan_replay`` (the ONNX path's timing of the same plans), then the checks."""
+    lines = ["| case | item | median µs | min-max | vs plan replay |", "|---|---|---|---|---|"]
+    for case, rec in result.get("runs", {}).items():
+        st = rec.get("rounds", {}).get("stats", {})
+        base = st.get("plan_replay", {}).get("median")
+        for item, s in st.items():
+            vs = f"{s['median'] - base:+.1f} µs" if base and item != "plan_replay" else ""
+            lines.append(f"| {case} | {item} | {s['median']:.1f} | {s['min']:.1f}-{s['max']:.1f} | {vs} |")
+        if not st:
+            lines.append(f"| {case} | {rec.get('skipped') or rec.get('error', 'not timed')} | | | |")
+    lines.append("")
+    for case, rec in result.get("runs", {}).items():
+        eq = {k.removeprefix("equal_within_tolerance_"): v for k, v in rec.items()
+              if k.startswith("equal_within_tolerance_")}
+        err = max((v for k, v in rec.items() if k.startswith("max_rel_err_")), default=None)
+        lines.append(f"- {case}: FX graphs {rec.get('fx_graphs')} (planned {rec.get('planned')}), "
+                     f"kernels {rec.get('kernels')}, bound {rec.get('bound')}, calls bound/copied "
+                     f"{rec.get('calls_bound_copied')}, equal to eager: {eq}, largest rel. diff {err}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--table"] and len(args) == 2:
+        for line in table_lines(json.loads(Path(args[1]).read_text())):
+            print(line)
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("--cases", default=",".join(CASES), help="model:dtype, comma-separated")
