@@ -57,7 +57,7 @@ def _verified(e: dict) -> str:
 
 
 def _rel(x: float) -> str:
-    return f"{x:.2f}" if x >= 0.01 else f"{x:.0e}"
+    return f"{x:.2g}"
 
 
 def geomean_line(result: dict) -> str:
