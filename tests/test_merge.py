@@ -148,3 +148,45 @@ def test_auto_keeps_the_plan_without_merges_when_the_stages_predict_it_faster():
                   if k.endswith("predicted_us") and k.startswith(("merge", "unmerged"))]
         assert len(totals) >= 2 and predicted_total(auto) == pytest.approx(min(totals), abs=0.01)
         assert bool(search["merged_convs"]) == (min(totals) < search["unmerged_predicted_us"])
+
+
+@pytest.mark.slow
+def test_squeezenet_merged_plan_steps_compute_the_model():
+    """Every fire module of the shipped SqueezeNet 1.1 merges; the plan's steps, run one by one
+    in float64, give the unmerged graph's outputs."""
+    from pathlib import Path
+
+    from tunedb.graph.onnx_import import import_onnx
+
+    path = Path(__file__).resolve().parents[1] / "data" / "graphs" / "ios" / "squeezenet1_1_b1.onnx"
+    g = import_onnx(path, fill_initializers=True)
+    plan = compile_plan(g, device="cuda", cost_model=False, schedule="ios", bias_epilogue=True,
+                        concat_views=True, merge=True)
+    assert len(dict(plan.search)["merged_convs"]) == 8
+    assert not any(n.op == "concat" for n in plan.graph.nodes)
+    (x,) = g.inputs
+    feed = {x: np.random.default_rng(7).standard_normal(g.type_of(x).shape).astype(np.float32)}
+    got, want = run_reference_steps(plan, feed), run_reference(g, feed)
+    for v in g.outputs:
+        assert np.linalg.norm(got[v] - want[v]) <= 1e-12 * np.linalg.norm(want[v])
+
+
+@pytest.mark.gpu
+def test_merged_plan_runs_on_the_gpu_and_matches_the_reference():
+    import cupy as cp
+
+    from tunedb.runtime.inputs import make_inputs
+    from tunedb.runtime.stage_exec import StagedExecutor
+    from tunedb.runtime.tolerance import check_host, tolerance
+
+    for g in (fire(), heads()):
+        plan = compile_plan(g, device="cuda", schedule="ios", bias_epilogue=True, concat_views=True,
+                            merge=True)
+        assert dict(plan.search)["merged_convs"]
+        ex = StagedExecutor(plan)
+        dev, ref_in = make_inputs(g, 3)
+        outs = {k: cp.asnumpy(v) for k, v in ex.run(dev).items()}
+        refs = run_reference(g, ref_in)
+        for v in g.outputs:
+            ok, err = check_host(outs[v], refs[v], tolerance(g, g.type_of(v).dtype))
+            assert ok, f"{g.name} {v}: max abs error {err:.3g}"
