@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-from test_kernels_window import _variants, dwconv_block, pool_block
+from test_kernels_window import C, H, N, _variants, dwconv_block, pool_block
 
 from tunedb.graph.builder import GraphBuilder
 from tunedb.kernels.analysis import UnsupportedFusion
@@ -97,7 +97,8 @@ def test_a_plane_too_large_for_shared_memory_is_refused():
 @pytest.mark.slow  # nvcc over the 39 variants as plane kernels: ~20 s
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_plane_sources_compile_with_nvcc_for_sm90_without_spills(tmp_path):
-    sources = {p.kernels[0].name: p.kernels[0].source for p in map(_plane, _variants())}
+    graphs = _variants() + [se_block(dt, s) for dt in ("float32", "float16") for s in (1, 2)]
+    sources = {p.kernels[0].name: p.kernels[0].source for p in map(_plane, graphs)}
     cu = tmp_path / "plane.cu"
     cu.write_text("\n".join(sources.values()))
     r = subprocess.run([shutil.which("nvcc"), "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
@@ -113,3 +114,42 @@ def test_every_window_variant_as_a_plane_kernel_matches_the_float64_reference(tm
     jobs = [(g, WINDOW, _plane(g)) for g in _variants()]
     lib = build([p.kernels[0].source for _, _, p in jobs], str(tmp_path))
     assert not mismatches(lib, jobs, seed=11)
+
+
+def se_block(dtype: str, stride: int, mean: str = "global_avg_pool"):
+    """EfficientNet's SiLU -> depthwise conv -> SiLU, and the squeeze-and-excitation mean of it."""
+    b = GraphBuilder(f"se_s{stride}_{mean}_{dtype}")
+    x = b.input("x", (N, C, H, H), dtype)
+    src = b.mul(x, b.sigmoid(x))
+    y = b.conv2d(src, b.input("w", (C, 1, 3, 3), dtype), b.input("bias", (C,), dtype),
+                 strides=(stride, stride), pads=(1, 1, 1, 1), groups=C)
+    y = b.mul(y, b.sigmoid(y))
+    m = b.global_avg_pool(y) if mean == "global_avg_pool" else b.reduce_mean(y, axes=(2, 3), keepdims=True)
+    return b.build([y, m])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_a_plane_kernel_writes_the_plane_mean_beside_its_outputs(tmp_path):
+    graphs = [se_block("float32", 2), se_block("bfloat16", 1, "reduce_mean")]
+    jobs = [(g, WINDOW, _plane(g)) for g in graphs]
+    assert all("tdb_wsum<32>" in p.kernels[0].source for _, _, p in jobs)
+    k = jobs[0][2].kernels[0]  # a mean over one output too few fails
+    src = k.source.replace("/ 25.0f", "/ 24.0f").replace(k.name, "mean_cut")
+    assert "/ 24.0f" in src
+    short = replace(jobs[0][2], kernels=(replace(k, name="mean_cut", source=src),))
+    lib = build([p.kernels[0].source for _, _, p in jobs] + [src], str(tmp_path))
+    assert not mismatches(lib, jobs, seed=2)
+    assert len(mismatches(lib, [(graphs[0], WINDOW, short)], seed=2)) == 1
+
+
+def test_a_plane_mean_needs_the_plane_layout_and_must_be_a_final_output():
+    g = se_block("float32", 2)
+    assert window_kernel(g).shared_bytes > 0  # the default layout takes the plane for it
+    with pytest.raises(UnsupportedFusion, match="plane layout"):
+        window_kernel(g, layout="strip")
+    b = GraphBuilder("mean_read")
+    x = b.input("x", (N, C, H, H))
+    y = b.max_pool2d(x, kernel=(3, 3), pads=(1, 1, 1, 1))
+    m = b.global_avg_pool(y)
+    with pytest.raises(UnsupportedFusion, match="read by no node"):
+        window_kernel(b.build([b.add(y, m)]), layout="plane")

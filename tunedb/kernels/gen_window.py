@@ -71,6 +71,7 @@ class WindowMatch:
     epilogue: tuple[Node, ...]
     in_shape: tuple[int, int, int, int]
     out_shape: tuple[int, int, int, int]
+    pooled: tuple[Node, ...] = ()  # means over the output plane (``plane_mean``): plane layout only
 
 
 def _is_depthwise(g: Graph, n: Node) -> bool:
@@ -87,14 +88,31 @@ def is_window_node(g: Graph, n: Node) -> bool:
     return n.op in ("max_pool2d", "avg_pool2d") and g.type_of(n.inputs[0]).rank == 4
 
 
+def plane_mean(g: Graph, n: Node) -> bool:
+    """A mean over the last two axes of a 4-D value, kept as [N, C, 1, 1] (EfficientNet's
+    squeeze-and-excitation pool): a "plane" window kernel computes it beside its outputs."""
+    t = g.type_of(n.inputs[0])
+    if n.op == "global_avg_pool":
+        return t.rank == 4
+    if n.op != "reduce_mean" or t.rank != 4:
+        return False
+    a = canonical_attrs(n, [g.type_of(v) for v in n.inputs])
+    return tuple(sorted(x % 4 for x in a["axes"])) == (2, 3) and bool(a["keepdims"])
+
+
 def match_window(g: Graph) -> WindowMatch:
     """Split ``g`` into prologue, window node and epilogue; raises ``UnsupportedFusion``."""
     windows = [n for n in g.nodes if n.op in WINDOW_OPS]
     if len(windows) != 1 or not is_window_node(g, windows[0]):
         raise UnsupportedFusion("a windowed kernel needs exactly one depthwise conv2d or 2-D pool")
     w = windows[0]
+    pooled = tuple(n for n in g.nodes if plane_mean(g, n))
+    readers = {v for n in g.nodes for v in n.inputs}
+    for n in pooled:
+        if n.outputs[0] not in g.outputs or n.outputs[0] in readers:
+            raise UnsupportedFusion(f"plane mean {n.outputs[0]!r} must be an output read by no node")
     for n in g.nodes:
-        if n is not w and not is_elementwise(n.op):
+        if n is not w and n not in pooled and not is_elementwise(n.op):
             raise UnsupportedFusion(f"{n.op} {n.outputs[0]!r} is not elementwise")
     prod = {n.outputs[0]: n for n in g.nodes}
     up: set[str] = set()
@@ -111,7 +129,7 @@ def match_window(g: Graph) -> WindowMatch:
         if extra in prod:
             raise UnsupportedFusion(f"window operand {extra!r} is computed, not an input")
     pro = tuple(n for n in g.nodes if n.outputs[0] in up)
-    epi = tuple(n for n in g.nodes if n is not w and n.outputs[0] not in up)
+    epi = tuple(n for n in g.nodes if n is not w and n.outputs[0] not in up and n not in pooled)
     xs = g.type_of(w.inputs[0]).shape
     ys = g.type_of(w.outputs[0]).shape
     for n in pro:
@@ -125,7 +143,11 @@ def match_window(g: Graph) -> WindowMatch:
     for v in g.outputs:
         if v in up:
             raise UnsupportedFusion(f"output {v!r} is a prologue value")
-    return WindowMatch(w, pro, epi, tuple(xs), tuple(ys))
+    epi_values = {w.outputs[0]} | {n.outputs[0] for n in epi}
+    for n in pooled:
+        if n.inputs[0] not in epi_values:
+            raise UnsupportedFusion(f"plane mean {n.outputs[0]!r} reads no window or epilogue value")
+    return WindowMatch(w, pro, epi, tuple(xs), tuple(ys), pooled)
 
 
 def _aligned(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -312,8 +334,8 @@ def _plane_body(gen: _Gen, it: str, block: int) -> list[str]:
     xv = gen.cone(m.prologue, x, "xi", m.in_shape, {}, "q", tap)
     tap.append(f"tile[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
     lines += ["    " + t for t in tap]
-    lines += ["  }", "  __syncthreads();",
-              f"  for (int o = threadIdx.x; o < {OH * OW}; o += {block}) {{",
+    lines += ["  }", "  __syncthreads();"] + [f"  float ps{k} = 0.0f;" for k in range(len(m.pooled))]
+    lines += [f"  for (int o = threadIdx.x; o < {OH * OW}; o += {block}) {{",
               f"    const int oh = o / {OW}, ow = o % {OW};",
               f"    float acc = {'-TDB_INF' if w.op == 'max_pool2d' else '0.0f'};"]
     inc = w.op == "avg_pool2d" and a["count_include_pad"]
@@ -345,11 +367,29 @@ def _plane_body(gen: _Gen, it: str, block: int) -> list[str]:
     lines.append(f"    const float wout = {result};")
     env = {w.outputs[0]: "wout"}
     epi: list[str] = []
+    pooled = {n.outputs[0] for n in m.pooled}
     for v in g.outputs:
-        e = gen.cone(m.epilogue, v, "i", m.out_shape, env, "e", epi)
-        epi.append(f"{gen.params[v]}[i] = {store_conv(g.type_of(v).dtype, e)};")
+        if v not in pooled:
+            e = gen.cone(m.epilogue, v, "i", m.out_shape, env, "e", epi)
+            epi.append(f"{gen.params[v]}[i] = {store_conv(g.type_of(v).dtype, e)};")
+    for k, n in enumerate(m.pooled):  # this thread's share of each plane mean
+        epi.append(f"ps{k} += {gen.cone(m.epilogue, n.inputs[0], 'i', m.out_shape, env, 'e', epi)};")
     lines += ["    " + t for t in "\n".join(epi).split("\n")]
-    lines += ["  }", "  __syncthreads();  // the next plane overwrites the tile", "}"]
+    lines.append("  }")
+    if m.pooled:  # warp sums, then one partial a warp in shared memory after the tile
+        P, warps = len(m.pooled), block // 32
+        lines.append(f"  float* red = tile + {H * W};")
+        for k in range(P):
+            lines += [f"  ps{k} = tdb_wsum<32>(ps{k});",
+                      f"  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32 * {P} + {k}] = ps{k};"]
+        lines += ["  __syncthreads();", "  if (threadIdx.x == 0) {"]
+        for k, n in enumerate(m.pooled):
+            lines += [f"    float t{k} = 0.0f;",
+                      f"    for (int q = 0; q < {warps}; ++q) t{k} += red[q * {P} + {k}];",
+                      f"    {gen.params[n.outputs[0]]}[nc] = "
+                      f"{store_conv(g.type_of(n.outputs[0]).dtype, f't{k} / {float(OH * OW)!r}f')};"]
+        lines.append("  }")
+    lines += ["  __syncthreads();  // the next plane overwrites the tile", "}"]
     return lines
 
 
@@ -376,22 +416,29 @@ def has_window_op(g: Graph) -> bool:
 
 
 def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
-                  strip: int | None = None, layout: str = "strip") -> WindowKernel:
+                  strip: int | None = None, layout: str | None = None) -> WindowKernel:
     """One kernel computing every output of ``g`` (a window node with its elementwise
     neighbours); raises ``UnsupportedFusion`` for graphs outside the pattern. ``layout``:
     "strip" (a thread a strip of ``strip`` outputs along a row, from global memory; default
-    ``strip_width``'s rule) or "plane" (a block an input plane in shared memory)."""
+    ``strip_width``'s rule) or "plane" (a block an input plane in shared memory, which can also
+    write means over the output plane); None: plane when ``g`` has such a mean, else strip."""
     m = match_window(g)
     N, C, OH, OW = m.out_shape
     for v in list(g.inputs) + list(g.outputs):
         if g.type_of(v).dtype not in STORAGE:
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
     gen = _Gen(g, m)
+    if layout is None:
+        layout = "plane" if m.pooled else "strip"
     if layout == "plane":
+        if m.pooled and block % 32:
+            raise ValueError(f"block {block}: a plane mean needs whole warps")
         return _finish(g, gen, _plane_body(gen, _index_type(m), block), block,
-                       max(1, min(N * C, sm_count * 8)), plane_bytes(m))
+                       max(1, min(N * C, sm_count * 8)), plane_bytes(m) + 4 * len(m.pooled) * (block // 32))
     if layout != "strip":
         raise ValueError(f"window layout {layout!r}: expected strip or plane")
+    if m.pooled:
+        raise UnsupportedFusion("a plane mean needs the plane layout")
     if strip is None:
         strip = strip_width(OW, window_stride(g, m))
     elif strip < 1:
