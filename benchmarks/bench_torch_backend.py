@@ -17,10 +17,12 @@ difference from eager relative to the output's largest magnitude, and in ``--rou
   the ONNX path's tables time: inputs in place, outputs left in the plan's buffers);
 - ``plan_replay_caller``: the same graphs launched on the caller's stream (mostly the legacy
   default stream): what a launch there costs by itself;
-- ``backend_<bound|copy>_<stream|caller>``: the compiled module end to end, outputs copied out;
+- ``backend_<bound|copy>_<stream|caller>_<slot|clone>``: the compiled module end to end.
   ``bound``: called with the tensors it was compiled on (read by pointer, no input copy),
   ``copy``: with equal tensors elsewhere (copied in); ``stream``: the plan on its own stream
-  with two waits, ``caller``: the graph launched on the caller's stream;
+  with two waits, ``caller``: the graph launched on the caller's stream; ``slot``: outputs
+  written into a free output slot and handed out as they are, ``clone``: copied out
+  (``torch_handoff``);
 - ``eager`` (``--eager``): the module itself.
 
 Each case is skipped when its rough cost would pass ``--budget-s``; OUT.json is rewritten after
@@ -46,7 +48,7 @@ from tunedb.bench.provenance import provenance  # noqa: E402
 
 CASES = ("bert_base:bfloat16", "resnet50:bfloat16", "resnet50:float32", "bert_base:float32")
 OPTIONS = {("bert_base", "bfloat16"): {"gemm_epilogue": True, "gelu_epilogue": True, "cublaslt": True}}
-COST_S = {"bert_base": 35, "resnet50": 30}  # rough compile + rounds on an H200 host
+COST_S = {"bert_base": 35, "resnet50": 25}  # rough compile + rounds on an H200 host
 SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -116,8 +118,9 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
         rec["planned"] = sum(g.executor is not None for g in graphs)
         rec["kernels"] = [g.plan.kernels if g.plan is not None else None for g in graphs]
         rec["fallbacks"] = [g.fallback for g in graphs if g.fallback]
-        rec["bound"] = [g._bound_graph is not None for g in graphs]
-        rec["bound_errors"] = [g.bound_error for g in graphs if g.bound_error]
+        rec["inputs_bound"] = [bool(g.runs and g.runs.inputs_bound) for g in graphs]
+        rec["output_slots"] = [g.runs.slots if g.runs else 0 for g in graphs]
+        rec["bind_errors"] = [e for g in graphs if g.runs for e in g.runs.errors]
         scale = float(want.abs().max()) or 1.0
         atol, rtol = TOLERANCE[dtype]
 
@@ -143,10 +146,10 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
                 for e in ex:
                     e._graph.launch(s)
 
-            def backend_call(inputs: tuple, handoff: str) -> Callable[[], Any]:
+            def backend_call(inputs: tuple, mode: str, slots: bool) -> Callable[[], Any]:
                 def call() -> Any:
                     for g in graphs:
-                        g.handoff = handoff
+                        g.runs.mode, g.runs.use_slots = mode, slots
                     return fast(*inputs)
                 return call
 
@@ -154,22 +157,29 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
             if all(e.graph_capture for e in ex):
                 items["plan_replay_caller"] = (replay_caller, sync)
             for kind, inputs in (("bound", args), ("copy", other)):
-                for handoff in ("stream", "caller"):
-                    items[f"backend_{kind}_{handoff}"] = (backend_call(inputs, handoff), sync)
+                for mode in ("stream", "caller"):
+                    for out in ("slot", "clone"):
+                        call = backend_call(inputs, mode, out == "slot")
+                        items[f"backend_{kind}_{mode}_{out}"] = (call, sync)
             if a.eager:
                 items["eager"] = (lambda: model(*args), sync)
-            before = [(g.calls_bound, g.calls_copied) for g in graphs]
+            before = [dict(g.runs.calls) for g in graphs]
             rec["rounds"] = rounds(items, a.rounds, a.target_s)
-            rec["calls_bound_copied"] = [(g.calls_bound - b, g.calls_copied - c)
-                                         for g, (b, c) in zip(graphs, before)]
+            rec["calls"] = [{f"inputs_{'bound' if b else 'copied'}_outputs_{'slot' if s else 'copied'}":
+                             n - old.get((b, s), 0) for (b, s), n in g.runs.calls.items()}
+                            for g, old in zip(graphs, before)]
+            # after the rounds: every variant's output still equals eager, kept ones too
+            kept = []
+            for mode in ("stream", "caller"):
+                for out in ("slot", "clone"):
+                    for kind, inputs in (("bound", args), ("copy", other)):
+                        y = backend_call(inputs, mode, out == "slot")()
+                        kept.append(y)
+                        check(y.float(), f"{kind}_{mode}_{out}_after")
+            for i, y in enumerate(kept):
+                check(y.float(), f"kept_{i}")
             for g in graphs:
-                g.handoff = "stream"
-            # after the rounds: every variant's output still equals eager
-            for handoff in ("stream", "caller"):
-                for g in graphs:
-                    g.handoff = handoff
-                check(fast(*args).float(), f"bound_{handoff}_after")
-                check(fast(*other).float(), f"copy_{handoff}_after")
+                g.runs.mode, g.runs.use_slots = "stream", True
 
 
 def table_lines(result: dict) -> list[str]:
@@ -190,8 +200,10 @@ def table_lines(result: dict) -> list[str]:
               if k.startswith("equal_within_tolerance_")}
         err = max((v for k, v in rec.items() if k.startswith("max_rel_err_")), default=None)
         lines.append(f"- {case}: FX graphs {rec.get('fx_graphs')} (planned {rec.get('planned')}), "
-                     f"kernels {rec.get('kernels')}, bound {rec.get('bound')}, calls bound/copied "
-                     f"{rec.get('calls_bound_copied')}, equal to eager: {eq}, largest rel. diff {err}")
+                     f"kernels {rec.get('kernels')}, inputs bound {rec.get('inputs_bound')}, output "
+                     f"slots {rec.get('output_slots')}, calls {rec.get('calls')}, bind errors "
+                     f"{rec.get('bind_errors')}, all equal to eager: {all(eq.values()) if eq else None} "
+                     f"({len(eq)} checks), largest rel. diff {err}")
     return lines
 
 

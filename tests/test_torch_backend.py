@@ -156,10 +156,11 @@ def test_backend_matches_eager_on_the_default_and_a_side_stream(options):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("handoff", ["stream", "caller"])
-def test_backend_reads_the_bound_tensor_by_pointer_and_copies_any_other(handoff):
+def test_backend_binds_inputs_and_output_slots_and_copies_otherwise(handoff):
     """The example input is bound by pointer: calls with that tensor (rewritten in place between
-    calls) run the bound graph with no copy, calls with another tensor copy it in; every output
-    equals eager, on the default and a side stream, for both hand-offs."""
+    calls) copy nothing in, calls with another tensor copy it in. Outputs come in one of two
+    slots while a slot is free, and as copies once the caller holds both. Every output, kept
+    ones included, equals eager, on the default and a side stream, for both hand-offs."""
     from tunedb.frontends.torch_backend import TOLERANCE, TunedbGraph
 
     torch.manual_seed(0)
@@ -174,18 +175,28 @@ def test_backend_reads_the_bound_tensor_by_pointer_and_copies_any_other(handoff)
     fast = torch.compile(model, backend=backend)
     atol, rtol = TOLERANCE["bfloat16"]
     side = torch.cuda.Stream()
+    kept = []
     with torch.no_grad():
         fast(x)
         (g,) = graphs
-        assert g.executor is not None and g._bound_graph is not None, (g.fallback, g.bound_error)
-        bound0, copied0 = g.calls_bound, g.calls_copied
+        runs = g.runs
+        assert runs is not None and runs.inputs_bound and runs.slots == 2, (g.fallback, runs and runs.errors)
+        before = dict(runs.calls)
         other = torch.randn_like(x)
-        for i, (arg, stream) in enumerate([(x, None), (other, None), (x, side), (other, side), (x, None)]):
+        for i, (arg, stream) in enumerate([(x, None), (other, None), (x, side), (other, side), (x, None),
+                                           (other, None)]):
             with torch.cuda.stream(stream or torch.cuda.current_stream()):
                 arg.mul_(1.5)  # new values in the same memory, written on the calling stream
-                got = fast(arg).float()
+                got = fast(arg)
                 want = model(arg).float()
+                if i < 3:
+                    kept.append((got, want))  # held: calls 0 and 1 take both slots, then copies
             torch.cuda.synchronize()
             scale = float(want.abs().max())
-            torch.testing.assert_close(got, want, atol=atol * scale, rtol=rtol, msg=f"call {i}")
-    assert (g.calls_bound - bound0, g.calls_copied - copied0) == (3, 2)
+            torch.testing.assert_close(got.float(), want, atol=atol * scale, rtol=rtol, msg=f"call {i}")
+    for got, want in kept:  # later calls did not overwrite what the caller kept
+        scale = float(want.abs().max())
+        torch.testing.assert_close(got.float(), want, atol=atol * scale, rtol=rtol)
+    calls = {k: runs.calls.get(k, 0) - before.get(k, 0) for k in runs.calls}
+    # (inputs bound, output in a slot): slots until the kept outputs hold both, copies after
+    assert calls == {(True, True): 1, (False, True): 1, (True, False): 2, (False, False): 2}, calls

@@ -1,7 +1,7 @@
-"""The torch.compile backend's pointer binding, on the CPU: which device arrays may stand in for
-a plan input's buffer (``bindable``) and when a call's tensors are the bound ones
-(``same_memory``). The GPU side (the bound CUDA graph against the copied one and eager) is in
-``test_torch_backend.py``."""
+"""The torch.compile backend's binding by pointer, on the CPU: which device arrays may stand in
+for a plan input's or output's buffer (``bindable``), when a call's tensors are the bound ones
+(``same_memory``) and when an output slot is held (``storage_refs``). The GPU side (bound
+graphs against the copying one and eager) is in ``test_torch_backend.py``."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ def test_bindable_takes_the_stored_form_exactly() -> None:
         GRAPH, "x", np.float32, (2, 1, 8), (32, 32, 4), 0)
     assert "got int32[1,128]" in bindable(GRAPH, "ids", np.int32, (1, 128), (512, 4), 0)
     assert "got int64[128,1]" in bindable(GRAPH, "ids", np.int64, (128, 1), (8, 8), 0)
-    assert "not an input" in bindable(GRAPH, "y", np.uint16, (2, 1, 8), (16, 16, 2), 0)
+    assert bindable(GRAPH, "y", np.uint16, (2, 1, 8), (16, 16, 2), 0) == ""  # an output, too
+    assert "neither an input nor an output" in bindable(GRAPH, "z", np.uint16, (2, 1, 8), (16, 16, 2), 0)
+    assert "output 'y': expected uint16" in bindable(GRAPH, "y", np.float32, (2, 1, 8), (32, 32, 4), 0)
 
 
 def test_bindable_refuses_strided_and_unaligned_memory() -> None:
@@ -38,7 +40,7 @@ def test_bindable_refuses_strided_and_unaligned_memory() -> None:
 
 def test_same_memory_is_the_bound_tensor_as_bound() -> None:
     torch = pytest.importorskip("torch")
-    from tunedb.frontends.torch_backend import same_memory
+    from tunedb.frontends.torch_handoff import same_memory
 
     held = [torch.arange(128).reshape(1, 128), torch.zeros(2, 8, dtype=torch.bfloat16)]
     ptrs = [t.data_ptr() for t in held]
@@ -51,3 +53,24 @@ def test_same_memory_is_the_bound_tensor_as_bound() -> None:
     assert not same_memory(held, [held[0], held[1].view(torch.int16)], ptrs)  # other dtype
     with pytest.raises(ValueError):  # a call with another number of inputs is a bug, not a miss
         same_memory(held, [held[0]], ptrs)
+
+
+def test_storage_refs_sees_every_tensor_on_a_slot() -> None:
+    """A slot is free when its storage's count is back at its base: any tensor or view of a
+    handed-out output holds it (what ``Handoff`` hands out is ``slot.detach()``)."""
+    torch = pytest.importorskip("torch")
+    from tunedb.frontends.torch_handoff import storage_refs
+
+    slot = torch.empty(4, 8, dtype=torch.bfloat16)
+    base = storage_refs(slot)
+    y = slot.detach()
+    assert storage_refs(slot) > base
+    row = y[1]
+    del y
+    assert storage_refs(slot) > base  # a view of the output still reads the slot
+    del row
+    assert storage_refs(slot) == base
+    kept = [slot.detach().view(torch.int16)]
+    assert storage_refs(slot) > base
+    kept.clear()
+    assert storage_refs(slot) == base

@@ -461,18 +461,23 @@ class PlanExecutor:
     def synchronize(self) -> None:
         self.stream.synchronize()
 
-    def bind_inputs(self, arrays: Mapping[str, Any]) -> Any:
-        """A second CUDA graph of the plan that reads inputs straight from ``arrays`` (device
-        arrays in each input's stored form, ``bindable``) instead of the input buffers: a
-        caller's tensors bound by pointer, with no copy. The caller keeps them alive and orders
-        its writes to them against the launches. The steps are rebuilt on them (the same
-        buffers, kernels and constants), run once eagerly, captured, and the replay is checked
-        against the plan's own graph on the same values. Returns the graph: ``launch(stream)``."""
+    def bind(self, arrays: Mapping[str, Any]) -> Any:
+        """Another CUDA graph of the plan on other memory: it reads graph inputs from, and writes
+        graph outputs to, the device arrays in ``arrays`` (each in the value's stored form,
+        ``bindable``) instead of the executor's buffers: a caller's tensors bound by pointer,
+        with no copy. The caller keeps them alive and orders its own use of them against the
+        launches. The steps are rebuilt on them (the same buffers, kernels and constants), run
+        once eagerly, captured, and the replay is checked against the plan's own graph on the
+        same inputs. Returns the graph: ``launch(stream)``. An output that a view step makes
+        (memory of another value) cannot be bound."""
         cp = self.cp
         if self._graph is None:
-            raise ExecutorError(f"no CUDA graph to bind inputs into ({self.capture_error})")
+            raise ExecutorError(f"no CUDA graph to bind into ({self.capture_error})")
+        made = {v: step_path(s) for s in self.plan.steps for v in s.outputs}
         for v, a in arrays.items():
             why = bindable(self.graph, v, a.dtype, a.shape, a.strides, a.data.ptr)
+            if not why and v not in self.graph.inputs and made.get(v, "view") == "view":
+                why = f"output {v!r} is not written by a kernel of its own (a view or an input)"
             if why:
                 raise ExecutorError(why)
         saved = (self.env, self._launch_fns, self.launches, self.paths, self.fallbacks)
@@ -488,20 +493,22 @@ class PlanExecutor:
             self.env, self._launch_fns, self.launches, self.paths, self.fallbacks = saved
         if err is not None or graph is None:
             raise ExecutorError(f"bound capture failed: {_one_line(err or RuntimeError('no graph'))}")
+        outs = list(dict.fromkeys(self.graph.outputs))
         with current_stream(cp, self.stream):
             for v, a in arrays.items():
-                cp.copyto(self.inputs[v], a)
+                if v in self.inputs:
+                    cp.copyto(self.inputs[v], a)
             self._graph.launch(self.stream)
             want = self._outputs_now()
-            for v in want:
-                if v in self._owned:
-                    self.env[v].fill(0)
+            for v in outs:
+                if v in arrays or v in self._owned:
+                    arrays.get(v, self.env[v]).fill(0)  # a replay that writes nothing must not pass
             graph.launch(self.stream)
-            got = self._outputs_now()
+            got = {v: arrays.get(v, self.env[v]).copy() for v in outs}
         self.stream.synchronize()
-        for v in want:
+        for v in outs:
             if not self._same(got[v], want[v], self.types[v].dtype):
-                raise ExecutorError(f"graph bound to the caller's inputs differs on {v!r}")
+                raise ExecutorError(f"graph bound to other memory differs on {v!r}")
         self._bound_graphs.append((graph, pool))  # its temporaries live as long as it
         return graph
 

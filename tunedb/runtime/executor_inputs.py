@@ -84,22 +84,23 @@ BIND_ALIGN = 256  # what the executor's own buffers have (``ALIGN``): vector loa
 def bindable(graph: Graph, v: str, dtype: Any, shape: tuple[int, ...], strides: tuple[int, ...],
              ptr: int) -> str:
     """Why a device array (stored ``dtype`` as NumPy's, ``shape``, byte ``strides``, address
-    ``ptr``) cannot stand in for input ``v``'s buffer, read by pointer; "" when it can: the
-    stored dtype and shape exactly, C-contiguous, ``BIND_ALIGN``-aligned."""
-    if v not in graph.inputs:
-        return f"{v!r} is not an input of the plan"
+    ``ptr``) cannot stand in for the buffer of graph input or output ``v``, by pointer; "" when
+    it can: the stored dtype and shape exactly, C-contiguous, ``BIND_ALIGN``-aligned."""
+    if v not in graph.inputs and v not in graph.outputs:
+        return f"{v!r} is neither an input nor an output of the plan"
+    role = "input" if v in graph.inputs else "output"
     t = graph.type_of(v)
     want = storage_dtype(t.dtype)
     if np.dtype(dtype) != want or tuple(shape) != tuple(t.shape):
         dims = ",".join(map(str, shape))
-        return f"input {v!r}: expected {want}[{','.join(map(str, t.shape))}], got {np.dtype(dtype)}[{dims}]"
+        return f"{role} {v!r}: expected {want}[{','.join(map(str, t.shape))}], got {np.dtype(dtype)}[{dims}]"
     step, contiguous = want.itemsize, []
     for d in reversed(t.shape):
         contiguous.append(step)
         step *= d
     live = [s for s, d in zip(strides, shape) if d > 1]  # a size-1 dimension's stride is moot
     if live != [s for s, d in zip(reversed(contiguous), shape) if d > 1]:
-        return f"input {v!r}: strides {tuple(strides)} are not C-contiguous"
+        return f"{role} {v!r}: strides {tuple(strides)} are not C-contiguous"
     if ptr % BIND_ALIGN:
-        return f"input {v!r}: address not {BIND_ALIGN}-byte aligned"
+        return f"{role} {v!r}: address not {BIND_ALIGN}-byte aligned"
     return ""
