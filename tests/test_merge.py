@@ -65,6 +65,13 @@ def test_a_fire_module_merges_into_one_conv_that_is_the_concat():
     _same(g, merged, {"x": np.random.default_rng(2).standard_normal((1, 8, 9, 9))})
 
 
+def test_exact_merges_only_members_of_one_kernel_size():
+    kw = dict(device=None, cost_model=False, schedule="ios", bias_epilogue=True)
+    merged = dict(compile_plan(heads(), merge="exact", **kw).search)["merged_convs"]
+    assert [list(m) for m in merged] == [["v2", "v6", "v9"]]  # the 1x1 heads, not the 1x3/3x1 pair
+    assert dict(compile_plan(fire(), merge="exact", **kw).search)["merged_convs"] == ()
+
+
 def test_inception_heads_merge_into_slices_with_the_same_values():
     g = heads()
     merged, done = merge_sibling_convs(g)

@@ -29,7 +29,8 @@ sequential plan without packs too (``sequential_one_stream``: packs may run thei
 streams). ``--merge``: the plans with sibling convolutions merged (IOS's merge strategy,
 ``tunedb.plan.merge``; the weights bound as constants, same values): ``sequential_merge``,
 ``ios_merge`` (every merge), ``auto_merge`` (``schedule="auto", merge="auto"``), with concat
-views when ``--concat-views``; with ``--refine`` the refinement on ``ios_merge`` too where it has
+views when ``--concat-views``; on Inception ``ios_merge_exact`` too (only the merges of one
+kernel size: the 1x1 heads, no zero taps); with ``--refine`` the refinement on ``ios_merge`` too where it has
 concurrent stages (``ios_merge_refined``). ``--only``'s order is the run order.
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
 Every measured stage goes to ``OUT_rows.json`` with the plan it belongs to; ``--replay`` runs the
@@ -323,7 +324,7 @@ def auto_replay(bench_file: Path, only: list[str] | None = None, stored_rows: Pa
 PEERS = ("torch_compile_ro", "jax", "torch_compile")
 MERGE_VARIANTS = (("sequential_merge", "sequential", True), ("ios_merge", "ios", True),
                   ("auto_merge", "auto", "auto"))
-MERGE_KEYS = ("sequential_merge", "ios_merge", "auto_merge", "ios_merge_refined")
+MERGE_KEYS = ("sequential_merge", "ios_merge", "auto_merge", "ios_merge_refined", "ios_merge_exact")
 
 
 def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: float, only: list[str],
@@ -380,7 +381,8 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                 roles = input_roles(graph)
                 weights = [v for v in graph.inputs if roles.get(v, ("data", 0))[0] != "data"]
                 bound = bind_constants(graph, dev, weights)
-                for key, sched, how in MERGE_VARIANTS:
+                exact = [("ios_merge_exact", "ios", "exact")] if name.startswith("inception") else []
+                for key, sched, how in (*MERGE_VARIANTS, *exact):
                     t = time.perf_counter()
                     plans[key] = compile_plan(bound, device="cuda", schedule=sched, bias_epilogue=True,
                                               concat_views=concat_views, merge=how)

@@ -21,7 +21,7 @@ from tunedb.cli.common import (
     usage_error,
 )
 
-MERGE_CHOICES: dict[str, bool | str] = {"off": False, "on": True, "auto": "auto"}
+MERGE_CHOICES: dict[str, bool | str] = {"off": False, "on": True, "exact": "exact", "auto": "auto"}
 
 
 def check_measure_device(value: str) -> str:
@@ -62,7 +62,8 @@ def plan(
     ] = "sequential",
     merge: Annotated[str, typer.Option(
         "--merge", help="off, on (sibling convolutions of one input with constant weights run as "
-                        "one convolution: IOS's merge) or auto (where the plans predict it pays).")
+                        "one convolution: IOS's merge), exact (only those of one kernel size) or "
+                        "auto (where the plans predict it pays).")
     ] = "off",
     json_out: JsonOption = False,
 ) -> None:
@@ -80,7 +81,7 @@ def plan(
     if schedule not in ("sequential", "ios", "auto"):
         usage_error(f"--schedule must be sequential, ios or auto, got {schedule!r}")
     if merge not in MERGE_CHOICES:
-        usage_error(f"--merge must be off, on or auto, got {merge!r}")
+        usage_error(f"--merge must be off, on, exact or auto, got {merge!r}")
     check_measure_device(measure_device)
     if not model.is_file():
         fail(f"no such model file: {model}")

@@ -214,8 +214,9 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     fused either, so elementwise ops before it run in their branches' steps.
 
     ``merge``: sibling convolutions of one input with constant weights become one convolution
-    (IOS's merge strategy, ``tunedb.plan.merge``): all that can (``True``) or where the
-    predicted plans say it pays (``"auto"``, ``tunedb.plan.merge_choice``)."""
+    (IOS's merge strategy, ``tunedb.plan.merge``): all that can (``True``), those of one kernel
+    size (``"exact"``) or where the predicted plans say it pays (``"auto"``,
+    ``tunedb.plan.merge_choice``)."""
     if merge:
         rest = dict(db=db, cost_model=cost_model, device=device, measure_top=measure_top, beam=beam,
                     horizontal=horizontal, measure_device=measure_device, schedule=schedule, pack=pack,

@@ -6,7 +6,8 @@ prices both sides from the plans themselves: the plan of the graph without merge
 with every merge, each without stages or packs; a merge is kept where the predicted µs (kernel
 time plus launches) of the steps computing its merged nodes is below that of the steps
 computing the nodes it replaces. Those prices are local, so whole plans decide: the plans with
-the kept merges, with every merge and with none are compiled and the least predicted stage sum
+the kept merges, with the merges that add no zero taps (members of one kernel size: Inception's
+1x1 heads), with every merge and with none are compiled and the least predicted stage sum
 (``predicted_total``) wins; a merge also takes away concurrency the stages had (Inception's 1x1
 heads ran side by side).
 ``plan.search`` records them (``merged_convs``: each merge's member convolutions) and the
@@ -23,7 +24,7 @@ from tunedb.plan.merge import MergeDone, merge_candidates, merge_sibling_convs
 from tunedb.plan.record import Plan, PlanError
 from tunedb.plan.stage_refine import predicted_total
 
-MERGE_MODES = (False, True, "auto")
+MERGE_MODES = (False, True, "exact", "auto")
 
 
 def _touches(value: str, names: Collection[str]) -> bool:
@@ -43,11 +44,16 @@ def region_us(plan: Plan, values: Collection[str]) -> float:
 
 def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | str) -> Plan:
     """``compile_fn(graph)`` on ``graph`` with sibling convolutions merged: all that can
-    (``merge=True``) or those the prices say pay (``"auto"``)."""
+    (``merge=True``), those whose members share one kernel size (``"exact"``: no zero taps) or
+    those the prices say pay (``"auto"``)."""
     if merge not in MERGE_MODES:
         raise PlanError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     groups = merge_candidates(graph)
-    if merge is True or not groups:
+    exact = [g for g in groups if all(graph.type_of(graph.nodes[i].inputs[1]).shape[2:] == g.kernel
+                                      for i in g.nodes)]  # no zero taps: no FLOPs added
+    if merge == "exact":
+        groups = exact
+    if merge in (True, "exact") or not groups:
         merged, done = merge_sibling_convs(graph, groups) if groups else (graph, [])
         plan = compile_fn(merged)
         search = {**dict(plan.search), "merge": str(merge), "merged_convs": [list(d.members) for d in done]}
@@ -62,13 +68,16 @@ def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | st
                        "merged_us": round(after, 2)})
         if after < before:
             keep.append(g)
-    # the priced merges, and every merge: whole plans decide (the prices are local)
+    # whole plans decide (the prices are local); each distinct set of merges compiled once
     plan = compile_fn(graph)
     totals = {"unmerged_predicted_us": round(predicted_total(plan), 2)}
     best, done = totals["unmerged_predicted_us"], []
-    for name, sel in (("merge_predicted_us", keep), ("merge_all_predicted_us", groups)):
-        if not sel or (name == "merge_all_predicted_us" and len(keep) == len(groups)):
+    tried: list[list[Any]] = []
+    for name, sel in (("merge_predicted_us", keep), ("merge_exact_predicted_us", exact),
+                      ("merge_all_predicted_us", groups)):
+        if not sel or sel in tried:
             continue
+        tried.append(sel)
         g2, d2 = merge_sibling_convs(graph, sel)
         p2 = compile_fn(g2)
         totals[name] = round(predicted_total(p2), 2)
