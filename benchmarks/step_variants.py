@@ -23,10 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import shutil
+import signal
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -206,17 +207,19 @@ def main() -> None:
     rows: list[dict] = []
     result = {"benchmark": "step_variants", "argv": sys.argv[1:], "target_s": args.target_s,
               "complete": False, "rows": rows}
-    with tempfile.TemporaryDirectory(prefix="tunedb-variants-") as tmp, \
-            ProcessPoolExecutor(max(1, args.workers), mp_context=mp.get_context("spawn")) as pool:
-        futures = [(n, pool.submit(prepare, n, st, tmp)) for n, st in picks]
-        for name, fut in futures:
-            if args.limit and time.monotonic() - t0 > args.limit:
-                print(f"time limit {args.limit:g}s: {name} and after skipped", flush=True)
-                for _, f in futures:
-                    f.cancel()
-                break
+    # a SIGTERM (timeout) ends the run through the finally below: the workers go too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"step_variants: terminated after {len(rows)} steps"))
+    tmp = tempfile.mkdtemp(prefix="tunedb-variants-")
+    pool = mp.get_context("spawn").Pool(max(1, args.workers))
+    try:
+        jobs = [(n, pool.apply_async(prepare, (n, st, tmp))) for n, st in picks]
+        for name, job in jobs:
+            left = args.limit - (time.monotonic() - t0) if args.limit else None
             try:
-                steps = fut.result()
+                steps = job.get(timeout=None if left is None else max(left, 0.01))
+            except mp.TimeoutError:
+                print(f"time limit {args.limit:g}s: {name} and after skipped", flush=True)
+                break
             except Exception as e:  # noqa: BLE001 - a workload that does not plan is a result
                 rows.append({"workload": name, "error": str(e).splitlines()[0][:300]})
                 print(f"{name}: {rows[-1]['error']}", flush=True)
@@ -238,6 +241,9 @@ def main() -> None:
             args.out.write_text(json.dumps(result, indent=1, default=str))
         else:
             result["complete"] = True
+    finally:
+        pool.terminate()
+        shutil.rmtree(tmp, ignore_errors=True)
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
     args.out.write_text(json.dumps(result, indent=1, default=str))
     print(f"done {len(rows)} steps, {result['elapsed_s']} s", flush=True)
