@@ -4,7 +4,7 @@ after its outputs were checked, and every item timed the same way: in interleave
 
     python benchmarks/bench_bert_base.py OUT.json [--dtypes bfloat16,float32] [--rounds 5]
         [--target-s 0.05] [--peers torch_eager,torch_compile,torch_compile_ro]
-        [--backends gelu,default] [--budget-s 480]
+        [--backends gelu,default] [--variants default,epilogue,gelu] [--budget-s 480]
     python benchmarks/bench_bert_base.py OUT.json --plan-only   # CPU: the plans' kernel counts
 
 Per dtype, in one process:
@@ -192,7 +192,7 @@ def session(dtype: str, a: argparse.Namespace, save: Callable[[], None], rec: di
     rec.update(plans={}, peers={}, phases={})
     plans, execs = {}, {}
     for name, opts in VARIANTS.items():
-        if name == "gelu" and dtype not in GELU_EPILOGUE_DTYPES:
+        if (name == "gelu" and dtype not in GELU_EPILOGUE_DTYPES) or name not in a.variants:
             continue
         r: dict[str, Any] = {}
         rec["plans"][name] = r
@@ -299,13 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-s", type=float, default=0.05, help="seconds per timed batch")
     p.add_argument("--peers", default=",".join(PEER_MODES))
     p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--variants", default=",".join(VARIANTS), help="tunedb plans to build and time")
     p.add_argument("--plan-only", action="store_true", help="plan on the CPU and count kernels only")
     a = p.parse_args(argv)
     dtypes = [d for d in a.dtypes.split(",") if d]
     a.peers = [x for x in a.peers.split(",") if x]
     a.backends = [x for x in a.backends.split(",") if x]
+    a.variants = [x for x in a.variants.split(",") if x]
     for what, got, known in (("dtype", dtypes, SHORT), ("peer", a.peers, PEER_MODES),
-                             ("backend", a.backends, BACKENDS)):
+                             ("backend", a.backends, BACKENDS), ("variant", a.variants, VARIANTS)):
         bad = [d for d in got if d not in known]
         if bad:
             print(f"error: unknown {what}(s) {', '.join(bad)}; expected some of {', '.join(known)}",
