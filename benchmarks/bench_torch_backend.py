@@ -25,6 +25,9 @@ difference from eager relative to the output's largest magnitude, and in ``--rou
   (``torch_handoff``);
 - ``eager`` (``--eager``): the module itself.
 
+``host_us`` per item: the host's time per call (``host_us``), to tell a GPU-bound loop from a
+host-bound one.
+
 Each case is skipped when its rough cost would pass ``--budget-s``; OUT.json is rewritten after
 every step, so a cut run keeps what it measured.
 """
@@ -86,6 +89,19 @@ def rounds(items: dict[str, tuple[Callable[[], Any], Callable[[], None]]], n: in
     stats = {k: {"median": round(statistics.median(v), 1), "min": min(v), "max": max(v)}
              for k, v in us.items() if v}
     return {"us": us, "stats": stats, "errors": errors}
+
+
+def host_us(run: Callable[[], Any], sync: Callable[[], None], calls: int = 20) -> float:
+    """The host's µs per call while the GPU is still busy with earlier ones: ``calls`` calls
+    enqueued after a synchronization, timed before the closing one (what a call costs the
+    Python side; above the GPU's time per call, the loop would be host-bound)."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        run()
+    t1 = time.perf_counter()
+    sync()
+    return round((t1 - t0) / calls * 1e6, 1)
 
 
 def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
@@ -165,6 +181,7 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
                 items["eager"] = (lambda: model(*args), sync)
             before = [dict(g.runs.calls) for g in graphs]
             rec["rounds"] = rounds(items, a.rounds, a.target_s)
+            rec["host_us"] = {k: host_us(*items[k]) for k in items if k != "eager"}
             rec["calls"] = [{f"inputs_{'bound' if b else 'copied'}_outputs_{'slot' if s else 'copied'}":
                              n - old.get((b, s), 0) for (b, s), n in g.runs.calls.items()}
                             for g, old in zip(graphs, before)]
