@@ -51,7 +51,7 @@ from tunedb.bench.provenance import provenance  # noqa: E402
 
 CASES = ("bert_base:bfloat16", "resnet50:bfloat16", "resnet50:float32", "bert_base:float32")
 OPTIONS = {("bert_base", "bfloat16"): {"gemm_epilogue": True, "gelu_epilogue": True, "cublaslt": True}}
-COST_S = {"bert_base": 35, "resnet50": 25}  # rough compile + rounds on an H200 host
+COST_S = {"bert_base": 32, "resnet50": 22}  # rough compile + rounds on an H200 host
 SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 
 
