@@ -400,8 +400,16 @@ TAP_COSTLY_OPS = frozenset(("exp", "log", "sigmoid", "tanh", "erf", "gelu", "sin
                             "sqrt", "rsqrt", "reciprocal"))
 
 
+def default_layout(m: WindowMatch) -> str:
+    """The layout ``window_kernel`` gives ``m`` unless told: a plane mean needs the plane."""
+    return "plane" if m.pooled else "strip"
+
+
 def costly_prologue(g: Graph, m: WindowMatch) -> bool:
-    """Whether ``m``'s prologue recomputes an SFU-bound op at more than one tap per element."""
+    """Whether ``m``'s prologue recomputes an SFU-bound op at more than one tap per element (a
+    plane kernel runs it once an element, into shared memory)."""
+    if default_layout(m) == "plane":
+        return False
     w = m.node
     if w.op == "conv2d":
         taps = g.type_of(w.inputs[1]).shape[2] * g.type_of(w.inputs[1]).shape[3]
@@ -429,7 +437,7 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
     gen = _Gen(g, m)
     if layout is None:
-        layout = "plane" if m.pooled else "strip"
+        layout = default_layout(m)
     if layout == "plane":
         if m.pooled and block % 32:
             raise ValueError(f"block {block}: a plane mean needs whole warps")

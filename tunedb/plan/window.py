@@ -9,7 +9,10 @@ For each window step, in order:
   the rest of a group they leave keeps its kernel and reads the values it needs from the merged
   kernel's outputs;
 * the *prologue*: a fused group of elementwise nodes shaped like the window input whose results
-  only the window reads (a ReLU before a separable convolution).
+  only the window reads (a ReLU before a separable convolution);
+* with ``MERGE_PLANE_MEANS``, a mean over the output plane of the window or epilogue values
+  (EfficientNet's squeeze-and-excitation pool): the kernel then holds each input plane in shared
+  memory (``gen_window``'s plane layout), which also runs an SFU-bound prologue once an element.
 
 A merge is taken when the merged kernel's price (``Coster``: the roofline, bytes over bandwidth,
 never below ``MIN_KERNEL_US``) plus one launch, with what is left of the groups it cut, is below what the
@@ -23,9 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tunedb.graph.ops import is_elementwise
-from tunedb.kernels.gen_window import is_window_node
+from tunedb.kernels.gen_window import is_window_node, plane_mean
 from tunedb.plan.cost import Coster, GroupCost
 from tunedb.plan.subgraph import GraphIndex
+
+# Off until the H200 has timed the plane kernel against the three steps it replaces.
+MERGE_PLANE_MEANS = False
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,9 @@ class WindowPlanner:
             if ok:
                 epi.append(c)
                 have.add(n.outputs[0])
+        if MERGE_PLANE_MEANS:
+            epi += [c for c in sorted(desc)  # a reduce_mean group or a global_avg_pool step
+                    if plane_mean(ix.graph, ix.nodes[c]) and ix.nodes[c].inputs[0] in have]
         return epi
 
     def _prologue(self, j: int, groups: Sequence[tuple[int, ...]], where: dict[int, int],

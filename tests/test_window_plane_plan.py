@@ -1,0 +1,47 @@
+"""The planner with ``plan.window.MERGE_PLANE_MEANS``: EfficientNet's SiLU -> depthwise conv ->
+SiLU -> squeeze-excitation mean becomes one plane window kernel (the SiLU before the conv too:
+the plane kernel runs it once an element), matching the float64 reference in the emulator."""
+
+from __future__ import annotations
+
+import pytest
+from test_kernels_window_plan import _plan, needs_gxx
+
+import tunedb.plan.window as plan_window
+from tunedb.graph.builder import GraphBuilder
+from tunedb.kernels.codegen import generate
+from tunedb.kernels.schedule import Schedule
+from tunedb.plan.window import kernel_count
+from tunedb.runtime.emu import build, mismatches
+
+
+def se_stage(stride: int = 2):
+    b = GraphBuilder("silu_dw_silu_se")
+    x = b.input("x", (2, 16, 9, 9))
+    h = b.mul(x, b.sigmoid(x))
+    y = b.conv2d(h, b.input("wd", (16, 1, 3, 3)), b.input("bd", (16,)), strides=(stride, stride),
+                 pads=(1, 1, 1, 1), groups=16)
+    y = b.mul(y, b.sigmoid(y))
+    return b.build([y, b.global_avg_pool(y)])
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_the_squeeze_excitation_mean_merges_only_when_switched_on(monkeypatch, merge):
+    monkeypatch.setattr(plan_window, "MERGE_PLANE_MEANS", merge)
+    ix, part = _plan(se_stage(), window=True)
+    assert kernel_count(part.costs) == (1 if merge else 3)
+
+
+@needs_gxx
+def test_the_merged_plane_kernel_matches_the_reference(monkeypatch, tmp_path):
+    monkeypatch.setattr(plan_window, "MERGE_PLANE_MEANS", True)
+    window = Schedule.from_config({"mapping": "elementwise", "block": 256})
+    jobs = []
+    for stride in (1, 2):
+        ix, part = _plan(se_stage(stride), window=True)
+        (group,) = part.groups
+        sub = ix.cut(group).graph
+        jobs.append((sub, window, generate(sub, window)))
+    assert all(p.kernels[0].shared_bytes == 9 * 9 * 4 + 4 * 8 for _, _, p in jobs)  # plane, warps
+    lib = build([p.kernels[0].source for _, _, p in jobs], str(tmp_path))
+    assert not mismatches(lib, jobs, seed=11)
