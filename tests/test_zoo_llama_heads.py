@@ -110,3 +110,24 @@ def test_the_planned_heads_match_the_reference_in_emulation(tmp_path):
     _, ref = make_inputs(g, 7)
     errors = emulated_step_errors(plan, ref, str(tmp_path))
     assert errors and all(err <= 1.0 for _, _, err in errors), errors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("file", ["llama_small_dynamo_fp32.onnx", "llama_small_dynamo_bf16.onnx"])
+def test_llama_default_plan_matches_the_reference_on_the_gpu(file):
+    # The whole default plan (no fold_grouped_kv) as the zoo benchmark runs it: one CUDA graph
+    # whose replay equals the eager run, outputs within the reference's tolerance.
+    from pathlib import Path
+
+    from plan_checks import check_outputs
+
+    from tunedb.bench.plan import weighted_model
+    from tunedb.graph.onnx_import import import_onnx
+    from tunedb.runtime.executor import PlanExecutor
+
+    zoo = Path(__file__).resolve().parent.parent / "data" / "graphs" / "zoo"
+    plan = tunedb.compile(import_onnx(weighted_model(zoo / file)), device="cuda")
+    ex = PlanExecutor(plan)
+    assert ex.graph_capture, ex.capture_error
+    dev, ref_in = make_inputs(plan.graph, 3)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
