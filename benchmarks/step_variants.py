@@ -9,10 +9,11 @@ For each workload (``data/graphs/generalization/NAME.onnx``) the CPU plan's gene
 a window step (depthwise conv / pool) with strips of 1, 2 and 4 outputs a thread
 (``gen_window.strip_width`` picks one) and as a "plane" kernel (a block an input plane in
 shared memory); where the plan has several steps and the generator takes the whole workload
-(EfficientNet's SiLU, conv, SiLU and squeeze-excitation mean), the whole as one plane kernel; a
-row step (norms) with its planned schedule and the first legal schedule, in the fallback rules'
-order, of ``block_per_row`` and of ``split_row`` at splits 2, 4 and 8. Each variant runs on the
-step's own inputs (``make_inputs``), is checked against the float64 reference of its subgraph
+(EfficientNet's SiLU, conv, SiLU and squeeze-excitation mean), the whole as one plane kernel,
+the plan's other steps timed as planned for the sum; a row step (norms) with its planned
+schedule and the first legal schedule, in the fallback rules' order, of ``block_per_row`` and
+of ``split_row`` at splits 2, 4 and 8. Each variant runs on the step's own inputs
+(``make_inputs``), is checked against the float64 reference of its subgraph
 (``compare_outputs``: a failing variant is recorded, never timed), then timed with the plan
 protocol's ``throughput_us``, all variants of a step back to back in one process. Prints one
 line per variant; writes ``OUT.json``.
@@ -63,11 +64,12 @@ def _window_variants(sub: Graph) -> tuple[dict[str, KernelPlan], str]:
     return out, f"strip{rule}"
 
 
-def _row_variants(sub: Graph, config: dict) -> tuple[dict[str, KernelPlan], str]:
+def _row_variants(sub: Graph, config: dict, others: bool = True) -> tuple[dict[str, KernelPlan], str]:
+    """The planned kernel, and (``others``, row patterns) the alternatives of ``ROW_CHOICES``."""
     a = analyze(sub)
-    if a.pattern not in ("row_reduce", "multi"):
-        return {}, ""
     out = {"planned": generate(a, Schedule.from_config(config), SM_COUNT)}
+    if not others or a.pattern not in ("row_reduce", "multi"):
+        return out, "planned"
     legal = schedule_space(a, SM_COUNT)[0]
     order = fallback_order(a, legal, np.ones(len(legal)), np.ones(len(legal)), SM_COUNT)
     for mapping, split in ROW_CHOICES:
@@ -82,7 +84,8 @@ def _row_variants(sub: Graph, config: dict) -> tuple[dict[str, KernelPlan], str]
 
 def step_variants(name: str, steps: str = "all") -> list[dict[str, Any]]:
     """The generated steps of workload ``name`` with their variants (plans not yet run);
-    ``steps``: window, rows or all."""
+    ``steps``: window (alternatives for window steps, the other steps as planned), rows (row
+    steps and their alternatives) or all."""
     path = SUITE / f"{name}.onnx"
     graph, _ = load_entry(Entry(name, str(path.relative_to(ROOT)), path=path))
     plan = compile_plan(graph)
@@ -92,9 +95,12 @@ def step_variants(name: str, steps: str = "all") -> list[dict[str, Any]]:
             continue
         sub = Graph.from_json(json.loads(st.subgraph))
         window = has_window_op(sub)
-        if steps != "all" and window != (steps == "window"):
+        if steps == "rows" and window:
             continue
-        variants, chosen = _window_variants(sub) if window else _row_variants(sub, st.config_dict)
+        variants, chosen = (_window_variants(sub) if window else
+                            _row_variants(sub, st.config_dict, others=steps != "window"))
+        if steps == "rows" and len(variants) == 1:  # not a row step
+            continue
         if variants:
             out.append({"workload": name, "step": i, "ops": list(st.ops), "chosen": chosen,
                         "config": st.config_dict, "graph": sub, "variants": variants})
