@@ -7,16 +7,16 @@ kernel choices the planner makes by rule, next to the alternatives, so a rule re
 
 For each workload (``data/graphs/generalization/NAME.onnx``) the CPU plan's generated steps:
 a window step (depthwise conv / pool) with strips of 1, 2 and 4 outputs a thread
-(``gen_window.strip_width`` picks one) and as a "plane" kernel (a block an input plane in
-shared memory); where the plan has several steps and the generator takes the whole workload
-(EfficientNet's SiLU, conv, SiLU and squeeze-excitation mean), the whole as one plane kernel,
-the plan's other steps timed as planned for the sum; a row step (norms) with its planned
-schedule and the first legal schedule, in the fallback rules' order, of ``block_per_row`` and
-of ``split_row`` at splits 2, 4 and 8. Each variant runs on the step's own inputs
-(``make_inputs``), is checked against the float64 reference of its subgraph
-(``compare_outputs``: a failing variant is recorded, never timed), then timed with the plan
-protocol's ``throughput_us``, all variants of a step back to back in one process. Prints one
-line per variant; writes ``OUT.json``.
+(``gen_window.strip_width`` picks one) and as "plane" kernels (a block an input plane in
+shared memory, its threads strips of 1 or 4 outputs from it); where the plan has several steps
+and the generator takes the whole workload (EfficientNet's SiLU, conv, SiLU and
+squeeze-excitation mean), the whole as one plane kernel (strips of 1 and 4), the plan's other
+steps timed as planned for the sum; a row step (norms) with its planned schedule and the first
+legal schedule, in the fallback rules' order, of ``block_per_row`` and of ``split_row`` at
+splits 2, 4 and 8. Each variant runs on the step's own inputs (``make_inputs``), is checked
+against the float64 reference of its subgraph (``compare_outputs``: a failing variant is
+recorded, never timed), then timed with the plan protocol's ``throughput_us``, all variants of
+a step back to back in one process. Prints one line per variant; writes ``OUT.json``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def _window_variants(sub: Graph) -> tuple[dict[str, KernelPlan], str]:
     rule = strip_width(m.out_shape[3], window_stride(sub, m))
     kernels = {f"strip{s}": window_kernel(sub, SM_COUNT, strip=s) for s in STRIPS}
     try:
-        kernels["plane"] = window_kernel(sub, SM_COUNT, layout="plane")
+        for s in (1, 4):
+            kernels[f"plane{s}"] = window_kernel(sub, SM_COUNT, strip=s, layout="plane")
     except UnsupportedFusion:  # a plane too large for shared memory
         pass
     out = {k: KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args),),
@@ -106,13 +107,13 @@ def step_variants(name: str, steps: str = "all") -> list[dict[str, Any]]:
                         "config": st.config_dict, "graph": sub, "variants": variants})
     if steps != "rows" and len(plan.steps) > 1 and has_window_op(graph):
         try:  # the whole workload as one plane kernel, beside the plan's steps
-            w = window_kernel(graph, SM_COUNT, layout="plane")
+            ws = {f"plane{s}": window_kernel(graph, SM_COUNT, strip=s, layout="plane") for s in (1, 4)}
         except UnsupportedFusion:
             return out
-        kp = KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args),),
-                        (), sha256_hex(w.source), w.R, w.C, "window")
+        kps = {k: KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args),),
+                             (), sha256_hex(w.source), w.R, w.C, "window") for k, w in ws.items()}
         out.append({"workload": name, "step": "whole", "ops": [n.op for n in graph.nodes],
-                    "chosen": "", "config": {}, "graph": graph, "variants": {"plane": kp}})
+                    "chosen": "", "config": {}, "graph": graph, "variants": kps})
     return out
 
 

@@ -62,8 +62,8 @@ def test_every_forced_strip_matches_the_float64_reference(tmp_path):
     assert len(mismatches(lib, [(g, WINDOW, cut)], seed=5)) == 1
 
 
-def _plane(g):
-    w = window_kernel(g, layout="plane")
+def _plane(g, strip=None):
+    w = window_kernel(g, layout="plane", strip=strip)
     return KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args),), (),
                       sha256_hex(w.source), w.R, w.C, "window")
 
@@ -74,8 +74,9 @@ def test_plane_kernels_match_the_float64_reference(tmp_path):
     graphs = [dwconv_block("float32", 3, 2, act="silu", residual=True, prologue=True),
               pool_block("bfloat16", "avg_pool2d", 3, 2, 1, True),
               pool_block("float32", "avg_pool2d", 3, 1, 1), dwconv_block("float16", 3, 1, dilation=2)]
-    jobs = [(g, WINDOW, _plane(g)) for g in graphs]
+    jobs = [(g, WINDOW, _plane(g)) for g in graphs] + [(graphs[0], WINDOW, _plane(graphs[0], 3))]
     assert all(p.kernels[0].shared_bytes == 9 * 9 * 4 for _, _, p in jobs)
+    assert "float acc[3];" in jobs[-1][2].kernels[0].source  # strips read from the tile too
     k = jobs[0][2].kernels[0]  # a tile read one row off fails
     src = k.source.replace("tile[ih * 9 + iw]", "tile[(ih + 1) * 9 + iw]").replace(k.name, "off")
     assert "tile[(ih + 1)" in src

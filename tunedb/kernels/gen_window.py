@@ -245,9 +245,10 @@ def window_stride(g: Graph, m: WindowMatch) -> int:
     return int(canonical_attrs(w, [g.type_of(v) for v in w.inputs])["strides"][1])
 
 
-def _window_body(gen: _Gen, lines: list[str], strip: int, it: str) -> list[str]:
+def _window_body(gen: _Gen, lines: list[str], strip: int, it: str, tile: bool = False) -> list[str]:
     """Lines accumulating the windows of the ``strip`` outputs at (n, c, oh, ow0 + v) into
-    ``acc[v]``; returns the per-output float expressions (``v`` is the loop index)."""
+    ``acc[v]``; returns the per-output float expressions (``v`` is the loop index). ``tile``:
+    the input columns come from the plane in shared memory (prologue applied), not global."""
     g, m = gen.g, gen.m
     w = m.node
     a = canonical_attrs(w, [g.type_of(v) for v in w.inputs])
@@ -268,7 +269,8 @@ def _window_body(gen: _Gen, lines: list[str], strip: int, it: str) -> list[str]:
     if op == "avg_pool2d":
         lines.append(f"int cnt[{strip}];")
         lines.append(f"#pragma unroll\nfor (int v = 0; v < {strip}; ++v) cnt[v] = 0;")
-    lines.append(f"const {it} xb = nc * {H * W};")
+    if not tile:
+        lines.append(f"const {it} xb = nc * {H * W};")
     lines.append(f"#pragma unroll\nfor (int kh = 0; kh < {KH}; ++kh) {{")
     lines.append(f"  const int ih = oh * {sh} - {pt} + kh * {dh};")
     if op == "avg_pool2d" and a["count_include_pad"]:  # taps inside the padded extent count
@@ -280,10 +282,12 @@ def _window_body(gen: _Gen, lines: list[str], strip: int, it: str) -> list[str]:
     lines.append(f"  #pragma unroll\n  for (int j = 0; j < {span}; ++j) {{")
     lines.append(f"    const int iw = ow0 * {sw} - {pl} + j;")
     lines.append(f"    if (iw < 0 || iw >= {W}) {{ row[j] = {pad}; continue; }}")
-    tap: list[str] = [f"const {it} xi = xb + ({it})ih * {W} + iw;"]
-    env: dict[str, str] = {}
-    xv = gen.cone(m.prologue, x, "xi", m.in_shape, env, "q", tap)
-    tap.append(f"row[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
+    if tile:
+        tap = [f"row[j] = tile[ih * {W} + iw];"]
+    else:
+        tap = [f"const {it} xi = xb + ({it})ih * {W} + iw;"]
+        xv = gen.cone(m.prologue, x, "xi", m.in_shape, {}, "q", tap)
+        tap.append(f"row[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
     lines += ["    " + t for t in tap]
     lines.append("  }")
     lines.append(f"  #pragma unroll\n  for (int v = 0; v < {strip}; ++v) {{")
@@ -310,20 +314,35 @@ def _window_body(gen: _Gen, lines: list[str], strip: int, it: str) -> list[str]:
     return [result]
 
 
-def _plane_body(gen: _Gen, it: str, block: int) -> list[str]:
+def _outputs(gen: _Gen, strip: int, it: str, acc: str) -> list[str]:
+    """Lines storing the strip's outputs (element ``i`` of the output shape, the window value
+    ``wout``) and adding each plane mean's term to this thread's ``ps<k>``."""
+    m, g = gen.m, gen.g
+    _, _, OH, OW = m.out_shape
+    lines = [f"#pragma unroll\nfor (int v = 0; v < {strip}; ++v) {{", f"  if (ow0 + v >= {OW}) break;",
+             f"  const {it} i = (nc * {OH} + oh) * {OW} + ow0 + v;", f"  const float wout = {acc};"]
+    env = {m.node.outputs[0]: "wout"}
+    epi: list[str] = []
+    pooled = {n.outputs[0] for n in m.pooled}
+    for v in g.outputs:
+        if v not in pooled:
+            e = gen.cone(m.epilogue, v, "i", m.out_shape, env, "e", epi)
+            epi.append(f"{gen.params[v]}[i] = {store_conv(g.type_of(v).dtype, e)};")
+    for k, n in enumerate(m.pooled):
+        epi.append(f"ps{k} += {gen.cone(m.epilogue, n.inputs[0], 'i', m.out_shape, env, 'e', epi)};")
+    return lines + ["  " + t for t in "\n".join(epi).split("\n")] + ["}"]
+
+
+def _plane_body(gen: _Gen, it: str, block: int, strip: int) -> list[str]:
     """A block per (n, c) plane: the input plane is loaded once, coalesced and through the
-    prologue, into shared memory; each thread then computes outputs of the plane from it, as
-    the one-output-a-thread kernel does from global memory."""
+    prologue, into shared memory; each thread then computes strips of ``strip`` outputs of the
+    plane from it, as the strip kernel does from global memory, and the block sums the plane
+    means (warp sums, then a partial a warp in shared memory after the tile)."""
     g, m = gen.g, gen.m
-    w = m.node
-    a = canonical_attrs(w, [g.type_of(v) for v in w.inputs])
     N, C, OH, OW = m.out_shape
     _, _, H, W = m.in_shape
-    sh, sw = a["strides"]
-    pt, pl, pb, pr = a["pads"]
-    dh, dw = a.get("dilations", (1, 1))
-    KH, KW = g.type_of(w.inputs[1]).shape[2:] if w.op == "conv2d" else a["kernel"]
-    x = w.inputs[0]
+    x = m.node.inputs[0]
+    sw_ = -(-OW // strip)
     lines = ["extern __shared__ __align__(16) unsigned char tdb_smem[];",
              "float* tile = reinterpret_cast<float*>(tdb_smem);",
              f"for ({it} nc = blockIdx.x; nc < {N * C}; nc += gridDim.x) {{",
@@ -335,48 +354,14 @@ def _plane_body(gen: _Gen, it: str, block: int) -> list[str]:
     tap.append(f"tile[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
     lines += ["    " + t for t in tap]
     lines += ["  }", "  __syncthreads();"] + [f"  float ps{k} = 0.0f;" for k in range(len(m.pooled))]
-    lines += [f"  for (int o = threadIdx.x; o < {OH * OW}; o += {block}) {{",
-              f"    const int oh = o / {OW}, ow = o % {OW};",
-              f"    float acc = {'-TDB_INF' if w.op == 'max_pool2d' else '0.0f'};"]
-    inc = w.op == "avg_pool2d" and a["count_include_pad"]
-    if w.op == "avg_pool2d":
-        lines.append("    int cnt = 0;")
-    lines += ["    #pragma unroll", f"    for (int kh = 0; kh < {KH}; ++kh) {{"]
-    lines.append(f"      const int ih = oh * {sh} - {pt} + kh * {dh};")
-    lines += ["      #pragma unroll", f"      for (int kw = 0; kw < {KW}; ++kw) {{"]
-    lines.append(f"        const int iw = ow * {sw} - {pl} + kw * {dw};")
-    if inc:  # taps inside the padded extent count
-        lines.append(f"        cnt += (ih < {H + pb} && iw < {W + pr}) ? 1 : 0;")
-    lines.append(f"        if (ih < 0 || ih >= {H} || iw < 0 || iw >= {W}) continue;")
-    lines.append(f"        const float t = tile[ih * {W} + iw];")
-    if w.op == "conv2d":
-        wload = f"{gen.buffer(w.inputs[1])}[c * {KH * KW} + kh * {KW} + kw]"
-        lines.append(f"        acc += t * {load_conv(g.type_of(w.inputs[1]).dtype, wload)};")
-    elif w.op == "max_pool2d":
-        lines.append("        acc = fmaxf(acc, t);")
-    else:
-        lines.append("        acc += t;" if inc else "        acc += t; ++cnt;")
-    lines += ["      }", "    }"]
-    result = "acc"
-    if w.op == "avg_pool2d":
-        result = "acc / (float)cnt"
-    if w.op == "conv2d" and len(w.inputs) == 3:
-        b = w.inputs[2]
-        result = f"acc + {load_conv(g.type_of(b).dtype, f'{gen.buffer(b)}[c]')}"
-    lines.append(f"    const {it} i = nc * {OH * OW} + o;")
-    lines.append(f"    const float wout = {result};")
-    env = {w.outputs[0]: "wout"}
-    epi: list[str] = []
-    pooled = {n.outputs[0] for n in m.pooled}
-    for v in g.outputs:
-        if v not in pooled:
-            e = gen.cone(m.epilogue, v, "i", m.out_shape, env, "e", epi)
-            epi.append(f"{gen.params[v]}[i] = {store_conv(g.type_of(v).dtype, e)};")
-    for k, n in enumerate(m.pooled):  # this thread's share of each plane mean
-        epi.append(f"ps{k} += {gen.cone(m.epilogue, n.inputs[0], 'i', m.out_shape, env, 'e', epi)};")
-    lines += ["    " + t for t in "\n".join(epi).split("\n")]
+    lines += [f"  for (int s = threadIdx.x; s < {OH * sw_}; s += {block}) {{",
+              f"    const int ow0 = (s % {sw_}) * {strip};", f"    const int oh = s / {sw_};"]
+    el: list[str] = []
+    (acc,) = _window_body(gen, el, strip, it, tile=True)
+    el += _outputs(gen, strip, it, acc)
+    lines += ["    " + t for t in "\n".join(el).split("\n")]
     lines.append("  }")
-    if m.pooled:  # warp sums, then one partial a warp in shared memory after the tile
+    if m.pooled:
         P, warps = len(m.pooled), block // 32
         lines.append(f"  float* red = tile + {H * W};")
         for k in range(P):
@@ -428,30 +413,30 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
     """One kernel computing every output of ``g`` (a window node with its elementwise
     neighbours); raises ``UnsupportedFusion`` for graphs outside the pattern. ``layout``:
     "strip" (a thread a strip of ``strip`` outputs along a row, from global memory; default
-    ``strip_width``'s rule) or "plane" (a block an input plane in shared memory, which can also
-    write means over the output plane); None: plane when ``g`` has such a mean, else strip."""
+    ``strip_width``'s rule) or "plane" (a block an input plane in shared memory, its threads
+    strips of it, and means over the output plane); None: ``default_layout``."""
     m = match_window(g)
     N, C, OH, OW = m.out_shape
     for v in list(g.inputs) + list(g.outputs):
         if g.type_of(v).dtype not in STORAGE:
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
     gen = _Gen(g, m)
-    if layout is None:
-        layout = default_layout(m)
-    if layout == "plane":
-        if m.pooled and block % 32:
-            raise ValueError(f"block {block}: a plane mean needs whole warps")
-        return _finish(g, gen, _plane_body(gen, _index_type(m), block), block,
-                       max(1, min(N * C, sm_count * 8)), plane_bytes(m) + 4 * len(m.pooled) * (block // 32))
-    if layout != "strip":
-        raise ValueError(f"window layout {layout!r}: expected strip or plane")
-    if m.pooled:
-        raise UnsupportedFusion("a plane mean needs the plane layout")
     if strip is None:
         strip = strip_width(OW, window_stride(g, m))
     elif strip < 1:
         raise ValueError(f"strip {strip}: a thread computes at least one output")
     strip = min(strip, OW)
+    if layout is None:
+        layout = default_layout(m)
+    if layout == "plane":
+        if m.pooled and block % 32:
+            raise ValueError(f"block {block}: a plane mean needs whole warps")
+        return _finish(g, gen, _plane_body(gen, _index_type(m), block, strip), block,
+                       max(1, min(N * C, sm_count * 8)), plane_bytes(m) + 4 * len(m.pooled) * (block // 32))
+    if layout != "strip":
+        raise ValueError(f"window layout {layout!r}: expected strip or plane")
+    if m.pooled:
+        raise UnsupportedFusion("a plane mean needs the plane layout")
     strips = N * C * OH * -(-OW // strip)
     it = _index_type(m)
     body: list[str] = [
@@ -462,17 +447,7 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
           f"const int oh = (int)((s / {-(-OW // strip)}) % {OH});",
           f"const {it} nc = s / {OH * -(-OW // strip)};", f"const int c = (int)(nc % {C});"]
     (acc,) = _window_body(gen, el, strip, it)
-    el.append(f"#pragma unroll\nfor (int v = 0; v < {strip}; ++v) {{")
-    el.append(f"  if (ow0 + v >= {OW}) break;")
-    el.append(f"  const {it} i = (nc * {OH} + oh) * {OW} + ow0 + v;")
-    el.append(f"  const float wout = {acc};")
-    env = {m.node.outputs[0]: "wout"}
-    epi: list[str] = []
-    for v in g.outputs:
-        e = gen.cone(m.epilogue, v, "i", m.out_shape, env, "e", epi)
-        epi.append(f"{gen.params[v]}[i] = {store_conv(g.type_of(v).dtype, e)};")
-    el += ["  " + t for t in "\n".join(epi).split("\n")]
-    el.append("}")
+    el += _outputs(gen, strip, it, acc)
     body += ["  " + t for t in "\n".join(el).split("\n")]
     body.append("}")
     return _finish(g, gen, body, block, max(1, min(-(-strips // block), sm_count * 16)), 0)
