@@ -74,8 +74,13 @@ def test_plane_kernels_match_the_float64_reference(tmp_path):
     graphs = [dwconv_block("float32", 3, 2, act="silu", residual=True, prologue=True),
               pool_block("bfloat16", "avg_pool2d", 3, 2, 1, True),
               pool_block("float32", "avg_pool2d", 3, 1, 1), dwconv_block("float16", 3, 1, dilation=2)]
+    odd = GraphBuilder("odd_planes")  # 3 planes: a block of 2 planes ends half empty
+    odd_y = odd.max_pool2d(odd.input("x", (1, 3, 9, 9)), kernel=(3, 3), pads=(1, 1, 1, 1))
+    graphs.append(odd.build([odd.relu(odd_y)]))
     jobs = [(g, WINDOW, _plane(g)) for g in graphs] + [(graphs[0], WINDOW, _plane(graphs[0], 3))]
-    assert all(p.kernels[0].shared_bytes == 9 * 9 * 4 for _, _, p in jobs)
+    # planes a block (plane_packing): 25 stride-2 outputs take a warp (8 planes), 81 stride-1
+    # outputs in strips of 4 (27 strips) a warp too, capped at the 3 planes there are (2)
+    assert [p.kernels[0].shared_bytes for _, _, p in jobs] == [8 * 324] * 4 + [2 * 324, 8 * 324]
     assert "float acc[3];" in jobs[-1][2].kernels[0].source  # strips read from the tile too
     k = jobs[0][2].kernels[0]  # a tile read one row off fails
     src = k.source.replace("tile[ih * 9 + iw]", "tile[(ih + 1) * 9 + iw]").replace(k.name, "off")
@@ -132,7 +137,9 @@ def se_block(dtype: str, stride: int, mean: str = "global_avg_pool"):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 def test_a_plane_kernel_writes_the_plane_mean_beside_its_outputs(tmp_path):
     graphs = [se_block("float32", 2), se_block("bfloat16", 1, "reduce_mean")]
-    jobs = [(g, WINDOW, _plane(g)) for g in graphs]
+    # + one output a thread at stride 1: 81 outputs, 4 warps a plane sum into one mean
+    jobs = [(g, WINDOW, _plane(g)) for g in graphs] + [(graphs[1], WINDOW, _plane(graphs[1], 1))]
+    assert "q < (p + 1) * 4;" in jobs[-1][2].kernels[0].source
     assert all("tdb_wsum<32>" in p.kernels[0].source for _, _, p in jobs)
     k = jobs[0][2].kernels[0]  # a mean over one output too few fails
     src = k.source.replace("/ 25.0f", "/ 24.0f").replace(k.name, "mean_cut")

@@ -333,28 +333,49 @@ def _outputs(gen: _Gen, strip: int, it: str, acc: str) -> list[str]:
     return lines + ["  " + t for t in "\n".join(epi).split("\n")] + ["}"]
 
 
+def plane_packing(m: WindowMatch, block: int, strip: int) -> tuple[int, int]:
+    """``(threads a plane, planes a block)``: the smallest power of two of whole warps covering a
+    plane's strips, so a block of small planes (7x7, 14x14) is not mostly idle; at most
+    ``PLANE_MAX_BYTES`` of tiles."""
+    strips = m.out_shape[2] * -(-m.out_shape[3] // strip)
+    tpp = 32
+    while tpp < min(strips, block):
+        tpp *= 2
+    cap = min(block // min(tpp, block), PLANE_MAX_BYTES // plane_bytes(m), m.out_shape[0] * m.out_shape[1])
+    per_block = 1
+    while per_block * 2 <= cap and block % (64 * per_block) == 0:  # whole warps a plane
+        per_block *= 2
+    return block // per_block, per_block
+
+
 def _plane_body(gen: _Gen, it: str, block: int, strip: int) -> list[str]:
-    """A block per (n, c) plane: the input plane is loaded once, coalesced and through the
-    prologue, into shared memory; each thread then computes strips of ``strip`` outputs of the
-    plane from it, as the strip kernel does from global memory, and the block sums the plane
-    means (warp sums, then a partial a warp in shared memory after the tile)."""
+    """A block per ``PB`` consecutive (n, c) planes (``plane_packing``): the input planes are
+    loaded once, coalesced and through the prologue, into shared memory; ``TPP`` threads a plane
+    then compute strips of ``strip`` outputs from its tile, as the strip kernel does from global
+    memory, and sum the plane means (warp sums, a partial a warp after the tiles, one thread a
+    plane adds its warps')."""
     g, m = gen.g, gen.m
     N, C, OH, OW = m.out_shape
     _, _, H, W = m.in_shape
     x = m.node.inputs[0]
     sw_ = -(-OW // strip)
+    tpp, pb = plane_packing(m, block, strip)
     lines = ["extern __shared__ __align__(16) unsigned char tdb_smem[];",
-             "float* tile = reinterpret_cast<float*>(tdb_smem);",
-             f"for ({it} nc = blockIdx.x; nc < {N * C}; nc += gridDim.x) {{",
-             f"  const int c = (int)(nc % {C});",
-             f"  for (int j = threadIdx.x; j < {H * W}; j += {block}) {{",
-             f"    const {it} xi = nc * {H * W} + j;"]
+             "float* tiles = reinterpret_cast<float*>(tdb_smem);",
+             f"const int p = threadIdx.x / {tpp}, lt = threadIdx.x % {tpp};",
+             f"for ({it} nb = blockIdx.x; nb < {-(-N * C // pb)}; nb += gridDim.x) {{",
+             f"  for (int j = threadIdx.x; j < {pb * H * W}; j += {block}) {{",
+             f"    const {it} xi = nb * {pb * H * W} + j;",
+             f"    if (xi >= {N * C * H * W}) break;",
+             f"    const int c = (int)(xi / {H * W} % {C});"]
     tap: list[str] = []
     xv = gen.cone(m.prologue, x, "xi", m.in_shape, {}, "q", tap)
-    tap.append(f"tile[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
+    tap.append(f"tiles[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
     lines += ["    " + t for t in tap]
     lines += ["  }", "  __syncthreads();"] + [f"  float ps{k} = 0.0f;" for k in range(len(m.pooled))]
-    lines += [f"  for (int s = threadIdx.x; s < {OH * sw_}; s += {block}) {{",
+    lines += [f"  const {it} nc = nb * {pb} + p;", f"  const int c = (int)(nc % {C});",
+              f"  const float* tile = tiles + p * {H * W};",
+              f"  for (int s = lt; s < {OH * sw_} && nc < {N * C}; s += {tpp}) {{",
               f"    const int ow0 = (s % {sw_}) * {strip};", f"    const int oh = s / {sw_};"]
     el: list[str] = []
     (acc,) = _window_body(gen, el, strip, it, tile=True)
@@ -362,19 +383,19 @@ def _plane_body(gen: _Gen, it: str, block: int, strip: int) -> list[str]:
     lines += ["    " + t for t in "\n".join(el).split("\n")]
     lines.append("  }")
     if m.pooled:
-        P, warps = len(m.pooled), block // 32
-        lines.append(f"  float* red = tile + {H * W};")
+        P, wpp = len(m.pooled), tpp // 32
+        lines.append(f"  float* red = tiles + {pb * H * W};")
         for k in range(P):
             lines += [f"  ps{k} = tdb_wsum<32>(ps{k});",
                       f"  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32 * {P} + {k}] = ps{k};"]
-        lines += ["  __syncthreads();", "  if (threadIdx.x == 0) {"]
+        lines += ["  __syncthreads();", f"  if (lt == 0 && nc < {N * C}) {{"]
         for k, n in enumerate(m.pooled):
             lines += [f"    float t{k} = 0.0f;",
-                      f"    for (int q = 0; q < {warps}; ++q) t{k} += red[q * {P} + {k}];",
+                      f"    for (int q = p * {wpp}; q < (p + 1) * {wpp}; ++q) t{k} += red[q * {P} + {k}];",
                       f"    {gen.params[n.outputs[0]]}[nc] = "
                       f"{store_conv(g.type_of(n.outputs[0]).dtype, f't{k} / {float(OH * OW)!r}f')};"]
         lines.append("  }")
-    lines += ["  __syncthreads();  // the next plane overwrites the tile", "}"]
+    lines += ["  __syncthreads();  // the next planes overwrite the tiles", "}"]
     return lines
 
 
@@ -431,8 +452,10 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
     if layout == "plane":
         if m.pooled and block % 32:
             raise ValueError(f"block {block}: a plane mean needs whole warps")
+        tpp, pb = plane_packing(m, block, strip)
         return _finish(g, gen, _plane_body(gen, _index_type(m), block, strip), block,
-                       max(1, min(N * C, sm_count * 8)), plane_bytes(m) + 4 * len(m.pooled) * (block // 32))
+                       max(1, min(-(-N * C // pb), sm_count * 8)),
+                       pb * plane_bytes(m) + 4 * len(m.pooled) * (block // 32))
     if layout != "strip":
         raise ValueError(f"window layout {layout!r}: expected strip or plane")
     if m.pooled:
