@@ -156,6 +156,26 @@ def test_layout_and_split_k_features_follow_the_candidate():
     assert {"trans_b_share", "est_splitk_us"} <= set(FEATURES)
 
 
+def test_traffic_and_relative_features_see_what_padding_reads():
+    """A LoRA-like set of uneven m: the padded stack reads the activations padded to the largest
+    m, concat reads them once; relative estimates are 0 for the workload's best estimate."""
+    from tunedb.costmodel.packing import REL_KEYS, moved_bytes, traffic_features
+    from tunedb.kernels.packing import Member, PackingWorkload
+
+    ms = tuple(Member(m, 16, 4096, dtype="bfloat16") for m in (380, 210, 120, 40))
+    w = PackingWorkload("lora", "t", ms)
+    by_name = {c.name: c for c in candidates(w)}
+    assert moved_bytes(ms, "padded") == 2 * 4 * (380 * 4096 + 4096 * 16 + 380 * 16)
+    assert moved_bytes(ms, "concat") == 2 * (750 * 4096 + 4096 * 64 + 750 * 64)
+    assert moved_bytes(ms, "serial") == sum(x.bytes() for x in ms)
+    pad, cat = (traffic_features(w, by_name[n]) for n in ("whole:padded", "k:concat"))
+    assert pad["est_moved_us"] > cat["est_moved_us"] and pad["moved_over_bytes"] > 1.5
+    rel = [features(w, c) for c in candidates(w)]
+    for k in REL_KEYS:
+        assert min(r[f"rel_{k}"] for r in rel) == 0.0
+        assert all(r[f"rel_{k}"] >= 0.0 for r in rel)
+
+
 def test_board_labels_judge_a_workload_on_one_board_basis():
     """Two boards 10 % apart: the one that measured part of a workload is scaled to the one that
     measured most of it (the reference) on the candidates both measured, so a candidate only the

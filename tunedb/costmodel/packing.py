@@ -5,10 +5,10 @@ alone, so the model ranks candidates before any is measured: member counts, FLOP
 spread of m/n/k, waves and tail of 128x128 tiles on the H200's 132 SMs, the sum and the max of the
 members' single-op roofline times, and per candidate its backends' shares, clusters, concurrency,
 launches, padding waste, waves rounded up per launch, a split-K-aware wave time, the share of
-members whose B is read transposed, its partition, largest batched problem and most streams.
-Two XGBoost models: a regression on log(µs) and a pairwise ranker of each workload's
-candidates; a workload's predictions are the regression's times in the ranker's order
-(``predict_us``).
+members whose B is read transposed, its partition, largest batched problem, most streams, the
+bytes it moves, and its estimates over the best of the workload's candidates. Two XGBoost
+models: a regression on log(µs) and a pairwise ranker of each workload's candidates; a
+workload's predictions are the regression's times in the ranker's order (``predict_us``).
 
 Held-out evaluation (``evaluate``): the fusion kind's four splits (``evaluate_fits``: by
 workload, op = scenario, shape, family) with its metric keys; per held-out workload also: is the
@@ -42,13 +42,14 @@ from tunedb.kernels.packing import (
     Member,
     PackingWorkload,
     candidate_waste,
+    candidates,
     done_macs,
     padded_shape,
 )
 from tunedb.records import canonical_json, sha256_hex
 from tunedb.store import BUSY_WAIT_S, TuningStore
 
-FEATURE_SCHEMA = "packing/4"  # 2: share_padded_t; 3: waves per launch; 4: layout, split-K
+FEATURE_SCHEMA = "packing/5"  # 2: padded_t; 3: waves per launch; 4: layout, split-K; 5: traffic, relative
 SMS, TILE = 132, 128
 PEAK_FLOPS = {"float32": 60e12, "bfloat16": 800e12, "float16": 800e12}  # attainable, not datasheet
 PEAK_BYTES = 4.0e12
@@ -177,9 +178,59 @@ def splitk_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
     return {"est_splitk_us": total / max(1, c.concurrent), "mean_split": float(np.mean(splits))}
 
 
+def moved_bytes(mem: Sequence[Member], backend: str) -> int:
+    """Bytes a backend reads and writes for ``mem``: the padded stacks of the batched backends,
+    ``concat``'s stacked rows and whole output, each member's own operands otherwise."""
+    isz = DTYPES[mem[0].dtype]
+    if backend in ("padded", "padded_t", "pointer"):
+        M, N, K = padded_shape(mem)
+        return isz * sum(x.batch for x in mem) * (M * K + K * N + M * N)
+    if backend == "concat":
+        rows, cols = sum(x.batch * x.m for x in mem), sum(x.n for x in mem)
+        return isz * (rows * mem[0].k + mem[0].k * cols + rows * cols)
+    return sum(x.bytes() for x in mem)
+
+
+def traffic_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
+    """Memory traffic: padding a LoRA set to its largest m reads the activations many times."""
+    total, us = 0, 0.0
+    for cl in c.clusters:
+        mem = [w.members[i] for i in cl.members]
+        b = moved_bytes(mem, cl.backend)
+        total += b
+        us += _roofline_us(2 * done_macs(mem, cl.backend), b, mem[0].dtype) / max(1, cl.streams)
+    return {"log_moved_bytes": math.log2(total), "moved_over_bytes": total / w.bytes(),
+            "est_moved_us": us / max(1, c.concurrent)}
+
+
+REL_KEYS = ("est_sum_us", "est_lanes_us", "est_wave_us", "est_splitk_us", "est_moved_us",
+            "cand_wave_slots", "launches", "cand_tiles")
+_best_estimates: dict[str, dict[str, float]] = {}  # workload hash -> REL_KEYS' minima
+
+
+def _estimates(w: PackingWorkload, c: Candidate) -> dict[str, float]:
+    f = {**candidate_features(w, c), **splitk_features(w, c), **traffic_features(w, c)}
+    return {k: f[k] for k in REL_KEYS}
+
+
+def relative_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
+    """Each estimate and size over the workload's least among all its candidates (log): a ranker
+    compares candidates of one workload, and the ratio carries over between workloads of other
+    scales and families where the absolute time does not (docs/packing.md, ``packing/5``)."""
+    best = _best_estimates.get(w.hash)
+    if best is None:
+        ests = [_estimates(w, x) for x in candidates(w)]
+        best = {k: min(e[k] for e in ests) for k in REL_KEYS}
+        if len(_best_estimates) > 4096:
+            _best_estimates.clear()
+        _best_estimates[w.hash] = best
+    own = _estimates(w, c)
+    return {f"rel_{k}": math.log(own[k] / best[k]) for k in REL_KEYS}
+
+
 def features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
     return {**workload_features(w), **candidate_features(w, c), **layout_features(w, c),
-            **splitk_features(w, c)}
+            **splitk_features(w, c), **traffic_features(w, c), **relative_features(w, c)}
 
 
 def _feature_names() -> tuple[str, ...]:
