@@ -40,6 +40,7 @@ WINDOW_CONFIG = {"mapping": "elementwise", "block": 256}
 MAX_CONST_ELEMS = 4096
 STRIP = 4  # outputs per thread along a row (``strip_width``)
 PLANE_MAX_BYTES = 100 * 1024  # a "plane" kernel's input plane in shared memory, 2+ blocks an SM
+LOAD_BATCH = 8  # a plane kernel's loads a thread in flight while it fills the tiles
 
 
 class _GraphView:
@@ -364,14 +365,23 @@ def _plane_body(gen: _Gen, it: str, block: int, strip: int) -> list[str]:
              "float* tiles = reinterpret_cast<float*>(tdb_smem);",
              f"const int p = threadIdx.x / {tpp}, lt = threadIdx.x % {tpp};",
              f"for ({it} nb = blockIdx.x; nb < {-(-N * C // pb)}; nb += gridDim.x) {{",
-             f"  for (int j = threadIdx.x; j < {pb * H * W}; j += {block}) {{",
-             f"    const {it} xi = nb * {pb * H * W} + j;",
-             f"    if (xi >= {N * C * H * W}) break;",
-             f"    const int c = (int)(xi / {H * W} % {C});"]
+             # the block's planes (fewer at the end): LOAD_BATCH loads a thread in flight, then
+             # the stores, or a 50 KB plane would be read one latency per element a thread
+             f"  const int n_in = (int)({N * C * H * W}LL - (long long)nb * {pb * H * W} < {pb * H * W} "
+             f"? {N * C * H * W}LL - (long long)nb * {pb * H * W} : {pb * H * W});",
+             f"  for (int j0 = threadIdx.x; j0 < n_in; j0 += {LOAD_BATCH * block}) {{",
+             f"    float ld[{LOAD_BATCH}];",
+             "    #pragma unroll",
+             f"    for (int u = 0; u < {LOAD_BATCH}; ++u) {{",
+             # clamped to the last element, not branched around: the batch's loads issue together
+             f"      const {it} xi = nb * {pb * H * W} + min(j0 + u * {block}, n_in - 1);",
+             f"      const int c = (int)(xi / {H * W} % {C});"]
     tap: list[str] = []
     xv = gen.cone(m.prologue, x, "xi", m.in_shape, {}, "q", tap)
-    tap.append(f"tiles[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
-    lines += ["    " + t for t in tap]
+    tap.append(f"ld[u] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
+    lines += ["      " + t for t in tap]
+    lines += ["    }", "    #pragma unroll", f"    for (int u = 0; u < {LOAD_BATCH}; ++u)",
+              f"      if (j0 + u * {block} < n_in) tiles[j0 + u * {block}] = ld[u];"]
     lines += ["  }", "  __syncthreads();"] + [f"  float ps{k} = 0.0f;" for k in range(len(m.pooled))]
     lines += [f"  const {it} nc = nb * {pb} + p;", f"  const int c = (int)(nc % {C});",
               f"  const float* tile = tiles + p * {H * W};",
