@@ -41,6 +41,7 @@ MAX_CONST_ELEMS = 4096
 STRIP = 4  # outputs per thread along a row (``strip_width``)
 PLANE_MAX_BYTES = 100 * 1024  # a "plane" kernel's input plane in shared memory, 2+ blocks an SM
 LOAD_BATCH = 8  # a plane kernel's loads a thread in flight while it fills the tiles
+PLANE_STRIDES: frozenset[int] = frozenset()  # row strides whose windows default to the plane
 
 
 class _GraphView:
@@ -416,15 +417,19 @@ TAP_COSTLY_OPS = frozenset(("exp", "log", "sigmoid", "tanh", "erf", "gelu", "sin
                             "sqrt", "rsqrt", "reciprocal"))
 
 
-def default_layout(m: WindowMatch) -> str:
-    """The layout ``window_kernel`` gives ``m`` unless told: a plane mean needs the plane."""
-    return "plane" if m.pooled else "strip"
+def default_layout(m: WindowMatch, stride_w: int = 1) -> str:
+    """The layout ``window_kernel`` gives ``m`` unless told: a plane mean needs the plane; with
+    ``PLANE_STRIDES``, windows of those strides take it when the plane fits."""
+    if m.pooled:
+        return "plane"
+    fits = m.in_shape[2] * m.in_shape[3] * 4 <= PLANE_MAX_BYTES
+    return "plane" if stride_w in PLANE_STRIDES and fits else "strip"
 
 
 def costly_prologue(g: Graph, m: WindowMatch) -> bool:
     """Whether ``m``'s prologue recomputes an SFU-bound op at more than one tap per element (a
     plane kernel runs it once an element, into shared memory)."""
-    if default_layout(m) == "plane":
+    if default_layout(m, window_stride(g, m)) == "plane":
         return False
     w = m.node
     if w.op == "conv2d":
@@ -458,7 +463,7 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
         raise ValueError(f"strip {strip}: a thread computes at least one output")
     strip = min(strip, OW)
     if layout is None:
-        layout = default_layout(m)
+        layout = default_layout(m, window_stride(g, m))
     if layout == "plane":
         if m.pooled and block % 32:
             raise ValueError(f"block {block}: a plane mean needs whole warps")
