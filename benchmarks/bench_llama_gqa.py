@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("models", nargs="*", type=Path)
     p.add_argument("--plan-only", action="store_true", help="plan on the CPU only (a dry run)")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)
     device = "CPU (plan only)"
     if not a.plan_only:
         from tunedb.runtime.device import device_info
