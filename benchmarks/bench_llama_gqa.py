@@ -47,7 +47,21 @@ def plan_only(path: Path) -> dict:
             "error": None} for v in VARIANTS}}
 
 
-def run_file(path: Path, rounds: int = 2) -> dict:
+def _timer(lock: Path | None) -> Any:
+    """``throughput_us``, under bench_zoo_plan's GPU lock when ``lock`` is given (a zoo run
+    beside this one then never times at the same moment)."""
+    if lock is None:
+        return throughput_us
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_zoo_plan import gpu_lock
+
+    def timed(run: Any, sync: Any, target_s: float) -> float:
+        with gpu_lock(lock):
+            return throughput_us(run, sync, target_s=target_s)
+    return timed
+
+
+def run_file(path: Path, rounds: int = 2, lock: Path | None = None) -> dict:
     import cupy
 
     from tunedb.runtime.executor import PlanExecutor
@@ -74,11 +88,12 @@ def run_file(path: Path, rounds: int = 2) -> dict:
                 built[v] = ex
         except Exception as e:  # noqa: BLE001 - recorded, the other variant still runs
             r["error"] = _one_line(e)
+    timer = _timer(lock)
     for k in range(rounds):
         for v in (VARIANTS if k % 2 == 0 else VARIANTS[::-1]):
             if v in built:
                 ex = built[v]
-                rec["variants"][v]["us"].append(throughput_us(ex.replay, ex.synchronize, target_s=0.1))
+                rec["variants"][v]["us"].append(timer(ex.replay, ex.synchronize, target_s=0.1))
     return rec
 
 
@@ -87,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("models", nargs="*", type=Path)
     p.add_argument("--plan-only", action="store_true", help="plan on the CPU only (a dry run)")
+    p.add_argument("--gpu-lock", type=Path, help="hold bench_zoo_plan.py's lock file while timing")
     a = p.parse_intermixed_args(argv)
     device = "CPU (plan only)"
     if not a.plan_only:
@@ -98,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | variant | kernels | predicted µs | launches | capture | verified (rel) | µs (rounds) |")
     print("|---|---|---|---|---|---|---|---|")
     for path in a.models or DEFAULT_FILES:
-        rec = plan_only(path) if a.plan_only else run_file(path)
+        rec = plan_only(path) if a.plan_only else run_file(path, lock=a.gpu_lock)
         result["entries"].append(rec)
         a.out.write_text(json.dumps(result, indent=1))
         for v, r in rec["variants"].items():
