@@ -3,7 +3,7 @@ verified against eager, and timed against the backend's own plans replayed as tu
 path times them, in interleaved rounds (issue 24: the backend no slower than the ONNX path).
 
     python benchmarks/bench_torch_backend.py OUT.json [--cases bert_base:bfloat16,...]
-        [--rounds 5] [--target-s 0.05] [--budget-s 80] [--eager]
+        [--rounds 5] [--target-s 0.05] [--budget-s 80] [--eager] [--items plan_replay,...]
     python benchmarks/bench_torch_backend.py --table OUT.json   # the markdown table of a run
 
 Models as the zoo builds them (``export_zoo.MODELS``: library default configs, random weights,
@@ -51,7 +51,7 @@ from tunedb.bench.provenance import provenance  # noqa: E402
 
 CASES = ("bert_base:bfloat16", "resnet50:bfloat16", "resnet50:float32", "bert_base:float32")
 OPTIONS = {("bert_base", "bfloat16"): {"gemm_epilogue": True, "gelu_epilogue": True, "cublaslt": True}}
-COST_S = {"bert_base": 32, "resnet50": 22}  # rough compile + rounds on an H200 host
+COST_S = {"bert_base": 45, "resnet50": 27}  # rough compile + rounds on an H200 host
 SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -179,6 +179,8 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
                         items[f"backend_{kind}_{mode}_{out}"] = (call, sync)
             if a.eager:
                 items["eager"] = (lambda: model(*args), sync)
+            if a.items:
+                items = {k: v for k, v in items.items() if k in a.items}
             before = [dict(g.runs.calls) for g in graphs]
             rec["rounds"] = rounds(items, a.rounds, a.target_s)
             rec["host_us"] = {k: host_us(*items[k]) for k in items if k != "eager"}
@@ -237,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-s", type=float, default=0.05, help="seconds per timed batch")
     p.add_argument("--budget-s", type=float, default=600.0, help="no case starts that would end later")
     p.add_argument("--eager", action="store_true", help="time the module eagerly too")
+    p.add_argument("--items", default="", help="only these timed items (comma-separated names)")
     a = p.parse_args(argv)
     cases = [tuple(c.split(":")) for c in a.cases.split(",") if c]
+    a.items = [k for k in a.items.split(",") if k]
     bad = [":".join(c) for c in cases if len(c) != 2 or c[0] not in COST_S or c[1] not in SHORT]
     if bad or a.rounds < 1:
         print(f"error: bad --cases {', '.join(bad)} (model:dtype with model in {', '.join(COST_S)}, "

@@ -23,7 +23,6 @@ first. No call synchronizes the host. Imports torch and CuPy: used only where bo
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -132,6 +131,10 @@ class Handoff:
                 tensors = {v: torch.empty(types[v].shape, dtype=getattr(torch, types[v].dtype),
                                           device=self._out_views[0].device)
                            for v in dict.fromkeys(self.outputs)}
+                # The base: our tensor alone. Counted later it could include a transient view
+                # of ours (the CuPy arrays below die with the rebuilt launches), and a held
+                # output would then look free.
+                base = [storage_refs(t) for t in tensors.values()]
                 arrays = {v: cupy_view(t) for v, t in tensors.items()}
                 made = {(False, k): self.ex.bind(arrays)}
                 if bound:
@@ -141,8 +144,7 @@ class Handoff:
                 break
             self._graphs.update(made)
             self._slots.append(tensors)
-        gc.collect()  # no stray view of a slot may sit in the base counts
-        self._slot_base = [[storage_refs(t) for t in s.values()] for s in self._slots]
+            self._slot_base.append(base)
 
     def _free_slot(self) -> int | None:
         if not self.use_slots:
