@@ -25,6 +25,9 @@ difference from eager relative to the output's largest magnitude, and in ``--rou
   (``torch_handoff``);
 - ``eager`` (``--eager``): the module itself.
 
+- ``runs_bound_stream_<slot|clone>``: the hand-off (``Handoff.run``) called directly, without
+  Dynamo's guards and frame.
+
 ``host_us`` per item: the host's time per call (``host_us``), to tell a GPU-bound loop from a
 host-bound one.
 
@@ -177,6 +180,14 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
                     for out in ("slot", "clone"):
                         call = backend_call(inputs, mode, out == "slot")
                         items[f"backend_{kind}_{mode}_{out}"] = (call, sync)
+            if len(graphs) == 1:  # the hand-off without Dynamo: its Python and guards left out
+                (g0,) = graphs
+                user = [args[i] for i in g0.user_inputs]
+                for out in ("slot", "clone"):
+                    def direct(slots: bool = out == "slot") -> Any:
+                        g0.runs.mode, g0.runs.use_slots = "stream", slots
+                        return g0.runs.run(user)
+                    items[f"runs_bound_stream_{out}"] = (direct, sync)
             if a.eager:
                 items["eager"] = (lambda: model(*args), sync)
             if a.items:
