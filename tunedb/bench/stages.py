@@ -2,7 +2,7 @@
 
     python -m tunedb.bench.stages OUT.json [--peers[=NAME,...]] [--refine] [--refine-all]
                                   [--oracle=block|full|none] [--concat-views] [--one-stream]
-                                  [--merge] [--only=NAME,...] [--budget-s=200]
+                                  [--merge[=KEY,...]] [--only=NAME,...] [--budget-s=200]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
     python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json [--stored=ROWS.json]
     python -m tunedb.bench.stages CANDIDATES.json --candidates [--only=NAME,...]
@@ -31,7 +31,8 @@ streams). ``--merge``: the plans with sibling convolutions merged (IOS's merge s
 ``ios_merge`` (every merge), ``auto_merge`` (``schedule="auto", merge="auto"``), with concat
 views when ``--concat-views``; on Inception ``ios_merge_exact`` too (only the merges of one
 kernel size: the 1x1 heads, no zero taps); with ``--refine`` the refinement on ``ios_merge`` too where it has
-concurrent stages (``ios_merge_refined``). ``--only``'s order is the run order.
+concurrent stages (``ios_merge_refined``); ``--merge=ios_merge,...`` only those variants.
+``--only``'s order is the run order.
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
 Every measured stage goes to ``OUT_rows.json`` with the plan it belongs to; ``--replay`` runs the
 refinement loop on the CPU against those times and compares it with the oracle (``replay``);
@@ -329,7 +330,7 @@ MERGE_KEYS = ("sequential_merge", "ios_merge", "auto_merge", "ios_merge_refined"
 
 def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: float, only: list[str],
         oracle: str = "block", concat_views: bool = False, refine_all: bool = False,
-        one_stream: bool = False, merge: bool = False) -> dict:
+        one_stream: bool = False, merge: bool | list[str] = False) -> dict:
 
 
     t_start = time.perf_counter()
@@ -383,6 +384,8 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                 bound = bind_constants(graph, dev, weights)
                 exact = [("ios_merge_exact", "ios", "exact")] if name.startswith("inception") else []
                 for key, sched, how in (*MERGE_VARIANTS, *exact):
+                    if merge is not True and key not in merge:
+                        continue
                     t = time.perf_counter()
                     plans[key] = compile_plan(bound, device="cuda", schedule=sched, bias_epilogue=True,
                                               concat_views=concat_views, merge=how)
@@ -430,7 +433,7 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool, budget_s: floa
                     rec["ios_oracle"] = _run_plan(apply_stages(base, st, {"schedule": "ios (oracle)"}),
                                                   dev, refs, ort, graph)
                     say(f"{name} ios oracle: {rec['ios_oracle'].get('us')} us")
-                if merge and any(len(st) > 1 for st in plans["ios_merge"].stages):
+                if "ios_merge" in plans and any(len(st) > 1 for st in plans["ios_merge"].stages):
                     base = replace(plans["ios_merge"], stages=())
                     rec["refine_merge"] = refine(base, say, deadline - 30, "none")
                     rows = rec["refine_merge"].pop("all_rows")
@@ -523,6 +526,8 @@ def main(argv: list[str]) -> int:
     if oracle not in ("block", "full", "none"):
         print(f"error: --oracle must be block, full or none, got {oracle!r}", file=sys.stderr)
         return 2
+    merge_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--merge=")), None)
+    merge: bool | list[str] = "--merge" in argv if merge_arg is None else merge_arg.split(",")
     peer_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--peers=")), None)
     peers: bool | list[str] = "--peers" in argv if peer_arg is None else peer_arg.split(",")
     if peers is not True and peers and not set(peers) <= set(PEERS):
@@ -530,7 +535,7 @@ def main(argv: list[str]) -> int:
         return 2
     run(Path(argv[0]), peers, "--refine" in argv, budget, names, oracle,
         concat_views="--concat-views" in argv, refine_all="--refine-all" in argv,
-        one_stream="--one-stream" in argv, merge="--merge" in argv)
+        one_stream="--one-stream" in argv, merge=merge)
     return 0
 
 
