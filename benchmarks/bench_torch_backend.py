@@ -17,10 +17,11 @@ difference from eager relative to the output's largest magnitude, and in ``--rou
   the ONNX path's tables time: inputs in place, outputs left in the plan's buffers);
 - ``plan_replay_caller``: the same graphs launched on the caller's stream (mostly the legacy
   default stream): what a launch there costs by itself;
-- ``backend_<bound|copy>_<stream|caller>_<slot|clone>``: the compiled module end to end.
+- ``backend_<bound|copy>_<stream|plan|caller>_<slot|clone>``: the compiled module end to end.
   ``bound``: called with the tensors it was compiled on (read by pointer, no input copy),
   ``copy``: with equal tensors elsewhere (copied in); ``stream``: the plan on its own stream
-  with two waits, ``caller``: the graph launched on the caller's stream; ``slot``: outputs
+  with two waits, ``plan``: the same with the copies on the plan's stream too, ``caller``: the
+  graph launched on the caller's stream; ``slot``: outputs
   written into a free output slot and handed out as they are, ``clone``: copied out
   (``torch_handoff``);
 - ``eager`` (``--eager``): the module itself.
@@ -54,7 +55,7 @@ from tunedb.bench.provenance import provenance  # noqa: E402
 
 CASES = ("bert_base:bfloat16", "resnet50:bfloat16", "resnet50:float32", "bert_base:float32")
 OPTIONS = {("bert_base", "bfloat16"): {"gemm_epilogue": True, "gelu_epilogue": True, "cublaslt": True}}
-COST_S = {"bert_base": 45, "resnet50": 27}  # rough compile + rounds on an H200 host
+COST_S = {"bert_base": 30, "resnet50": 26}  # rough compile + rounds on an H200 host
 SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -176,7 +177,7 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
             if all(e.graph_capture for e in ex):
                 items["plan_replay_caller"] = (replay_caller, sync)
             for kind, inputs in (("bound", args), ("copy", other)):
-                for mode in ("stream", "caller"):
+                for mode in ("stream", "plan", "caller"):
                     for out in ("slot", "clone"):
                         call = backend_call(inputs, mode, out == "slot")
                         items[f"backend_{kind}_{mode}_{out}"] = (call, sync)

@@ -155,12 +155,12 @@ def test_backend_matches_eager_on_the_default_and_a_side_stream(options):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("handoff", ["stream", "caller"])
+@pytest.mark.parametrize("handoff", ["stream", "plan", "caller"])
 def test_backend_binds_inputs_and_output_slots_and_copies_otherwise(handoff):
     """The example input is bound by pointer: calls with that tensor (rewritten in place between
     calls) copy nothing in, calls with another tensor copy it in. Outputs come in one of two
     slots while a slot is free, and as copies once the caller holds both. Every output, kept
-    ones included, equals eager, on the default and a side stream, for both hand-offs."""
+    ones included, equals eager, on the default and a side stream, for every hand-off mode."""
     from tunedb.frontends.torch_backend import TOLERANCE, TunedbGraph
 
     torch.manual_seed(0)

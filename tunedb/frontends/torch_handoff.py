@@ -16,9 +16,11 @@ memory (``PlanExecutor.bind``):
   ``untyped_storage()`` is not seen, as in torch's own CUDA-graph trees.)
 
 ``mode``: ``"stream"`` runs the graph on the executor's stream behind a wait for the caller's
-stream, and makes the caller's stream wait for it; ``"caller"`` launches the graph on the
-caller's stream (no waits). A call from another stream than the last waits for the last run
-first. No call synchronizes the host. Imports torch and CuPy: used only where both run.
+stream, and makes the caller's stream wait for it (copies in and out on the caller's stream);
+``"plan"`` does the same with the copies on the executor's stream as well (the caller's stream
+only waits); ``"caller"`` launches the graph on the caller's stream (no waits). A call from
+another stream than the last waits for the last run first. No call synchronizes the host.
+Imports torch and CuPy: used only where both run.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def storage_refs(t: Any) -> int:
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
+MODES = ("stream", "plan", "caller")
+
+
 class Handoff:
     """A plan's graphs for one FX graph's calls (see the module doc). ``errors`` says what could
     not be bound; ``calls`` counts calls by (inputs bound, outputs in a slot)."""
@@ -76,8 +81,8 @@ class Handoff:
     def __init__(self, executor: PlanExecutor, names: Sequence[str], mode: str = "stream") -> None:
         import torch
 
-        if mode not in ("stream", "caller"):
-            raise ValueError(f"hand-off mode {mode!r}: expected 'stream' or 'caller'")
+        if mode not in MODES:
+            raise ValueError(f"hand-off mode {mode!r}: expected one of {', '.join(MODES)}")
         self.ex, self.names, self.mode = executor, list(names), mode
         g = executor.graph
         self.outputs = list(g.outputs)
@@ -167,31 +172,65 @@ class Handoff:
             # waits for it before writing the input buffers or replaying over its outputs.
             caller.wait_stream(self._last_caller)
         self._last_caller = caller
-        if not bound:
-            for buf, t in zip(self._in_views, args):
-                if t.shape != buf.shape:  # copy_ would broadcast
-                    raise ValueError(f"input {t.shape} does not fit the plan's {tuple(buf.shape)}")
-                buf.copy_(t)  # on the caller's stream; casts as the executor would (int64 ids)
+        for buf, t in zip(self._in_views, args):
+            if t.shape != buf.shape:  # copy_ would broadcast
+                raise ValueError(f"input {t.shape} does not fit the plan's {tuple(buf.shape)}")
         self.calls[(bound, slot is not None)] = self.calls.get((bound, slot is not None), 0) + 1
         graph = self._graphs.get((bound, slot))
         if graph is not None and self.mode == "caller":
+            if not bound:
+                self._copy_in(args, None)
             ptr = caller.cuda_stream
             if ptr not in self._cupy_streams:
                 import cupy as cp
 
                 self._cupy_streams[ptr] = cp.cuda.ExternalStream(ptr)
             graph.launch(self._cupy_streams[ptr])
-        else:
+            return self._outputs(slot, None)
+        if self.mode == "plan":  # copies in and out on the plan's stream too
             self._plan_stream.wait_stream(caller)  # the plan's stream waits for the inputs
-            if graph is not None:
-                graph.launch(self.ex.stream)
-            else:
-                self.ex.replay()  # launched eagerly: no graph was captured
+            with torch.cuda.stream(self._plan_stream):
+                if not bound:
+                    self._copy_in(args, self._plan_stream)
+                self._launch(graph)
+                outs = self._outputs(slot, caller)
             caller.wait_stream(self._plan_stream)  # and the caller's for the plan
+            return outs
+        if not bound:
+            self._copy_in(args, None)
+        self._plan_stream.wait_stream(caller)
+        self._launch(graph)
+        caller.wait_stream(self._plan_stream)
+        return self._outputs(slot, None)
+
+    def _launch(self, graph: Any) -> None:
+        if graph is not None:
+            graph.launch(self.ex.stream)
+        else:
+            self.ex.replay()  # launched eagerly: no graph was captured
+
+    def _copy_in(self, args: Sequence[Any], stream: Any) -> None:
+        """The inputs into the executor's buffers on torch's current stream; when that is the
+        plan's (``stream``), the caller's tensors are marked used there, so that their memory
+        is not handed out again before the copies ran."""
+        for buf, t in zip(self._in_views, args):
+            buf.copy_(t)  # casts as the executor would (int64 ids)
+            if stream is not None:
+                t.record_stream(stream)
+
+    def _outputs(self, slot: int | None, caller: Any) -> list[Any]:
+        """The slot's tensors, or copies of the executor's outputs made on torch's current
+        stream (marked used on ``caller``'s when that is another)."""
+        import torch
+
         if slot is not None:  # new tensors on the slot's storage: while any lives, the slot is held
             return [self._slots[slot][v].detach() for v in self.outputs]
         # Copies: the next call overwrites the executor's buffers.
-        return [y.clone(memory_format=torch.contiguous_format) for y in self._out_views]
+        outs = [y.clone(memory_format=torch.contiguous_format) for y in self._out_views]
+        if caller is not None:
+            for y in outs:
+                y.record_stream(caller)
+        return outs
 
 
 def _one_line(e: BaseException) -> str:
