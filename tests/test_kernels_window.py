@@ -151,11 +151,11 @@ def test_window_sources_compile_with_nvcc_for_sm90(tmp_path):
 
 
 def test_a_thread_loads_each_input_column_of_its_strip_once():
-    # 4 outputs of a 7x7 stride-1 row share 10 input columns (not 4 x 7 taps); stride 2 keeps
-    # one output a thread (``strip_width``): its 3x3 window's 3 columns
-    assert "float row[10];" in _plan(dwconv_block("float32", 7, 1)).kernels[0].source
-    assert "float row[3];" in _plan(dwconv_block("float32", 3, 2)).kernels[0].source
-    narrow = GraphBuilder("narrow")  # a row of 3 outputs: the strip is the row
-    x = narrow.input("x", (1, 4, 5, 3))
+    # 2 outputs of a 5x5 stride-1 row share 6 input columns (not 2 x 5 taps); of a 3x3 stride-2
+    # row, 5 (``strip_width``: strips of 2)
+    assert "float row[6];" in _plan(dwconv_block("float32", 5, 1)).kernels[0].source
+    assert "float row[5];" in _plan(dwconv_block("float32", 3, 2)).kernels[0].source
+    narrow = GraphBuilder("narrow")  # a row of 1 output: the strip is the row
+    x = narrow.input("x", (1, 4, 5, 1))
     y = narrow.max_pool2d(x, kernel=(3, 3), pads=(1, 1, 1, 1))
-    assert "float acc[3];" in _plan(narrow.build([y])).kernels[0].source
+    assert "float acc[1];" in _plan(narrow.build([y])).kernels[0].source

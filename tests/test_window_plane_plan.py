@@ -15,9 +15,9 @@ from tunedb.plan.window import kernel_count
 from tunedb.runtime.emu import build, mismatches
 
 
-def se_stage(stride: int = 2):
+def se_stage(stride: int = 2, hw: int = 9):
     b = GraphBuilder("silu_dw_silu_se")
-    x = b.input("x", (2, 16, 9, 9))
+    x = b.input("x", (2, 16, hw, hw))
     h = b.mul(x, b.sigmoid(x))
     y = b.conv2d(h, b.input("wd", (16, 1, 3, 3)), b.input("bd", (16,)), strides=(stride, stride),
                  pads=(1, 1, 1, 1), groups=16)
@@ -30,6 +30,13 @@ def test_the_squeeze_excitation_mean_merges_only_when_switched_on(monkeypatch, m
     monkeypatch.setattr(plan_window, "MERGE_PLANE_MEANS", merge)
     ix, part = _plan(se_stage(), window=True)
     assert kernel_count(part.costs) == (1 if merge else 3)
+
+
+def test_a_plane_too_large_keeps_the_mean_apart_and_merges_the_epilogue():
+    # 72x72 fp32 (20 KB) > PLANE_MAX_BYTES: the SiLU, the conv with its SiLU, the mean
+    ix, part = _plan(se_stage(hw=72), window=True)
+    ops = sorted(tuple(ix.nodes[j].op for j in g) for g in part.groups)
+    assert ops == [("conv2d", "sigmoid", "mul"), ("global_avg_pool",), ("sigmoid", "mul")]
 
 
 @needs_gxx

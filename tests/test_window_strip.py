@@ -29,15 +29,20 @@ def _plan(g, strip):
                       sha256_hex(w.source), w.R, w.C, "window")
 
 
-def test_the_rule_gives_stride_one_rows_a_strip_and_strided_windows_one_output():
-    assert strip_width(56, 1) == STRIP == 4
-    assert strip_width(3, 1) == 3  # a row narrower than the strip: the strip is the row
-    assert strip_width(56, 2) == 1
-    assert "float acc[4];" in window_kernel(dwconv_block("float32", 3, 1)).source
-    assert "float acc[1];" in window_kernel(dwconv_block("float32", 3, 2)).source
-    assert "float acc[1];" in window_kernel(pool_block("float32", "max_pool2d", 3, 2, 1)).source
+def test_the_rules_give_strips_of_two_and_wide_windows_the_plane():
+    # generalization_steps_h200.json: strips of 2 at strides 1 and 2; 7x7 stride 1 as a plane
+    assert strip_width(56, 1) == strip_width(56, 2) == STRIP == 2
+    assert strip_width(1, 1) == 1  # a row narrower than the strip: the strip is the row
+    assert strip_width(56, 1, "plane") == 4 and strip_width(56, 2, "plane") == 1
+    for g in (dwconv_block("float32", 3, 1), dwconv_block("float32", 3, 2),
+              pool_block("float32", "max_pool2d", 3, 2, 1)):
+        w = window_kernel(g)
+        assert "float acc[2];" in w.source and w.shared_bytes == 0
+    wide = window_kernel(dwconv_block("float32", 7, 1))  # a plane, strips of 4 from its tile
+    assert wide.shared_bytes > 0 and "float acc[4];" in wide.source
+    assert window_kernel(dwconv_block("float32", 7, 2)).shared_bytes == 0
     # a forced strip overrides the rule, capped at the row; a strip of 0 is refused
-    assert "float acc[2];" in window_kernel(dwconv_block("float32", 3, 2), strip=2).source
+    assert "float acc[3];" in window_kernel(dwconv_block("float32", 3, 2), strip=3).source
     assert "float acc[9];" in window_kernel(dwconv_block("float32", 3, 1), strip=16).source
     with pytest.raises(ValueError, match="strip 0"):
         window_kernel(dwconv_block("float32", 3, 1), strip=0)

@@ -38,10 +38,13 @@ from tunedb.records import sha256_hex
 WINDOW_OPS = ("conv2d", "max_pool2d", "avg_pool2d")
 WINDOW_CONFIG = {"mapping": "elementwise", "block": 256}
 MAX_CONST_ELEMS = 4096
-STRIP = 4  # outputs per thread along a row (``strip_width``)
-PLANE_MAX_BYTES = 100 * 1024  # a "plane" kernel's input plane in shared memory, 2+ blocks an SM
+STRIP = 2  # outputs per thread along a row of a strip kernel (``strip_width``)
+PLANE_STRIP = 4  # the same for stride-1 plane kernels
+PLANE_MIN_KW = 7  # stride-1 windows this wide default to the plane (ConvNeXt's 7x7: 1.15x)
+# A plane kernel's input planes in shared memory: 112x112 fp32 planes (49 KB, 4 blocks an SM)
+# lost to separate kernels on the H200, 56x56 and smaller won (generalization_steps_h200.json).
+PLANE_MAX_BYTES = 16 * 1024
 LOAD_BATCH = 8  # a plane kernel's loads a thread in flight while it fills the tiles
-PLANE_STRIDES: frozenset[int] = frozenset()  # row strides whose windows default to the plane
 
 
 class _GraphView:
@@ -233,12 +236,15 @@ class _Gen:
         return self.leaf(v, full, space)
 
 
-def strip_width(out_w: int, stride_w: int = 1) -> int:
+def strip_width(out_w: int, stride_w: int = 1, layout: str = "strip") -> int:
     """Outputs of one row a thread computes: adjacent outputs share most of their taps, so a
-    strip loads each input column (and runs the prologue on it) once for all of them. Strided
-    windows keep one output a thread: on the H200 a strip of 4 made every stride-2 depthwise
-    conv and pool measured 1.2-1.7x slower while the stride-1 ones gained 1.04-1.4x."""
-    return max(1, min(STRIP if stride_w == 1 else 1, out_w))
+    strip loads each input column (and runs the prologue on it) once for all of them. On the
+    H200 (data/bench/generalization_steps_h200.json) a strip of 2 was fastest or within 5 % in
+    16 of 17 window steps, at strides 1 and 2 (4 ran stride-2 windows 1.2-1.5x slower); plane
+    kernels were timed at 4 (stride 1) and 1 (stride 2), which they keep."""
+    if layout == "plane":
+        return max(1, min(PLANE_STRIP if stride_w == 1 else 1, out_w))
+    return max(1, min(STRIP, out_w))
 
 
 def window_stride(g: Graph, m: WindowMatch) -> int:
@@ -417,19 +423,26 @@ TAP_COSTLY_OPS = frozenset(("exp", "log", "sigmoid", "tanh", "erf", "gelu", "sin
                             "sqrt", "rsqrt", "reciprocal"))
 
 
-def default_layout(m: WindowMatch, stride_w: int = 1) -> str:
-    """The layout ``window_kernel`` gives ``m`` unless told: a plane mean needs the plane; with
-    ``PLANE_STRIDES``, windows of those strides take it when the plane fits."""
+def default_layout(m: WindowMatch, stride_w: int = 1, kernel_w: int = 1) -> str:
+    """The layout ``window_kernel`` gives ``m`` unless told: a plane mean needs the plane; a
+    stride-1 window ``PLANE_MIN_KW`` wide takes it when the plane fits (ConvNeXt's 7x7 re-reads
+    its rows from L1 7 times in a strip kernel: 24.9 µs as a plane, 28.6-29.5 as strips)."""
     if m.pooled:
         return "plane"
     fits = m.in_shape[2] * m.in_shape[3] * 4 <= PLANE_MAX_BYTES
-    return "plane" if stride_w in PLANE_STRIDES and fits else "strip"
+    return "plane" if stride_w == 1 and kernel_w >= PLANE_MIN_KW and fits else "strip"
+
+
+def window_width(g: Graph, m: WindowMatch) -> int:
+    """The window node's kernel width."""
+    w = m.node
+    return int(g.type_of(w.inputs[1]).shape[3] if w.op == "conv2d" else w.attr("kernel")[1])
 
 
 def costly_prologue(g: Graph, m: WindowMatch) -> bool:
     """Whether ``m``'s prologue recomputes an SFU-bound op at more than one tap per element (a
     plane kernel runs it once an element, into shared memory)."""
-    if default_layout(m, window_stride(g, m)) == "plane":
+    if default_layout(m, window_stride(g, m), window_width(g, m)) == "plane":
         return False
     w = m.node
     if w.op == "conv2d":
@@ -457,13 +470,13 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
         if g.type_of(v).dtype not in STORAGE:
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
     gen = _Gen(g, m)
+    if layout is None:
+        layout = default_layout(m, window_stride(g, m), window_width(g, m))
     if strip is None:
-        strip = strip_width(OW, window_stride(g, m))
+        strip = strip_width(OW, window_stride(g, m), layout)
     elif strip < 1:
         raise ValueError(f"strip {strip}: a thread computes at least one output")
     strip = min(strip, OW)
-    if layout is None:
-        layout = default_layout(m, window_stride(g, m))
     if layout == "plane":
         if m.pooled and block % 32:
             raise ValueError(f"block {block}: a plane mean needs whole warps")

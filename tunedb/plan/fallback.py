@@ -33,12 +33,12 @@ MAPPING_ORDER = {
 COLUMN_MAPPINGS = ("col_tiled", "col_cluster")
 # A column grid under half a wave of blocks leaves SMs idle: 8x slower on 65536x768 mean columns.
 MIN_COLUMN_WAVES = 0.5
-# Few long rows (GroupNorm at batch 8: 256 rows of 10240): a block per row leaves an SM a block or
-# two, too few loads in flight, and a row split over a cluster ran 1.14-1.7x faster in the shipped
-# data (256 x 65536, 64 x 250000; 1000 rows: the block per row won); below a few MiB (64 x 4099)
-# the split's extra sync loses, so it needs the bytes.
+# Few long rows: a block per row leaves an SM a block or two, and a row split over a cluster ran
+# 1.14-1.7x faster in the shipped data (256 x 65536, 64 x 250000; 1000 rows: the block per row
+# won). Rows of 20-40 KB (UNet's GroupNorm at batch 8, 256 x 5120-10240) lost with the split on
+# the H200 (block per row 1.0-1.7x faster, generalization_steps_h200.json), so it needs long rows.
 MIN_ROWS_PER_SM = 2
-SPLIT_ROW_MIN_BYTES = 4 << 20
+SPLIT_ROW_MIN_BYTES = 128 << 10  # of one row
 SPLIT_ROW_BLOCKS_PER_SM = 4  # the split that gives each SM this many blocks (best: s4-s8 there)
 ESTIMATE_BIN = 1.05  # estimates within 5 % count as equal, so the rules after them decide
 
@@ -46,7 +46,7 @@ ESTIMATE_BIN = 1.05  # estimates within 5 % count as equal, so the rules after t
 def _mapping_order(a: Analysis, elem_bytes: int, sm_count: int) -> tuple[str, ...]:
     if a.pattern in ("row_reduce", "multi"):
         short = a.C * elem_bytes <= SHORT_ROW_BYTES
-        few = a.R < MIN_ROWS_PER_SM * sm_count and a.R * a.C * elem_bytes >= SPLIT_ROW_MIN_BYTES
+        few = a.R < MIN_ROWS_PER_SM * sm_count and a.C * elem_bytes >= SPLIT_ROW_MIN_BYTES
         if not short and few:
             return MAPPING_ORDER["few_long_rows"]
         return MAPPING_ORDER["short_rows" if short else "long_rows"]
