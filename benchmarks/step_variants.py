@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tunedb.bench.plan import Entry, load_entry
+from tunedb.bench.provenance import provenance
 from tunedb.graph.ir import Graph
 from tunedb.kernels.analysis import UnsupportedFusion, analyze
 from tunedb.kernels.codegen import KernelPlan, KernelSpec, generate
@@ -212,7 +213,7 @@ def main() -> None:
         cp = import_cupy()
     t0 = time.monotonic()
     rows: list[dict] = []
-    result = {"benchmark": "step_variants", "argv": sys.argv[1:], "target_s": args.target_s,
+    result = {"benchmark": "step_variants", **provenance(), "target_s": args.target_s,
               "complete": False, "rows": rows}
     # a SIGTERM (timeout) ends the run through the finally below: the workers go too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"step_variants: terminated after {len(rows)} steps"))
