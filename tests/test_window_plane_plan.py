@@ -5,14 +5,26 @@ the plane kernel runs it once an element), matching the float64 reference in the
 from __future__ import annotations
 
 import pytest
-from test_kernels_window_plan import _plan, needs_gxx
+from test_kernels_window_plan import needs_gxx
 
 import tunedb.plan.window as plan_window
+from tunedb.costmodel.features import DeviceFacts
 from tunedb.graph.builder import GraphBuilder
 from tunedb.kernels.codegen import generate
 from tunedb.kernels.schedule import Schedule
+from tunedb.plan.cost import Coster
+from tunedb.plan.fusion import explore
+from tunedb.plan.rewrite import rewrite_for_plan
+from tunedb.plan.subgraph import GraphIndex
 from tunedb.plan.window import kernel_count
 from tunedb.runtime.emu import build, mismatches
+
+
+def _plan(graph, window: bool = True):
+    # a 2-SM device: the small test graphs' planes make a wave of blocks, as batch 16 does
+    g = rewrite_for_plan(graph)
+    ix = GraphIndex(g)
+    return ix, explore(ix, Coster(ix, device=DeviceFacts(sm_count=2)), window=window)
 
 
 def se_stage(stride: int = 2, hw: int = 9):
@@ -48,7 +60,7 @@ def test_the_merged_plane_kernel_matches_the_reference(monkeypatch, tmp_path):
         ix, part = _plan(se_stage(stride), window=True)
         (group,) = part.groups
         sub = ix.cut(group).graph
-        jobs.append((sub, window, generate(sub, window)))
+        jobs.append((sub, window, generate(sub, window, sm_count=2)))
     # 8 planes of 9x9 a block (a warp a plane: 25 outputs, or 27 strips of 4), a partial a warp
     assert all(p.kernels[0].shared_bytes == 8 * 9 * 9 * 4 + 4 * 8 for _, _, p in jobs)
     lib = build([p.kernels[0].source for _, _, p in jobs], str(tmp_path))

@@ -38,9 +38,11 @@ def test_the_rules_give_strips_of_two_and_wide_windows_the_plane():
               pool_block("float32", "max_pool2d", 3, 2, 1)):
         w = window_kernel(g)
         assert "float acc[2];" in w.source and w.shared_bytes == 0
-    wide = window_kernel(dwconv_block("float32", 7, 1))  # a plane, strips of 4 from its tile
+    # a plane, strips of 4 from its tile, given a wave of blocks (16 planes: 2 SMs); else strips
+    wide = window_kernel(dwconv_block("float32", 7, 1), sm_count=2)
     assert wide.shared_bytes > 0 and "float acc[4];" in wide.source
-    assert window_kernel(dwconv_block("float32", 7, 2)).shared_bytes == 0
+    assert window_kernel(dwconv_block("float32", 7, 1)).shared_bytes == 0  # 132 SMs: batch 1
+    assert window_kernel(dwconv_block("float32", 7, 2), sm_count=2).shared_bytes == 0
     # a forced strip overrides the rule, capped at the row; a strip of 0 is refused
     assert "float acc[3];" in window_kernel(dwconv_block("float32", 3, 2), strip=3).source
     assert "float acc[9];" in window_kernel(dwconv_block("float32", 3, 1), strip=16).source
@@ -157,7 +159,9 @@ def test_a_plane_kernel_writes_the_plane_mean_beside_its_outputs(tmp_path):
 
 def test_a_plane_mean_needs_the_plane_layout_and_must_be_a_final_output():
     g = se_block("float32", 2)
-    assert window_kernel(g).shared_bytes > 0  # the default layout takes the plane for it
+    assert window_kernel(g, sm_count=2).shared_bytes > 0  # the default layout takes the plane
+    with pytest.raises(UnsupportedFusion, match="under a wave"):  # 2 blocks of planes
+        window_kernel(g)
     with pytest.raises(UnsupportedFusion, match="plane layout"):
         window_kernel(g, layout="strip")
     b = GraphBuilder("mean_read")

@@ -470,8 +470,17 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
         if g.type_of(v).dtype not in STORAGE:
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
     gen = _Gen(g, m)
+    chosen = layout is None
     if layout is None:
         layout = default_layout(m, window_stride(g, m), window_width(g, m))
+    if chosen and layout == "plane" and m.in_shape[2] * m.in_shape[3] * 4 <= PLANE_MAX_BYTES:
+        # the rules were timed at batch 16: a plane kernel of under a wave of blocks (batch 1)
+        # leaves SMs idle while a strip kernel spreads its outputs over all of them
+        pb = plane_packing(m, block, strip or strip_width(OW, window_stride(g, m), "plane"))[1]
+        if -(-N * C // pb) < sm_count:
+            if m.pooled:
+                raise UnsupportedFusion(f"{N * C} planes: under a wave of plane-kernel blocks")
+            layout = "strip"
     if strip is None:
         strip = strip_width(OW, window_stride(g, m), layout)
     elif strip < 1:
