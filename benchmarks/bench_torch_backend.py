@@ -183,7 +183,7 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
                         items[f"backend_{kind}_{mode}_{out}"] = (call, sync)
             if len(graphs) == 1:  # the hand-off without Dynamo: its Python and guards left out
                 (g0,) = graphs
-                user = [args[i] for i in g0.user_inputs]
+                user = list(g0.runs._held) or [t.clone() for t in args]  # the bound tensors
                 for out in ("slot", "clone"):
                     def direct(slots: bool = out == "slot") -> Any:
                         g0.runs.mode, g0.runs.use_slots = "stream", slots
