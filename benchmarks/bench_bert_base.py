@@ -85,21 +85,10 @@ def stats(samples: list[float]) -> dict:
 def rounds(items: dict[str, Timed], n: int, target_s: float) -> dict:
     """``n`` rounds; each times every item once, the order rotated by one per round, so no item
     always runs first or right after the same neighbour."""
-    from tunedb.bench.peers import throughput_us
+    from tunedb.bench.peers import interleaved_rounds
 
-    names = list(items)
-    us: dict[str, list[float]] = {k: [] for k in names}
-    gpu, errors = [], {}
-    for r in range(n if names else 0):
-        k0 = r % len(names)
-        for k in names[k0:] + names[:k0]:
-            if k in errors:
-                continue
-            try:
-                us[k].append(round(throughput_us(*items[k], target_s=target_s), 2))
-            except Exception as e:  # noqa: BLE001 - the item leaves the rounds, the others go on
-                errors[k] = _one_line(e)
-        gpu.append(gpu_state())
+    gpu: list = []
+    us, errors = interleaved_rounds(items, n, target_s, after_round=lambda: gpu.append(gpu_state()))
     return {"us": us, "stats": {k: stats(v) for k, v in us.items() if v}, "gpu": gpu, "errors": errors}
 
 

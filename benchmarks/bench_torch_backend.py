@@ -76,20 +76,9 @@ def rounds(items: dict[str, tuple[Callable[[], Any], Callable[[], None]]], n: in
            target_s: float) -> dict:
     """``n`` rounds, each timing every item once, the order rotated by one per round: per item
     the µs of each round and their median, min and max."""
-    from tunedb.bench.peers import throughput_us
+    from tunedb.bench.peers import interleaved_rounds
 
-    names = list(items)
-    us: dict[str, list[float]] = {k: [] for k in names}
-    errors: dict[str, str] = {}
-    for r in range(n):
-        k0 = r % len(names)
-        for k in names[k0:] + names[:k0]:
-            if k in errors:
-                continue
-            try:
-                us[k].append(round(throughput_us(*items[k], target_s=target_s), 2))
-            except Exception as e:  # noqa: BLE001 - the item leaves the rounds, the others go on
-                errors[k] = _one_line(e)
+    us, errors = interleaved_rounds(items, n, target_s)
     stats = {k: {"median": round(statistics.median(v), 1), "min": min(v), "max": max(v)}
              for k, v in us.items() if v}
     return {"us": us, "stats": stats, "errors": errors}

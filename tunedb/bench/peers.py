@@ -96,6 +96,29 @@ def throughput_us(run: Callable[[], Any], sync: Callable[[], None], target_s: fl
     return sorted(samples)[2] * 1e6
 
 
+def interleaved_rounds(items: dict[str, tuple[Callable[[], Any], Callable[[], None]]], n: int,
+                       target_s: float, after_round: Callable[[], None] | None = None
+                       ) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """``n`` rounds, each timing every item once by ``throughput_us``, the order rotated by one
+    per round so no item always runs first or after the same neighbour. An item that raises
+    leaves the rounds with its one-line error; the others go on. Returns (µs per round, errors)."""
+    names = list(items)
+    us: dict[str, list[float]] = {k: [] for k in names}
+    errors: dict[str, str] = {}
+    for r in range(n if names else 0):
+        k0 = r % len(names)
+        for k in names[k0:] + names[:k0]:
+            if k in errors:
+                continue
+            try:
+                us[k].append(round(throughput_us(*items[k], target_s=target_s), 2))
+            except Exception as e:  # noqa: BLE001 - the item leaves the rounds, the others go on
+                errors[k] = " ".join(f"{type(e).__name__}: {e}".split())[:400]
+        if after_round is not None:
+            after_round()
+    return us, errors
+
+
 
 # -- running a peer on given host arrays (used by ``tunedb.bench.fusion``) ---------------------
 PEER_KINDS = ("torch_eager", "torch_compile", "jax", "torch_compile_ro")
