@@ -244,11 +244,17 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print()
     print(geomean_line(merged))
-    for d in docs:
+    for a, d in zip(args, docs):
         if "cases" in d:
             print()
             for line in backend_lines(d):
                 print(line)
+        elif "runs" in d:  # the hand-off benchmark's rounds have their own table
+            print(f"{a}: a hand-off rounds result; its table: "
+                  f"python benchmarks/bench_torch_backend.py --table {a}", file=sys.stderr)
+        elif "entries" not in d:
+            print(f"error: {a} is neither a zoo nor a backend benchmark result", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -101,3 +101,16 @@ def test_status_table_has_the_52_rows_and_the_extra_fp16_files():
     assert len(rows) == 52 and len(lines) - 2 - len(rows) == 5  # 5 TorchScript fp16 files
     assert "| gpt2 | torchscript | fp32 | FAIL: OnnxImportError: boom |" in lines[2 + 8]
     assert "| bert_base | torchscript (eager attention) | bf16 | ok, 10 nodes | ok, 3 kernels |" in lines[3]
+
+
+def test_table_points_a_handoff_result_to_its_own_table_and_refuses_other_json(tmp_path, capsys):
+    zoo = ROOT / "data" / "bench" / "zoo_h200_part2.json"
+    handoff = ROOT / "data" / "bench" / "torch_backend_handoff_h200.json"
+    assert zoo_table.main([str(zoo), str(handoff)]) == 0
+    out, err = capsys.readouterr()
+    assert "| bert_base | 8 | bf16 |" in out
+    assert "bench_torch_backend.py --table" in err and str(handoff) in err
+    other = tmp_path / "other.json"
+    other.write_text('{"rows": []}')
+    assert zoo_table.main([str(zoo), str(other)]) == 2
+    assert "neither a zoo nor a backend" in capsys.readouterr().err
