@@ -26,7 +26,10 @@ def test_a_groupnorm_step_gets_distinct_row_schedules():
     sv = load_script("step_variants")
     (st,) = sv.step_variants("norm_unet_640x16_b8_2d0edf97", "rows")
     labels = list(st["variants"])
-    assert labels[0] == "planned" and "block_per_row" in labels
+    # a variant equal to the planned kernel is not listed twice: since the row split needs
+    # rows of 128 KB, this GroupNorm's planned kernel is the block-per-row one itself
+    assert labels[0] == "planned"
+    assert "block_per_row" in labels or st["config"]["mapping"] == "block_per_row"
     assert any(lbl.startswith("split_row") for lbl in labels) or st["config"]["mapping"] == "split_row"
     assert len({p.source_hash for p in st["variants"].values()}) == len(labels)
 
