@@ -29,6 +29,19 @@ def _plan(g, strip):
                       sha256_hex(w.source), w.R, w.C, "window")
 
 
+def _jobs_pass_and_a_mutant_fails(tmp_path, jobs, i, old, new, seed):
+    """Every job matches the reference in the emulator, and the check can fail: job ``i``'s
+    kernel with ``old`` in its source replaced by ``new`` is caught."""
+    g, _, good = jobs[i]
+    k = good.kernels[0]
+    assert old in k.source  # the mutation takes
+    src = k.source.replace(old, new).replace(k.name, "mutant")
+    mutant = replace(good, kernels=(replace(k, name="mutant", source=src),))
+    lib = build([p.kernels[0].source for _, _, p in jobs] + [src], str(tmp_path))
+    assert not mismatches(lib, jobs, seed=seed)
+    assert len(mismatches(lib, [(g, WINDOW, mutant)], seed=seed)) == 1
+
+
 def test_the_rules_give_strips_of_two_and_wide_windows_the_plane():
     # generalization_steps_h200.json: strips of 2 at strides 1 and 2; 7x7 stride 1 as a plane
     assert strip_width(56, 1) == strip_width(56, 2) == STRIP == 2
@@ -59,14 +72,7 @@ def test_every_forced_strip_matches_the_float64_reference(tmp_path):
     jobs = [(g, WINDOW, _plan(g, s)) for g in graphs for s in (2, 3 if g is graphs[2] else 4)]
     assert len({p.source_hash for _, _, p in jobs}) == len(jobs)
     # and the check can fail: a strip of 4 that stores only its first output
-    g, _, good = jobs[1]
-    k = good.kernels[0]
-    src = k.source.replace("if (ow0 + v >= 5) break;", "if (v >= 1) break;").replace(k.name, "cut")
-    assert src != k.source.replace(k.name, "cut")
-    cut = replace(good, kernels=(replace(k, name="cut", source=src),))
-    lib = build([p.kernels[0].source for _, _, p in jobs] + [src], str(tmp_path))
-    assert not mismatches(lib, jobs, seed=5)
-    assert len(mismatches(lib, [(g, WINDOW, cut)], seed=5)) == 1
+    _jobs_pass_and_a_mutant_fails(tmp_path, jobs, 1, "if (ow0 + v >= 5) break;", "if (v >= 1) break;", 5)
 
 
 def _plane(g, strip=None):
@@ -89,13 +95,8 @@ def test_plane_kernels_match_the_float64_reference(tmp_path):
     # outputs in strips of 4 (27 strips) a warp too, capped at the 3 planes there are (2)
     assert [p.kernels[0].shared_bytes for _, _, p in jobs] == [8 * 324] * 4 + [2 * 324, 8 * 324]
     assert "float acc[3];" in jobs[-1][2].kernels[0].source  # strips read from the tile too
-    k = jobs[0][2].kernels[0]  # a tile read one row off fails
-    src = k.source.replace("tile[ih * 9 + iw]", "tile[(ih + 1) * 9 + iw]").replace(k.name, "off")
-    assert "tile[(ih + 1)" in src
-    off = replace(jobs[0][2], kernels=(replace(k, name="off", source=src),))
-    lib = build([p.kernels[0].source for _, _, p in jobs] + [src], str(tmp_path))
-    assert not mismatches(lib, jobs, seed=3)
-    assert len(mismatches(lib, [(graphs[0], WINDOW, off)], seed=3)) == 1
+    # a tile read one row off fails
+    _jobs_pass_and_a_mutant_fails(tmp_path, jobs, 0, "tile[ih * 9 + iw]", "tile[(ih + 1) * 9 + iw]", 3)
 
 
 def test_a_plane_too_large_for_shared_memory_is_refused():
@@ -148,13 +149,8 @@ def test_a_plane_kernel_writes_the_plane_mean_beside_its_outputs(tmp_path):
     jobs = [(g, WINDOW, _plane(g)) for g in graphs] + [(graphs[1], WINDOW, _plane(graphs[1], 1))]
     assert "q < (p + 1) * 4;" in jobs[-1][2].kernels[0].source
     assert all("tdb_wsum<32>" in p.kernels[0].source for _, _, p in jobs)
-    k = jobs[0][2].kernels[0]  # a mean over one output too few fails
-    src = k.source.replace("/ 25.0f", "/ 24.0f").replace(k.name, "mean_cut")
-    assert "/ 24.0f" in src
-    short = replace(jobs[0][2], kernels=(replace(k, name="mean_cut", source=src),))
-    lib = build([p.kernels[0].source for _, _, p in jobs] + [src], str(tmp_path))
-    assert not mismatches(lib, jobs, seed=2)
-    assert len(mismatches(lib, [(graphs[0], WINDOW, short)], seed=2)) == 1
+    # a mean over one output too few fails
+    _jobs_pass_and_a_mutant_fails(tmp_path, jobs, 0, "/ 25.0f", "/ 24.0f", 2)
 
 
 def test_a_plane_mean_needs_the_plane_layout_and_must_be_a_final_output():
