@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tunedb.graph.builder import GraphBuilder
-from tunedb.graph.ir import Graph, GraphError, Node, TensorType
+from tunedb.graph.ir import FLOAT_DTYPES, Graph, GraphError, Node, TensorType
 from tunedb.graph.onnx_import._model import (
     BF16,
     OnnxImportError,
@@ -38,6 +38,10 @@ _log = logging.getLogger(__name__)
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 # Never evaluated at import: random ops, and control flow whose bodies may read computed values.
 _NO_FOLD = frozenset(("Bernoulli", "Multinomial", "If", "Loop", "Scan"))
+# Ops whose float inputs ONNX types alike (one T); a constant of another float dtype among
+# them is converted at import (``_constants_as_computed``).
+_SAME_FLOAT_TYPE = frozenset(("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub",
+                              "Mul", "Div"))
 # Node-name prefix of tunedb.graph.onnx_export's two-op spellings of rsqrt and ne.
 SPELLED_PREFIX = "tunedb."
 
@@ -144,7 +148,35 @@ class Importer(OpHandlers, MoreOpHandlers, PadCropHandlers):
                 return
         if not self._maps(op):
             raise self._unsupported()
+        if op in _SAME_FLOAT_TYPE:
+            node = self.node = self._constants_as_computed(node)
         self._emit(node)
+
+    def _constants_as_computed(self, node: onnx.NodeProto) -> onnx.NodeProto:
+        """``node`` with each float constant input whose dtype differs from its computed float
+        inputs' one dtype converted to it now (a debug note each). ONNX types these inputs alike,
+        but some optimizers fold a bf16 batch norm into a float32 conv weight; a constant cast at
+        plan time is no runtime cast. Computed inputs of differing dtypes still fail."""
+        ins = list(node.input)
+        computed = {self.dtype(i) for i in ins if i and i not in self.consts}
+        if len(computed) != 1 or not computed <= set(FLOAT_DTYPES):
+            return node
+        (want,) = computed
+        changed = False
+        for k, i in enumerate(ins):
+            have = self.dtype(i) if i in self.consts else want
+            if have != want and have in FLOAT_DTYPES:
+                _log.debug("%s: constant %r cast from %s to %s at import", self._where(), i, have, want)
+                key = f"{i}\0{want}"  # NUL cannot occur in an ONNX name (as in ``cast``)
+                if key not in self.consts:
+                    self.consts[key] = _as_dtype(self.consts[i].astype(np.float64), want)
+                ins[k], changed = key, True
+        if not changed:
+            return node
+        fixed = onnx.NodeProto()
+        fixed.CopyFrom(node)
+        fixed.input[:] = ins
+        return fixed
 
     def _emit(self, node: onnx.NodeProto) -> None:
         """Translate ``node`` into tunedb nodes of ``self.b`` (constants become builder ones)."""
