@@ -2,7 +2,8 @@
 
 For each case (``tunedb.kernels.packing_suites``) one process times, on the same inputs:
 
-* every tunedb candidate (``tunedb.kernels.packing.candidates``), each replayed as one CUDA graph;
+* every tunedb candidate (``tunedb.kernels.packing.candidates``, and ``splitk_candidates`` unless
+  ``--no-splitk``), each replayed as one CUDA graph;
 * torch eager loop (one ``matmul`` per member); the same loop captured as a CUDA graph; the members
   spread over k streams forked and joined inside a CUDA graph (k = 4, 8, 16: the best k is the
   peer); one padded ``bmm`` over stacks padded to the largest member (all members of one dtype
@@ -186,12 +187,13 @@ class TorchCase:
 
 
 def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps: int, samples: int,
-             peers: bool = True, log: Callable[[str], None] = print, jax_peers: bool = False
-             ) -> dict[str, Any]:
+             peers: bool = True, log: Callable[[str], None] = print, jax_peers: bool = False,
+             splitk: bool = True) -> dict[str, Any]:
     host = make_inputs(w, seed=0)
     inputs = [(cp.asarray(x), cp.asarray(wt)) for x, wt in host]  # once per case, for all candidates
     refs = reference(w, inputs)
-    rows = measure_candidates(cp, w, inputs, refs, pool, reps=reps, samples=samples, log=log)
+    rows = measure_candidates(cp, w, inputs, refs, pool, reps=reps, samples=samples, log=log,
+                              splitk=splitk)
 
     def add(*args: Any, **kw: Any) -> None:
         rows.append(measure_row(*args, log=log, **kw))
@@ -289,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=240.0, help="no new case after this (s)")
     ap.add_argument("--no-peers", action="store_true", help="tunedb's candidates only")
     ap.add_argument("--jax", action="store_true", help="JAX peers too (vmap/jit; needs JAX)")
+    ap.add_argument("--no-splitk", action="store_true",
+                    help="without the split-K candidates (the cost model's candidate set only)")
     args = ap.parse_args(argv)
     try:
         cases = bench_cases() if args.suite == "bench" else suite(args.suite)
@@ -327,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{w.name}: {len(w.members)} members", flush=True)
         doc["results"].append(run_case(w, cp=cp, torch=torch, pool=pool, reps=args.reps,
                                        samples=args.samples, peers=not args.no_peers,
-                                       jax_peers=args.jax))
+                                       jax_peers=args.jax, splitk=not args.no_splitk))
         cp.get_default_memory_pool().free_all_blocks()
         args.out.write_text(json.dumps(doc, indent=1))
     print(render(doc["results"]))

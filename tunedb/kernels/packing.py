@@ -21,7 +21,10 @@ A ``Candidate`` partitions the members into clusters and gives each cluster a ba
   no padding;
 * ``concat``: members of one ``k`` as ONE GEMM: their rows stacked (as a segmented batch of
   tokens lies in memory), their weights side by side; each member's output is its diagonal block
-  (the off-diagonal blocks are the waste; pays for thin outputs, e.g. LoRA shrink GEMMs).
+  (the off-diagonal blocks are the waste; pays for thin outputs, e.g. LoRA shrink GEMMs);
+* ``splitk`` (``splitk_candidates`` only: not in the cost model's feature schema): the padded
+  problems each cut into ``split`` slices of their depth, ONE pointer-array batched GEMM of all
+  slices into float32 partial sums, then one kernel summing the slices (few output tiles, deep k).
 
 Padding waste (the share of a cluster's multiply-adds spent on zeros) is part of every candidate.
 """
@@ -40,6 +43,10 @@ DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LAYOUTS = ("nn", "nt")
 KINDS = ("gemm", "bgemm", "conv")
 BACKENDS = ("serial", "streams", "padded", "pointer", "grouped", "concat", "padded_t")
+EXTRA_BACKENDS = ("splitk",)  # measured by the bench, unknown to the cost model's features
+SPLITK_DTYPES = ("float32", "bfloat16")
+SPLITK_ALIGN = 8  # slice depth in elements: every slice's first element stays 16-byte aligned
+SPLITK_MIN_DEPTH = 128
 CONCAT_MAX_N = 2048  # concat only thin outputs: its waste grows with every member's columns
 SMS_H200 = 132
 
@@ -167,16 +174,30 @@ class Cluster:
     members: tuple[int, ...]
     backend: str
     streams: int = 1
+    split: int = 1  # splitk: slices of the depth
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"packing backend {self.backend!r}: expected one of {BACKENDS}")
+        if self.backend not in BACKENDS + EXTRA_BACKENDS:
+            raise ValueError(f"packing backend {self.backend!r}: expected one of "
+                             f"{BACKENDS + EXTRA_BACKENDS}")
         if not self.members:
             raise ValueError("an empty packing cluster")
+        if (self.split > 1) != (self.backend == "splitk") or self.split < 1:
+            raise ValueError(f"packing cluster split {self.split} with backend {self.backend!r}: "
+                             "only splitk splits, in 2 or more slices")
 
     @property
     def label(self) -> str:
+        if self.backend == "splitk":
+            return f"splitk{self.split}"
         return f"streams{self.streams}" if self.backend == "streams" else self.backend
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"members": list(self.members), "backend": self.backend,
+                             "streams": self.streams}
+        if self.split > 1:  # absent otherwise: the stored candidates' hashes stay as they were
+            d["split"] = self.split
+        return d
 
 
 @dataclass(frozen=True)
@@ -195,24 +216,26 @@ class Candidate:
 
     def to_json(self) -> dict[str, Any]:
         return {"partition": self.partition, "concurrent": self.concurrent,
-                "clusters": [{"members": list(c.members), "backend": c.backend, "streams": c.streams}
-                             for c in self.clusters]}
+                "clusters": [c.to_json() for c in self.clusters]}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Candidate:
         return Candidate(d["partition"], tuple(Cluster(tuple(c["members"]), c["backend"],
-                                                       c.get("streams", 1)) for c in d["clusters"]),
-                         d.get("concurrent", 1))
+                                                       c.get("streams", 1), c.get("split", 1))
+                                               for c in d["clusters"]), d.get("concurrent", 1))
 
 
 def padded_shape(members: Sequence[Member]) -> tuple[int, int, int]:
     return max(m.m for m in members), max(m.n for m in members), max(m.k for m in members)
 
 
-def done_macs(members: Sequence[Member], backend: str) -> int:
-    """Multiply-adds a backend performs for ``members``, padding and cross terms included."""
-    if backend in ("padded", "padded_t", "pointer"):
+def done_macs(members: Sequence[Member], backend: str, split: int = 1) -> int:
+    """Multiply-adds a backend performs for ``members``, padding and cross terms included
+    (``splitk``: the depth padded to ``split`` aligned slices)."""
+    if backend in ("padded", "padded_t", "pointer", "splitk"):
         M, N, K = padded_shape(members)
+        if backend == "splitk":
+            K = split * splitk_depth(K, split)
         return sum(m.batch for m in members) * M * N * K
     if backend == "concat":
         return sum(m.batch * m.m for m in members) * sum(m.n for m in members) * members[0].k
@@ -232,7 +255,7 @@ def concat_ok(members: Sequence[Member]) -> bool:
 
 def candidate_waste(w: PackingWorkload, cand: Candidate) -> float:
     """Padding waste of a whole candidate: padded multiply-adds over all multiply-adds done."""
-    done = sum(done_macs([w.members[i] for i in c.members], c.backend) for c in cand.clusters)
+    done = sum(done_macs([w.members[i] for i in c.members], c.backend, c.split) for c in cand.clusters)
     return 1.0 - (w.flops // 2) / done
 
 
@@ -316,6 +339,45 @@ def candidates(w: PackingWorkload, stream_counts: Iterable[int] = (2, 4, 8, 16),
     for c in out:
         uniq.setdefault(canonical_json(c.to_json()), c)
     return list(uniq.values())
+
+
+def splitk_depth(k: int, split: int) -> int:
+    """Depth of one of ``split`` slices of ``k``: rounded up to ``SPLITK_ALIGN`` elements (the
+    last slice reads zero padding)."""
+    return -(-k // (split * SPLITK_ALIGN)) * SPLITK_ALIGN
+
+
+def splitk_ok(members: Sequence[Member], split: int, max_waste: float = 0.92) -> bool:
+    """Whether ``members`` can run as one split-K cluster of ``split`` slices: one dtype and
+    layout (float32 or bfloat16), more than one problem, slices at least ``SPLITK_MIN_DEPTH``
+    deep, padding waste within ``max_waste``."""
+    if not members or not uniform(members) or members[0].dtype not in SPLITK_DTYPES:
+        return False
+    if len(members) == 1 and members[0].batch == 1:
+        return False
+    K = padded_shape(members)[2]
+    if splitk_depth(K, split) < SPLITK_MIN_DEPTH:
+        return False
+    return 1.0 - sum(m.flops // 2 for m in members) / done_macs(members, "splitk", split) <= max_waste
+
+
+def splitk_candidates(w: PackingWorkload, splits: Iterable[int] = (2, 3, 4, 8),
+                      max_waste: float = 0.92) -> list[Candidate]:
+    """Split-K candidates (not in ``candidates``: the cost model has no features for them):
+    per partition and slice count, every cluster that can split does (the others run serial),
+    alone and with the clusters on up to 8 forked streams."""
+    out: dict[str, Candidate] = {}
+    for pname, parts in partitions(w).items():
+        for s in splits:
+            clusters = tuple(Cluster(p, "splitk", split=s) if splitk_ok([w.members[i] for i in p], s,
+                                                                        max_waste)
+                             else Cluster(p, "serial") for p in parts)
+            if not any(c.backend == "splitk" for c in clusters):
+                continue
+            for k in sorted({1, min(len(clusters), 8)}):
+                c = Candidate(pname, clusters, k)
+                out.setdefault(canonical_json(c.to_json()), c)
+    return list(out.values())
 
 
 def with_dtype(w: PackingWorkload, dtype: str, suffix: str = "") -> PackingWorkload:

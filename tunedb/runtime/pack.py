@@ -28,9 +28,11 @@ from tunedb.kernels.packing import (
     candidate_waste,
     candidates,
     padded_shape,
+    splitk_candidates,
 )
 from tunedb.runtime.blas import DATA_TYPES, GEMM_DEFAULT, OP_N, OP_T, Blas, BlasError, check, library
 from tunedb.runtime.device import current_stream
+from tunedb.runtime.pack_splitk import build_splitk
 from tunedb.runtime.streams import StreamPool, gc_paused, record_forked
 from tunedb.runtime.tolerance import dtype_tolerance, element_bounds, element_errors
 
@@ -153,7 +155,21 @@ class PackedRun:
 
     def _build(self, cl: Any, inputs: Any, blas: Blas) -> Callable[[], None]:
         self._bb = blas  # the handle (and so the stream) this cluster's calls go to
+        if cl.backend == "splitk":
+            return self._build_splitk(list(cl.members), inputs, cl.split)
         return getattr(self, f"_build_{cl.backend}")(list(cl.members), inputs, cl.streams)
+
+    def _build_splitk(self, members: list[int], inputs: Any, split: int) -> Callable[[], None]:
+        ms = [self.w.members[i] for i in members]
+        step, O, keep = build_splitk(self.cp, self._bb, ms, [inputs[i] for i in members], split)
+        p = 0
+        for i, mb in zip(members, ms):
+            self.readers[i] = lambda p=p, mb=mb: O[p:p + mb.batch, :mb.m, :mb.n]
+            p += mb.batch
+        self.keep += keep
+        self.outs.append(O)
+        self.launches += 2
+        return step
 
     def _build_concurrent(self, inputs: Any) -> None:
         """Clusters spread over ``concurrent`` forked streams (largest first), joined at the end."""
@@ -472,7 +488,9 @@ def measure_candidate(cp: Any, w: PackingWorkload, cand: Candidate, inputs: Sequ
 
 def measure_candidates(cp: Any, w: PackingWorkload, inputs: Sequence[tuple[Any, Any]], refs: Sequence[Any],
                        pool: StreamPool, *, reps: int, samples: int,
-                       log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """``measure_candidate`` for every candidate of ``w``."""
+                       log: Callable[[str], None] = print, splitk: bool = False
+                       ) -> list[dict[str, Any]]:
+    """``measure_candidate`` for every candidate of ``w`` (and its split-K ones with ``splitk``)."""
+    cands = candidates(w) + (splitk_candidates(w) if splitk else [])
     return [measure_candidate(cp, w, cand, inputs, refs, pool, reps=reps, samples=samples, log=log)
-            for cand in candidates(w)]
+            for cand in cands]

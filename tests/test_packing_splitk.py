@@ -1,0 +1,154 @@
+"""The split-K packing backend without a GPU: its pointer arithmetic replayed as cuBLAS would read
+it (column-major, leading dimensions, transposes) on NumPy buffers, its candidates, and its
+slice-summing kernel compiled by nvcc."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from tunedb.kernels.packing import (
+    Candidate,
+    Member,
+    PackingWorkload,
+    candidate_waste,
+    candidates,
+    splitk_candidates,
+    splitk_depth,
+)
+from tunedb.runtime.blas import OP_T
+from tunedb.runtime.pack import make_inputs, reference
+from tunedb.runtime.pack_splitk import splitk_plan, stacks, sum_source
+
+
+def _colmajor(buf: np.ndarray, off: int, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The column-major ``rows x cols`` matrix cuBLAS reads at element ``off`` with ``ld``."""
+    flat = buf.reshape(-1)
+    need = off + (rows - 1) + (cols - 1) * ld
+    assert 0 <= off and need < flat.size, "a slice reads past its buffer"
+    isz = flat.strides[0]
+    return np.lib.stride_tricks.as_strided(flat[off:], shape=(rows, cols), strides=(isz, ld * isz))
+
+
+def _replay(members: list[Member], inputs: list, split: int) -> list[np.ndarray]:
+    """The batched call and the slice sum on the host, from the plan's offsets alone."""
+    pl = splitk_plan(members, split)
+    X, W = stacks(np, members, inputs, pl)
+    X, W = X.astype(np.float64), W.astype(np.float64)
+    part = np.full((split, pl.P, pl.M, pl.N), np.nan)
+    for a_off, b_off, c_off in pl.offsets:
+        if pl.transa == OP_T:  # A stored k x m, read transposed
+            A = _colmajor(W, a_off, pl.depth, pl.N, pl.lda).T
+        else:
+            A = _colmajor(W, a_off, pl.N, pl.depth, pl.lda)
+        B = _colmajor(X, b_off, pl.depth, pl.M, pl.ldb)
+        C = _colmajor(part, c_off, pl.N, pl.M, pl.ldc)
+        assert np.isnan(C).all(), "two slices write one partial"
+        C[...] = A @ B
+    total = part.sum(axis=0)
+    outs, p = [], 0
+    for mb in members:
+        outs.append(total[p:p + mb.batch, :mb.m, :mb.n])
+        p += mb.batch
+    return outs
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+@pytest.mark.parametrize("split", [2, 3, 4])
+def test_splitk_plan_computes_every_member(layout: str, split: int) -> None:
+    ms = [Member(40, 24, 300, layout=layout), Member(17, 24, 296, batch=2, layout=layout),
+          Member(33, 9, 301, layout=layout)]
+    w = PackingWorkload("t", "test", tuple(ms))
+    inputs = make_inputs(w, seed=3)
+    got = _replay(ms, inputs, split)
+    for g, r in zip(got, reference(w, inputs)):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-4)
+    pl = splitk_plan(ms, split)
+    assert pl.depth % 8 == 0 and pl.padded_k >= 301 and pl.padded_k - 301 < 8 * split
+    assert len(pl.offsets) == split * 4
+
+
+def test_splitk_plan_wrong_offsets_would_fail() -> None:
+    """The replay notices a slice reading the wrong depth (what the test above relies on)."""
+    ms = [Member(8, 8, 256), Member(8, 8, 256)]
+    w = PackingWorkload("t", "test", tuple(ms))
+    inputs = make_inputs(w, seed=1)
+    pl = splitk_plan(ms, 2)
+    X, W = stacks(np, ms, inputs, pl)
+    a0, b0, _ = pl.offsets[0]
+    a1, b1, _ = pl.offsets[1 * pl.P]  # slice 1 of problem 0
+    assert b1 - b0 == pl.depth and a1 - a0 == pl.depth * pl.N
+    first = _colmajor(X.astype(np.float64), b0, pl.depth, pl.M, pl.ldb)
+    np.testing.assert_array_equal(first.T, X[0, :, :pl.depth])
+
+
+def test_splitk_candidates() -> None:
+    w = PackingWorkload("r20", "replicas", tuple(Member(256, 128, 1152) for _ in range(20)))
+    sk = splitk_candidates(w)
+    names = {c.name for c in sk}
+    assert {"whole:splitk2", "whole:splitk3", "whole:splitk4", "whole:splitk8"} <= names
+    assert not any(c.name.startswith("whole:splitk") for c in candidates(w))
+    c4 = next(c for c in sk if c.name == "whole:splitk4")
+    assert Candidate.from_json(c4.to_json()) == c4
+    assert candidate_waste(w, c4) == 0.0  # 1152 = 4 slices of 288
+    c3 = Candidate.from_json({**c4.to_json(), "clusters": [{**c4.to_json()["clusters"][0], "split": 3}]})
+    assert splitk_depth(1152, 3) == 384 and candidate_waste(w, c3) == 0.0
+    odd = PackingWorkload("o", "t", (Member(64, 64, 1000), Member(64, 64, 1000)))
+    c8 = next(c for c in splitk_candidates(odd) if c.name == "whole:splitk8")
+    assert candidate_waste(odd, c8) == pytest.approx(1 - 1000 / 1024)
+    # the stored candidates' JSON (and so their hashes) has no split field
+    assert all("split" not in cl for c in candidates(w) for cl in c.to_json()["clusters"])
+    # fp16, and members too shallow to slice, get none
+    assert splitk_candidates(PackingWorkload("h", "t", (Member(8, 8, 1152, dtype="float16"),) * 2)) == []
+    assert splitk_candidates(PackingWorkload("s", "t", (Member(8, 8, 200),) * 2)) == []
+    with pytest.raises(ValueError, match="split"):
+        Candidate.from_json({"partition": "whole", "clusters": [{"members": [0], "backend": "padded",
+                                                                 "split": 2}]})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_splitk_sum_kernel_compiles(tmp_path) -> None:
+    src = tmp_path / "sum.cu"
+    src.write_text(sum_source("float32") + sum_source("bfloat16"))
+    r = subprocess.run(["nvcc", "-c", "-arch=sm_90", str(src), "-o", str(tmp_path / "sum.o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(Exception, match="split-K output"):
+        sum_source("float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_splitk_candidates_on_the_gpu(dtype: str) -> None:
+    """Every split-K candidate against the float64 reference, eagerly and replayed as a graph;
+    cleared outputs fail the check, so a replay that writes nothing cannot pass."""
+    import cupy as cp
+
+    from tunedb.runtime.pack import PackedRun, time_stream, worst_error
+    from tunedb.runtime.streams import StreamPool
+
+    ms = (Member(48, 64, 1000, dtype=dtype), Member(17, 64, 1000, dtype=dtype),
+          Member(48, 64, 1000, batch=3, dtype=dtype), Member(33, 40, 520, layout="nt", dtype=dtype),
+          Member(9, 40, 520, layout="nt", weight="w", dtype=dtype),
+          Member(20, 40, 520, layout="nt", weight="w", dtype=dtype))
+    w = PackingWorkload("splitk_" + dtype, "test", ms)
+    pool = StreamPool(8)
+    inputs = make_inputs(w, seed=5)
+    refs = reference(w, inputs)
+    sk = splitk_candidates(w)
+    assert any(c.concurrent > 1 for c in sk) and len({c.name for c in sk}) == len(sk)
+    for cand in sk:
+        run = PackedRun(cp, w, cand, inputs, pool)
+        run.run()
+        assert worst_error(w, run.outputs(), refs) <= 1.0, cand.name
+        run.clear_outputs()
+        assert worst_error(w, run.outputs(), refs) > 1.0
+        run.capture()
+        run.replay()
+        assert worst_error(w, run.outputs(), refs) <= 1.0, f"{cand.name} replayed"
+        assert min(time_stream(cp, run.replay, run.main, reps=2, samples=2)) > 0
+    pool.close()
