@@ -7,12 +7,15 @@ For each case (``tunedb.kernels.packing_suites``) one process times, on the same
 * torch eager loop (one ``matmul`` per member); the same loop captured as a CUDA graph; the members
   spread over k streams forked and joined inside a CUDA graph (k = 4, 8, 16: the best k is the
   peer); one padded ``bmm`` over stacks padded to the largest member (all members of one dtype
-  and layout, padding up to 20 GiB); ``torch.func.vmap`` of ``mm`` over the stacked weights of each
-  group of equal shapes (the tenants case), eagerly and in a CUDA graph.
+  and layout, padding up to 20 GiB), eagerly and in a CUDA graph; ``torch.func.vmap`` of ``mm``
+  over the stacked weights of each group of equal shapes (the tenants case), eagerly and in a
+  CUDA graph.
 
 Every system's outputs are checked against a float64 reference of every member before it is
 timed; a failed check is reported, never timed. Times are medians of ``samples`` event-timed loops
 of ``reps`` launches. tunedb's number is its best candidate (all candidates are in the JSON).
+With ``--duel N`` the two fastest of each side are then timed again in N interleaved rounds
+(``tunedb.bench.packing_duel``): the same clocks for both.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.bench.packing_duel import duel
 from tunedb.bench.packing_jax import jax_rows
 from tunedb.bench.provenance import provenance
 from tunedb.kernels.packing import PackingWorkload, padded_shape, uniform
@@ -188,7 +192,7 @@ class TorchCase:
 
 def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps: int, samples: int,
              peers: bool = True, log: Callable[[str], None] = print, jax_peers: bool = False,
-             splitk: bool = True) -> dict[str, Any]:
+             splitk: bool = True, duel_rounds: int = 0) -> dict[str, Any]:
     host = make_inputs(w, seed=0)
     inputs = [(cp.asarray(x), cp.asarray(wt)) for x, wt in host]  # once per case, for all candidates
     refs = reference(w, inputs)
@@ -202,9 +206,19 @@ def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps:
         _torch_rows(w, torch, cp, host, refs, add, reps, samples)
         if jax_peers:
             jax_rows(w, host, refs, add, reps, samples)
-    return {"case": w.name, "family": w.family, "hash": w.hash, "members": len(w.members),
-            "problems": w.problems, "flops": w.flops, "bytes": w.bytes(), "workload": w.to_json(),
-            "rows": rows, "summary": summarize(rows)}
+    res = {"case": w.name, "family": w.family, "hash": w.hash, "members": len(w.members),
+           "problems": w.problems, "flops": w.flops, "bytes": w.bytes(), "workload": w.to_json(),
+           "rows": rows, "summary": summarize(rows)}
+    if peers and duel_rounds > 0:
+        tc = TorchCase(torch, cp, w, host)
+        try:
+            res["duel"] = duel(w, rows, cp=cp, torch=torch, pool=pool, inputs=inputs, refs=refs,
+                               tc=tc, time_torch=time_torch, reps=reps, rounds=duel_rounds, log=log)
+        except Exception as e:  # noqa: BLE001 - the first pass's rows stand without the duel
+            res["duel"] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+        tc.__dict__.clear()
+        torch.cuda.empty_cache()
+    return res
 
 
 def _torch_rows(w: PackingWorkload, torch: Any, cp: Any, inputs: Any, refs: Any,
@@ -236,6 +250,7 @@ def _torch_rows(w: PackingWorkload, torch: Any, cp: Any, inputs: Any, refs: Any,
             peer(f"streams{k} graph", lambda k=k: tc.streams(k))
     if uniform(w.members):
         peer("padded bmm", tc.padded_bmm, tc.copy_padded_out)
+        peer("padded bmm graph", lambda: tc.graph(tc.padded_bmm()), tc.copy_padded_out)
     peer("vmap by shape", tc.vmap_groups, tc.copy_vmap_out)
     peer("vmap by shape graph", lambda: tc.graph(tc.vmap_groups()), tc.copy_vmap_out)
     tc.__dict__.clear()  # drop the padded stacks and every tensor now, not at the next collection
@@ -263,7 +278,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def render(results: Sequence[dict[str, Any]]) -> str:
     head = ["case", "tunedb best", "us", "eager", "graph", "streams best", "pad bmm", "vmap best",
-            "jax best", "x best peer"]
+            "jax best", "x best peer", "duel x"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
         ok = {r["variant"]: r["median_us"] for r in res["rows"] if r["system"] != "tunedb"
@@ -277,7 +292,8 @@ def render(results: Sequence[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join([
             res["case"], tb.get("variant", "-"), f"{tb.get('median_us', math.nan):.1f}",
             best_of("eager"), best_of("graph loop"), best_of("streams"), best_of("padded"),
-            best_of("vmap"), best_of("jax"), f"{s.get('speedup_vs_best_peer', math.nan):.2f}x"]) + " |")
+            best_of("vmap"), best_of("jax"), f"{s.get('speedup_vs_best_peer', math.nan):.2f}x",
+            f"{res.get('duel', {}).get('speedup_vs_best_peer', math.nan):.2f}x"]) + " |")
     return "\n".join(lines)
 
 
@@ -291,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=240.0, help="no new case after this (s)")
     ap.add_argument("--no-peers", action="store_true", help="tunedb's candidates only")
     ap.add_argument("--jax", action="store_true", help="JAX peers too (vmap/jit; needs JAX)")
+    ap.add_argument("--duel", type=int, default=0, metavar="ROUNDS",
+                    help="then tunedb's 2 fastest and the 2 fastest torch peers again, interleaved")
     ap.add_argument("--no-splitk", action="store_true",
                     help="without the split-K candidates (the cost model's candidate set only)")
     args = ap.parse_args(argv)
@@ -331,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{w.name}: {len(w.members)} members", flush=True)
         doc["results"].append(run_case(w, cp=cp, torch=torch, pool=pool, reps=args.reps,
                                        samples=args.samples, peers=not args.no_peers,
-                                       jax_peers=args.jax, splitk=not args.no_splitk))
+                                       jax_peers=args.jax, splitk=not args.no_splitk,
+                                       duel_rounds=args.duel))
         cp.get_default_memory_pool().free_all_blocks()
         args.out.write_text(json.dumps(doc, indent=1))
     print(render(doc["results"]))
