@@ -15,7 +15,6 @@ from tunedb.plan.stage_refine import (
     AUTO_MARGIN,
     AUTO_PREDICTED_MARGIN,
     AUTO_STORED_COVER,
-    calibrated_total,
     choose_auto,
     plan_stages,
     predicted_total,
@@ -48,15 +47,17 @@ def test_stored_times_of_both_plans_decide(wide_us, expect_stages):
     search = dict(got.search)
     assert bool(got.stages) == expect_stages
     assert search["schedule"] == f"{'ios' if expect_stages else 'sequential'} (auto, stored)"
-    assert search["auto_sequential_us"] == pytest.approx(stored_total(seq, stored), abs=0.01)
-    assert search["auto_ios_us"] == pytest.approx(stored_total(staged, stored), abs=0.01)
+    assert stored_total(seq, stored)[1] == stored_total(staged, stored)[1] == 1.0  # all stored
+    assert search["auto_sequential_us"] == pytest.approx(stored_total(seq, stored)[0], abs=0.01)
+    assert search["auto_ios_us"] == pytest.approx(stored_total(staged, stored)[0], abs=0.01)
 
 
 def test_few_stored_stages_fall_back_to_the_prediction_with_its_margin():
     seq, staged = _plans()
     stored = dict(list(_table(seq, 5.0, 5.0).items())[:2])  # two single steps measured
-    assert stored_total(staged, stored) is None
-    assert calibrated_total(seq, stored)[1] < AUTO_STORED_COVER
+    ios = stored_total(staged, stored)
+    assert ios is None or ios[1] < 1.0
+    assert stored_total(seq, stored)[1] < AUTO_STORED_COVER
     got = choose_auto(seq, staged, stored)
     search = dict(got.search)
     ratio = search["auto_predicted_ios_us"] / search["auto_predicted_sequential_us"]
@@ -84,10 +85,13 @@ def test_stored_stages_covering_most_of_both_plans_decide(wide_us, expect_stages
     # the estimator scaled by the stored stages' stored/predicted ratio
     stored = {**_table(seq, 5.0, 5.0), **{keys(st): wide_us for st in wide[:-1]}}
     assert keys(wide[-1]) not in stored
-    seq_total, seq_share = calibrated_total(seq, stored)
-    ios_total, ios_share = calibrated_total(staged, stored)
+    seq_total, seq_share = stored_total(seq, stored)
+    ios_total, ios_share = stored_total(staged, stored)
     assert seq_share == 1.0 and AUTO_STORED_COVER <= ios_share < 1.0
-    assert seq_total == pytest.approx(stored_total(seq, stored))
+    # every step stored: the total is their sum, nothing priced
+    launching = [st for st in plan_stages(seq)
+                 if any(seq.steps[i].kind != "layout_view" for g in st for i in g)]
+    assert seq_total == pytest.approx(5.0 * len(launching))
     got = choose_auto(seq, staged, stored)
     search = dict(got.search)
     assert search["schedule"].endswith("(auto, stored and predicted)")

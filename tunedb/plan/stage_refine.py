@@ -343,34 +343,25 @@ def plan_stages(plan: Plan) -> list[Groups]:
     return list(plan.stages) if plan.stages else [((i,),) for i in range(len(plan.steps))]
 
 
-def stored_total(plan: Plan, times: Mapping[str, float]) -> float | None:
-    """The sum of ``plan``'s stages at their stored times, or None when one is not stored
-    (stages of views only cost nothing)."""
-    keys, total = StageKeys(plan.steps), 0.0
-    for st in plan_stages(plan):
-        if all(plan.steps[i].kind == "layout_view" for g in st for i in g):
-            continue
-        hit = times.get(keys(st))
-        if hit is None:
-            return None
-        total += hit
-    return total
-
-
-def calibrated_total(plan: Plan, times: Mapping[str, float]) -> tuple[float, float] | None:
+def stored_total(plan: Plan, times: Mapping[str, float]) -> tuple[float, float] | None:
     """(total, stored share of it): ``plan``'s stored stages at their stored times, the others
-    priced by ``StageEstimator`` scaled by the stored stages' stored/predicted ratio; None when
-    no stage that launches is stored."""
+    priced by ``StageEstimator`` scaled by the stored stages' stored/predicted ratio; the share is
+    1.0 exactly when every stage that launches is stored (the total is then their sum). None
+    when none of them is stored; stages of views only cost nothing."""
     keys, est = StageKeys(plan.steps), StageEstimator(plan.steps, launch_us=plan.launch_us)
     stored = predicted_stored = predicted_missing = 0.0
+    missing = 0
     for st in plan_stages(plan):
         if all(plan.steps[i].kind == "layout_view" for g in st for i in g):
             continue
         hit = times.get(keys(st))
         if hit is None:
+            missing += 1
             predicted_missing += est(st)
         else:
             stored, predicted_stored = stored + hit, predicted_stored + est(st)
+    if not missing:
+        return stored, 1.0
     if stored <= 0 or predicted_stored <= 0:
         return None
     total = stored + predicted_missing * stored / predicted_stored
@@ -388,19 +379,18 @@ def choose_auto(sequential: Plan, staged: Plan, stored: Mapping[str, float] | No
     """``auto``: when ``stored`` (stage key -> measured µs) holds every stage of both plans,
     the staged plan is kept if its stages sum to ``AUTO_MARGIN`` of the sequential plan's or less
     (``choose_auto_measured``); when stored stages make up ``AUTO_STORED_COVER`` of each plan's
-    ``calibrated_total``, those totals decide with the same margin; otherwise both plans are
+    ``stored_total``, those totals decide with the same margin; otherwise both plans are
     priced by the estimator and the staged plan must win by ``AUTO_PREDICTED_MARGIN``. The
     choice and its numbers go into ``search``."""
-    seq_s = stored_total(sequential, stored) if stored else None
-    ios_s = stored_total(staged, stored) if stored else None
-    if seq_s is not None and ios_s is not None:
-        times = {id(sequential): seq_s, id(staged): ios_s}
-        return choose_auto_measured(sequential, staged, lambda p: times[id(p)], how="stored")
-    seq_c = calibrated_total(sequential, stored) if stored else None
-    ios_c = calibrated_total(staged, stored) if stored else None
+    seq_c = stored_total(sequential, stored) if stored else None
+    ios_c = stored_total(staged, stored) if stored else None
     if seq_c is not None and ios_c is not None and min(seq_c[1], ios_c[1]) >= AUTO_STORED_COVER:
         totals = {id(sequential): seq_c[0], id(staged): ios_c[0]}
-        got = choose_auto_measured(sequential, staged, lambda p: totals[id(p)], how="stored and predicted")
+        full = seq_c[1] == ios_c[1] == 1.0
+        got = choose_auto_measured(sequential, staged, lambda p: totals[id(p)],
+                                   how="stored" if full else "stored and predicted")
+        if full:
+            return got
         share = {"auto_stored_share": [round(seq_c[1], 3), round(ios_c[1], 3)]}
         return replace(got, search={**dict(got.search), **share})
     seq_us, ios_us = predicted_total(sequential), predicted_total(staged)
