@@ -2,8 +2,8 @@
 
 For each case (``tunedb.kernels.packing_suites``) one process times, on the same inputs:
 
-* every tunedb candidate (``tunedb.kernels.packing.candidates``, and ``splitk_candidates`` unless
-  ``--no-splitk``), each replayed as one CUDA graph;
+* every tunedb candidate (``tunedb.kernels.packing.candidates``, and ``splitk_candidates`` and
+  ``chunk_candidates`` unless ``--no-extra``), each replayed as one CUDA graph;
 * torch eager loop (one ``matmul`` per member); the same loop captured as a CUDA graph; the members
   spread over k streams forked and joined inside a CUDA graph (k = 4, 8, 16: the best k is the
   peer); one padded ``bmm`` over stacks padded to the largest member (all members of one dtype
@@ -192,12 +192,12 @@ class TorchCase:
 
 def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps: int, samples: int,
              peers: bool = True, log: Callable[[str], None] = print, jax_peers: bool = False,
-             splitk: bool = True, duel_rounds: int = 0) -> dict[str, Any]:
+             extra: bool = True, duel_rounds: int = 0) -> dict[str, Any]:
     host = make_inputs(w, seed=0)
     inputs = [(cp.asarray(x), cp.asarray(wt)) for x, wt in host]  # once per case, for all candidates
     refs = reference(w, inputs)
     rows = measure_candidates(cp, w, inputs, refs, pool, reps=reps, samples=samples, log=log,
-                              splitk=splitk)
+                              extra=extra)
 
     def add(*args: Any, **kw: Any) -> None:
         rows.append(measure_row(*args, log=log, **kw))
@@ -309,8 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jax", action="store_true", help="JAX peers too (vmap/jit; needs JAX)")
     ap.add_argument("--duel", type=int, default=0, metavar="ROUNDS",
                     help="then tunedb's 2 fastest and the 2 fastest torch peers again, interleaved")
-    ap.add_argument("--no-splitk", action="store_true",
-                    help="without the split-K candidates (the cost model's candidate set only)")
+    ap.add_argument("--no-extra", action="store_true",
+                    help="without the split-K and chunked candidates (the cost model's set only)")
     args = ap.parse_args(argv)
     try:
         cases = bench_cases() if args.suite == "bench" else suite(args.suite)
@@ -349,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{w.name}: {len(w.members)} members", flush=True)
         doc["results"].append(run_case(w, cp=cp, torch=torch, pool=pool, reps=args.reps,
                                        samples=args.samples, peers=not args.no_peers,
-                                       jax_peers=args.jax, splitk=not args.no_splitk,
+                                       jax_peers=args.jax, extra=not args.no_extra,
                                        duel_rounds=args.duel))
         cp.get_default_memory_pool().free_all_blocks()
         args.out.write_text(json.dumps(doc, indent=1))

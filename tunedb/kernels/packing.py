@@ -24,7 +24,11 @@ A ``Candidate`` partitions the members into clusters and gives each cluster a ba
   (the off-diagonal blocks are the waste; pays for thin outputs, e.g. LoRA shrink GEMMs);
 * ``splitk`` (``splitk_candidates`` only: not in the cost model's feature schema): the padded
   problems each cut into ``split`` slices of their depth, ONE pointer-array batched GEMM of all
-  slices into float32 partial sums, then one kernel summing the slices (few output tiles, deep k).
+  slices into float32 partial sums, then one kernel summing the slices (few output tiles, deep k);
+* ``chunks`` (``chunk_candidates`` only, likewise): every problem cut into chunks of ``rows``
+  rows (its last chunk zero-padded), ONE pointer-array batched GEMM of all chunks, each chunk
+  pointing at its member's weight: members of one ``n, k`` but different ``m`` (tenants'
+  sequence lengths, MoE experts' token counts) in one launch, padding under ``rows`` rows each.
 
 Padding waste (the share of a cluster's multiply-adds spent on zeros) is part of every candidate.
 """
@@ -43,7 +47,7 @@ DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LAYOUTS = ("nn", "nt")
 KINDS = ("gemm", "bgemm", "conv")
 BACKENDS = ("serial", "streams", "padded", "pointer", "grouped", "concat", "padded_t")
-EXTRA_BACKENDS = ("splitk",)  # measured by the bench, unknown to the cost model's features
+EXTRA_BACKENDS = ("splitk", "chunks")  # measured by the bench, unknown to the cost model's features
 SPLITK_DTYPES = ("float32", "bfloat16")
 SPLITK_ALIGN = 8  # slice depth in elements: every slice's first element stays 16-byte aligned
 SPLITK_MIN_DEPTH = 128
@@ -175,6 +179,7 @@ class Cluster:
     backend: str
     streams: int = 1
     split: int = 1  # splitk: slices of the depth
+    rows: int = 0  # chunks: rows per chunk
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS + EXTRA_BACKENDS:
@@ -185,11 +190,16 @@ class Cluster:
         if (self.split > 1) != (self.backend == "splitk") or self.split < 1:
             raise ValueError(f"packing cluster split {self.split} with backend {self.backend!r}: "
                              "only splitk splits, in 2 or more slices")
+        if (self.rows > 0) != (self.backend == "chunks") or self.rows < 0:
+            raise ValueError(f"packing cluster rows {self.rows} with backend {self.backend!r}: "
+                             "only chunks has rows per chunk, 1 or more")
 
     @property
     def label(self) -> str:
         if self.backend == "splitk":
             return f"splitk{self.split}"
+        if self.backend == "chunks":
+            return f"chunks{self.rows}"
         return f"streams{self.streams}" if self.backend == "streams" else self.backend
 
     def to_json(self) -> dict[str, Any]:
@@ -197,6 +207,8 @@ class Cluster:
                              "streams": self.streams}
         if self.split > 1:  # absent otherwise: the stored candidates' hashes stay as they were
             d["split"] = self.split
+        if self.rows > 0:
+            d["rows"] = self.rows
         return d
 
 
@@ -221,7 +233,8 @@ class Candidate:
     @staticmethod
     def from_json(d: dict[str, Any]) -> Candidate:
         return Candidate(d["partition"], tuple(Cluster(tuple(c["members"]), c["backend"],
-                                                       c.get("streams", 1), c.get("split", 1))
+                                                       c.get("streams", 1), c.get("split", 1),
+                                                       c.get("rows", 0))
                                                for c in d["clusters"]), d.get("concurrent", 1))
 
 
@@ -229,9 +242,13 @@ def padded_shape(members: Sequence[Member]) -> tuple[int, int, int]:
     return max(m.m for m in members), max(m.n for m in members), max(m.k for m in members)
 
 
-def done_macs(members: Sequence[Member], backend: str, split: int = 1) -> int:
+def done_macs(members: Sequence[Member], backend: str, split: int = 1, rows: int = 0) -> int:
     """Multiply-adds a backend performs for ``members``, padding and cross terms included
-    (``splitk``: the depth padded to ``split`` aligned slices)."""
+    (``splitk``: the depth padded to ``split`` aligned slices; ``chunks``: every problem's rows
+    padded to a multiple of ``rows``, its ``n`` and ``k`` to the cluster's largest)."""
+    if backend == "chunks":
+        _, N, K = padded_shape(members)
+        return sum(m.batch * -(-m.m // rows) * rows for m in members) * N * K
     if backend in ("padded", "padded_t", "pointer", "splitk"):
         M, N, K = padded_shape(members)
         if backend == "splitk":
@@ -255,7 +272,8 @@ def concat_ok(members: Sequence[Member]) -> bool:
 
 def candidate_waste(w: PackingWorkload, cand: Candidate) -> float:
     """Padding waste of a whole candidate: padded multiply-adds over all multiply-adds done."""
-    done = sum(done_macs([w.members[i] for i in c.members], c.backend, c.split) for c in cand.clusters)
+    done = sum(done_macs([w.members[i] for i in c.members], c.backend, c.split, c.rows)
+               for c in cand.clusters)
     return 1.0 - (w.flops // 2) / done
 
 
@@ -373,6 +391,35 @@ def splitk_candidates(w: PackingWorkload, splits: Iterable[int] = (2, 3, 4, 8),
                                                                         max_waste)
                              else Cluster(p, "serial") for p in parts)
             if not any(c.backend == "splitk" for c in clusters):
+                continue
+            for k in sorted({1, min(len(clusters), 8)}):
+                c = Candidate(pname, clusters, k)
+                out.setdefault(canonical_json(c.to_json()), c)
+    return list(out.values())
+
+
+def chunks_ok(members: Sequence[Member], rows: int, max_waste: float = 0.92) -> bool:
+    """Whether ``members`` can run as one chunks cluster: one dtype and layout, more than one
+    chunk, padding waste within ``max_waste``."""
+    if not members or not uniform(members):
+        return False
+    if sum(m.batch * -(-m.m // rows) for m in members) < 2:
+        return False
+    return 1.0 - sum(m.flops // 2 for m in members) / done_macs(members, "chunks", rows=rows) <= max_waste
+
+
+def chunk_candidates(w: PackingWorkload, rows: Iterable[int] = (64, 128, 256),
+                     max_waste: float = 0.92) -> list[Candidate]:
+    """Chunked candidates (not in ``candidates``: the cost model has no features for them): per
+    partition and chunk height, every cluster that can be chunked is (the others run serial),
+    alone and with the clusters on up to 8 forked streams."""
+    out: dict[str, Candidate] = {}
+    for pname, parts in partitions(w).items():
+        for r in rows:
+            clusters = tuple(Cluster(p, "chunks", rows=r) if chunks_ok([w.members[i] for i in p], r,
+                                                                       max_waste)
+                             else Cluster(p, "serial") for p in parts)
+            if not any(c.backend == "chunks" for c in clusters):
                 continue
             for k in sorted({1, min(len(clusters), 8)}):
                 c = Candidate(pname, clusters, k)

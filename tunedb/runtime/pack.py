@@ -27,11 +27,13 @@ from tunedb.kernels.packing import (
     PackingWorkload,
     candidate_waste,
     candidates,
+    chunk_candidates,
     padded_shape,
     splitk_candidates,
 )
 from tunedb.runtime.blas import DATA_TYPES, GEMM_DEFAULT, OP_N, OP_T, Blas, BlasError, check, library
 from tunedb.runtime.device import current_stream
+from tunedb.runtime.pack_chunks import build_chunks
 from tunedb.runtime.pack_splitk import build_splitk
 from tunedb.runtime.streams import StreamPool, gc_paused, record_forked
 from tunedb.runtime.tolerance import dtype_tolerance, element_bounds, element_errors
@@ -157,7 +159,19 @@ class PackedRun:
         self._bb = blas  # the handle (and so the stream) this cluster's calls go to
         if cl.backend == "splitk":
             return self._build_splitk(list(cl.members), inputs, cl.split)
+        if cl.backend == "chunks":
+            return self._build_chunks(list(cl.members), inputs, cl.rows)
         return getattr(self, f"_build_{cl.backend}")(list(cl.members), inputs, cl.streams)
+
+    def _build_chunks(self, members: list[int], inputs: Any, rows: int) -> Callable[[], None]:
+        ms = [self.w.members[i] for i in members]
+        step, outs, keep = build_chunks(self.cp, self._bb, ms, [inputs[i] for i in members], rows)
+        for i, mb, O in zip(members, ms, outs):
+            self.readers[i] = lambda O=O, mb=mb: O[:, :mb.m, :mb.n]
+        self.keep += keep
+        self.outs += outs
+        self.launches += 1
+        return step
 
     def _build_splitk(self, members: list[int], inputs: Any, split: int) -> Callable[[], None]:
         ms = [self.w.members[i] for i in members]
@@ -488,9 +502,10 @@ def measure_candidate(cp: Any, w: PackingWorkload, cand: Candidate, inputs: Sequ
 
 def measure_candidates(cp: Any, w: PackingWorkload, inputs: Sequence[tuple[Any, Any]], refs: Sequence[Any],
                        pool: StreamPool, *, reps: int, samples: int,
-                       log: Callable[[str], None] = print, splitk: bool = False
+                       log: Callable[[str], None] = print, extra: bool = False
                        ) -> list[dict[str, Any]]:
-    """``measure_candidate`` for every candidate of ``w`` (and its split-K ones with ``splitk``)."""
-    cands = candidates(w) + (splitk_candidates(w) if splitk else [])
+    """``measure_candidate`` for every candidate of ``w`` (and, with ``extra``, its split-K and
+    chunked ones, which the cost model has no features for)."""
+    cands = candidates(w) + (splitk_candidates(w) + chunk_candidates(w) if extra else [])
     return [measure_candidate(cp, w, cand, inputs, refs, pool, reps=reps, samples=samples, log=log)
             for cand in cands]

@@ -1,6 +1,7 @@
-"""The split-K packing backend without a GPU: its pointer arithmetic replayed as cuBLAS would read
-it (column-major, leading dimensions, transposes) on NumPy buffers, its candidates, and its
-slice-summing kernel compiled by nvcc."""
+"""The split-K and chunked packing backends without a GPU: their pointer arithmetic replayed as
+cuBLAS would read it (column-major, leading dimensions, transposes) on NumPy buffers, their
+candidates, and the slice-summing kernel compiled by nvcc; on the GPU every candidate against the
+float64 reference."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from tunedb.kernels.packing import (
     PackingWorkload,
     candidate_waste,
     candidates,
+    chunk_candidates,
     splitk_candidates,
     splitk_depth,
 )
 from tunedb.runtime.blas import OP_T
 from tunedb.runtime.pack import make_inputs, reference
+from tunedb.runtime.pack_chunks import chunk_plan, member_buffers
 from tunedb.runtime.pack_splitk import splitk_plan, stacks, sum_source
 
 
@@ -109,6 +112,49 @@ def test_splitk_candidates() -> None:
                                                                  "split": 2}]})
 
 
+def _replay_chunks(members: list[Member], inputs: list, rows: int) -> list[np.ndarray]:
+    pl = chunk_plan(members, rows)
+    bufs = [tuple(b.astype(np.float64) for b in trio) for trio in member_buffers(np, members, inputs, pl)]
+    for i, a_off, b_off, c_off in pl.chunks:
+        X, W, O = bufs[i]
+        if pl.transa == OP_T:
+            A = _colmajor(W, a_off, pl.K, pl.N, pl.lda).T
+        else:
+            A = _colmajor(W, a_off, pl.N, pl.K, pl.lda)
+        B = _colmajor(X, b_off, pl.K, rows, pl.K)
+        C = _colmajor(O, c_off, pl.N, rows, pl.N)
+        assert not C.any(), "two chunks write the same rows"
+        C[...] = A @ B
+    return [O[:, :mb.m, :mb.n] for mb, (_, _, O) in zip(members, bufs)]
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+@pytest.mark.parametrize("rows", [8, 16, 64])
+def test_chunk_plan_computes_every_member(layout: str, rows: int) -> None:
+    ms = [Member(40, 24, 30, layout=layout), Member(17, 24, 30, batch=2, layout=layout, weight="s"),
+          Member(3, 24, 30, batch=2, layout=layout, weight="s"), Member(33, 9, 20, layout=layout)]
+    w = PackingWorkload("t", "test", tuple(ms))
+    inputs = make_inputs(w, seed=4)
+    for g, r in zip(_replay_chunks(ms, inputs, rows), reference(w, inputs)):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-4)
+    pl = chunk_plan(ms, rows)
+    assert len(pl.chunks) == sum(mb.batch * -(-mb.m // rows) for mb in ms)
+    assert all(mp % rows == 0 and 0 <= mp - mb.m < rows for mp, mb in zip(pl.padded_m, ms))
+
+
+def test_chunk_candidates() -> None:
+    seqs = (16, 32, 48, 64, 128, 128, 256, 384)
+    w = PackingWorkload("bert", "t", tuple(Member(s, 768, 768, dtype="bfloat16", layout="nt")
+                                           for s in seqs for _ in range(3)))
+    cs = {c.name: c for c in chunk_candidates(w)}
+    assert "whole:chunks64" in cs and not any(c.name.startswith("whole:chunks") for c in candidates(w))
+    c64 = cs["whole:chunks64"]
+    assert Candidate.from_json(c64.to_json()) == c64
+    useful = sum(seqs) * 3
+    assert candidate_waste(w, c64) == pytest.approx(1 - useful / (3 * (64 * 4 + 128 * 2 + 256 + 384)))
+    assert chunk_candidates(PackingWorkload("one", "t", (Member(16, 8, 8),))) == []
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_splitk_sum_kernel_compiles(tmp_path) -> None:
@@ -123,8 +169,8 @@ def test_splitk_sum_kernel_compiles(tmp_path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_splitk_candidates_on_the_gpu(dtype: str) -> None:
-    """Every split-K candidate against the float64 reference, eagerly and replayed as a graph;
+def test_extra_candidates_on_the_gpu(dtype: str) -> None:
+    """Every split-K and chunked candidate against the float64 reference, eagerly and replayed as a graph;
     cleared outputs fail the check, so a replay that writes nothing cannot pass."""
     import cupy as cp
 
@@ -139,8 +185,9 @@ def test_splitk_candidates_on_the_gpu(dtype: str) -> None:
     pool = StreamPool(8)
     inputs = make_inputs(w, seed=5)
     refs = reference(w, inputs)
-    sk = splitk_candidates(w)
+    sk = splitk_candidates(w) + chunk_candidates(w)
     assert any(c.concurrent > 1 for c in sk) and len({c.name for c in sk}) == len(sk)
+    assert {cl.backend for c in sk for cl in c.clusters} == {"splitk", "chunks", "serial"}
     for cand in sk:
         run = PackedRun(cp, w, cand, inputs, pool)
         run.run()
