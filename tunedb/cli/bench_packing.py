@@ -27,6 +27,11 @@ def packing(
                                               "no new case starts (0: no limit).")] = 240.0,
     no_peers: Annotated[bool, typer.Option("--no-peers", help="tunedb's candidates only (a "
                                            "collection sweep).")] = False,
+    duel: Annotated[int, typer.Option("--duel", min=0, help="Then tunedb's 2 fastest and the 2 "
+                                      "fastest torch peers again in this many interleaved "
+                                      "rounds.")] = 0,
+    no_extra: Annotated[bool, typer.Option("--no-extra", help="Without the split-K and chunked "
+                                           "candidates (the cost model's candidate set only).")] = False,
 ) -> None:
     """Time every packing candidate of each case and the torch peers on the same inputs, each
     checked against a float64 reference first; prints a table and writes the JSON."""
@@ -40,6 +45,10 @@ def packing(
         argv += ["--case", c]
     if no_peers:
         argv.append("--no-peers")
+    if no_extra:
+        argv.append("--no-extra")
+    if duel:
+        argv += ["--duel", str(duel)]
     code = main(argv)
     if code:  # main printed the one-line reason
         raise typer.Exit(code)
