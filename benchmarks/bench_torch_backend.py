@@ -4,6 +4,7 @@ path times them, in interleaved rounds (issue 24: the backend no slower than the
 
     python benchmarks/bench_torch_backend.py OUT.json [--cases bert_base:bfloat16,...]
         [--rounds 5] [--target-s 0.05] [--budget-s 80] [--eager] [--items plan_replay,...]
+        [--spin-us 150]
     python benchmarks/bench_torch_backend.py --table OUT.json   # the markdown table of a run
 
 Models as the zoo builds them (``export_zoo.MODELS``: library default configs, random weights,
@@ -26,8 +27,10 @@ difference from eager relative to the output's largest magnitude, and in ``--rou
   (``torch_handoff``);
 - ``eager`` (``--eager``): the module itself.
 
-- ``runs_bound_stream_<slot|clone>``: the hand-off (``Handoff.run``) called directly, without
-  Dynamo's guards and frame.
+- ``runs_bound_<mode>_<slot|clone>``: the hand-off (``Handoff.run``) called directly, without
+  Dynamo's guards and frame;
+- ``bound_replay[_caller|_waits]``, ``plan_replay_caller_spin``, ``onnx_run``, ``onnx_plan_run``: see
+  ``_replays_and_user_calls`` (the last two: the ONNX path as a user calls it).
 
 ``host_us`` per item: the host's time per call (``host_us``), to tell a GPU-bound loop from a
 host-bound one.
@@ -55,7 +58,7 @@ from tunedb.bench.provenance import provenance  # noqa: E402
 
 CASES = ("bert_base:bfloat16", "resnet50:bfloat16", "resnet50:float32", "bert_base:float32")
 OPTIONS = {("bert_base", "bfloat16"): {"gemm_epilogue": True, "gelu_epilogue": True, "cublaslt": True}}
-COST_S = {"bert_base": 30, "resnet50": 26}  # rough compile + rounds on an H200 host
+COST_S = {"bert_base": 30, "resnet50": 20}  # rough compile + rounds on an H200 host
 SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -127,6 +130,8 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
         rec["planned"] = sum(g.executor is not None for g in graphs)
         rec["kernels"] = [g.plan.kernels if g.plan is not None else None for g in graphs]
         rec["fallbacks"] = [g.fallback for g in graphs if g.fallback]
+        # the exporter's optimizer's graph did not import, so the graph as exported was planned
+        rec["optimize_errors"] = [g.optimize_error for g in graphs if g.optimize_error]
         rec["inputs_bound"] = [bool(g.runs and g.runs.inputs_bound) for g in graphs]
         rec["output_slots"] = [g.runs.slots if g.runs else 0 for g in graphs]
         rec["bind_errors"] = [e for g in graphs if g.runs for e in g.runs.errors]
@@ -173,15 +178,18 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
             if len(graphs) == 1:  # the hand-off without Dynamo: its Python and guards left out
                 (g0,) = graphs
                 user = list(g0.runs._held) or [t.clone() for t in args]  # the bound tensors
-                for out in ("slot", "clone"):
-                    def direct(slots: bool = out == "slot") -> Any:
-                        g0.runs.mode, g0.runs.use_slots = "stream", slots
-                        return g0.runs.run(user)
-                    items[f"runs_bound_stream_{out}"] = (direct, sync)
+                for mode in ("stream", "plan", "caller"):
+                    for out in ("slot", "clone"):
+                        def direct(mode: str = mode, slots: bool = out == "slot") -> Any:
+                            g0.runs.mode, g0.runs.use_slots = mode, slots
+                            return g0.runs.run(user)
+                        items[f"runs_bound_{mode}_{out}"] = (direct, sync)
+                items.update(_replays_and_user_calls(g0, user, a.spin_us, sync))
             if a.eager:
                 items["eager"] = (lambda: model(*args), sync)
-            if a.items:
-                items = {k: v for k, v in items.items() if k in a.items}
+            if a.items:  # an entry "model:item" applies to that model only
+                wanted = {k.split(":")[-1] for k in a.items if ":" not in k or k.split(":")[0] == name}
+                items = {k: v for k, v in items.items() if k in wanted}
             before = [dict(g.runs.calls) for g in graphs]
             rec["rounds"] = rounds(items, a.rounds, a.target_s)
             rec["host_us"] = {k: host_us(*items[k]) for k in items if k != "eager"}
@@ -190,7 +198,7 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
                             for g, old in zip(graphs, before)]
             # after the rounds: every variant's output still equals eager, kept ones too
             kept = []
-            for mode in ("stream", "caller"):
+            for mode in ("stream", "plan", "caller"):
                 for out in ("slot", "clone"):
                     for kind, inputs in (("bound", args), ("copy", other)):
                         y = backend_call(inputs, mode, out == "slot")()
@@ -200,6 +208,63 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
                 check(y.float(), f"kept_{i}")
             for g in graphs:
                 g.runs.mode, g.runs.use_slots = "stream", True
+
+
+def _replays_and_user_calls(g: Any, user: list, spin_us: float, sync: Callable[[], None]
+                            ) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
+    """Items that split the hand-off's cost, and the ONNX path as a user calls it:
+
+    - ``bound_replay`` / ``bound_replay_caller``: the graph bound to the example inputs and
+      output slot 0 replayed back to back on the plan's / the caller's stream (the GPU work of
+      a bound call, with no hand-off); ``bound_replay_waits``: on the plan's stream between
+      the stream mode's two waits (the caller's stream's event waited on by the plan's, and
+      back), without the hand-off's Python;
+    - ``plan_replay_caller_spin``: ``plan_replay_caller`` with ``spin_us`` of host busy-wait per
+      call (does a host this slow, the backend's, slow a graph loop on the caller's stream?);
+    - ``onnx_run``: ``PlanExecutor.run`` on the caller's torch tensors (what ``Plan.run`` does
+      before its copy to the host: inputs checked and copied in, bf16 outputs widened to fp32,
+      CuPy arrays ordered on the caller's stream);
+    - ``onnx_plan_run``: ``Plan.run`` itself (NumPy outputs: a copy to the host and a wait each
+      call). Its executor is the backend's (the same plan), put in ``Plan.run``'s cache.
+    """
+    import weakref
+
+    import cupy as cp
+    import torch
+
+    from tunedb.runtime import executor as executor_mod
+
+    ex, runs = g.executor, g.runs
+    items: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
+    bound = runs._graphs.get((True, 0))
+    if bound is not None:
+        items["bound_replay"] = (lambda: bound.launch(ex.stream), ex.synchronize)
+
+        def bound_caller() -> None:
+            bound.launch(cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+        items["bound_replay_caller"] = (bound_caller, sync)
+        ev_in, ev_out = torch.cuda.Event(), torch.cuda.Event()
+
+        def bound_waits() -> None:  # the stream mode's two waits, nothing else
+            caller = torch.cuda.current_stream()
+            ev_in.record(caller)
+            runs._plan_stream.wait_event(ev_in)
+            bound.launch(ex.stream)
+            ev_out.record(runs._plan_stream)
+            caller.wait_event(ev_out)
+        items["bound_replay_waits"] = (bound_waits, sync)
+    if ex.graph_capture:
+        def spin() -> None:
+            ex._graph.launch(cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+            end = time.perf_counter() + spin_us * 1e-6
+            while time.perf_counter() < end:
+                pass
+        items["plan_replay_caller_spin"] = (spin, sync)
+    feeds = dict(zip(runs.names, user))
+    items["onnx_run"] = (lambda: ex.run(feeds), sync)
+    executor_mod._CACHE[id(g.plan)] = (weakref.ref(g.plan), ex)
+    items["onnx_plan_run"] = (lambda: g.plan.run(feeds), sync)
+    return items
 
 
 def table_lines(result: dict) -> list[str]:
@@ -240,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-s", type=float, default=0.05, help="seconds per timed batch")
     p.add_argument("--budget-s", type=float, default=600.0, help="no case starts that would end later")
     p.add_argument("--eager", action="store_true", help="time the module eagerly too")
-    p.add_argument("--items", default="", help="only these timed items (comma-separated names)")
+    p.add_argument("--items", default="",
+                   help="only these timed items (comma-separated; model:item for one model)")
+    p.add_argument("--spin-us", type=float, default=150.0,
+                   help="host busy-wait per call of plan_replay_caller_spin")
     a = p.parse_args(argv)
     cases = [tuple(c.split(":")) for c in a.cases.split(",") if c]
     a.items = [k for k in a.items.split(",") if k]
@@ -254,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     start = time.perf_counter()
+    import onnxscript
+
     result: dict[str, Any] = {"benchmark": "torch_backend", "torch": torch.__version__,
+                              "onnxscript": onnxscript.__version__,
                               "device": torch.cuda.get_device_name(), "rounds": a.rounds,
                               "target_s": a.target_s, "runs": {}, **provenance(argv)}
     for name, dtype in cases:

@@ -74,3 +74,18 @@ def test_storage_refs_sees_every_tensor_on_a_slot() -> None:
     assert storage_refs(slot) > base
     kept.clear()
     assert storage_refs(slot) == base
+
+
+def test_a_torch_bfloat16_tensor_goes_in_as_its_bits() -> None:
+    """Torch gives bfloat16 neither to NumPy nor through ``__cuda_array_interface__``: the
+    executor takes the tensor's bits (the GPU path views the CUDA tensor the same way)."""
+    torch = pytest.importorskip("torch")
+    from tunedb.runtime.executor_inputs import ExecutorError, prepare_inputs
+
+    x = torch.randn(2, 1, 8).to(torch.bfloat16)
+    ids = np.zeros((1, 128), np.int64)
+    got = prepare_inputs(GRAPH, {"ids": ids, "x": x})["x"]
+    assert got.dtype == np.uint16 and got.shape == (2, 1, 8)
+    np.testing.assert_array_equal(got, x.view(torch.int16).numpy().view(np.uint16))
+    with pytest.raises(ExecutorError, match=r"expected bfloat16\[2,1,8\], got torch.bfloat16\[2,8\]"):
+        prepare_inputs(GRAPH, {"ids": ids, "x": x[:, 0]})

@@ -91,6 +91,9 @@ class Handoff:
         self._plan_stream = torch.cuda.ExternalStream(executor.stream.ptr)
         self._cupy_streams: dict[int, Any] = {}  # caller's stream -> the same stream, for CuPy
         self._last_caller: Any = None  # the stream the last call came from
+        # Two events recorded anew each call (torch's ``wait_stream`` makes a new one per wait):
+        # a wait enqueued earlier keeps the record it saw, so reuse is safe.
+        self._ev_in, self._ev_out = torch.cuda.Event(), torch.cuda.Event()
         self._graphs: dict[tuple[bool, int | None], Any] = {}
         if executor.graph_capture:
             self._graphs[(False, None)] = executor._graph
@@ -170,7 +173,7 @@ class Handoff:
         if self._last_caller is not None and self._last_caller != caller:
             # The last run is ordered before its caller's stream only: a call from another stream
             # waits for it before writing the input buffers or replaying over its outputs.
-            caller.wait_stream(self._last_caller)
+            _after(caller, self._last_caller, self._ev_out)
         self._last_caller = caller
         for buf, t in zip(self._in_views, args):
             if t.shape != buf.shape:  # copy_ would broadcast
@@ -188,19 +191,19 @@ class Handoff:
             graph.launch(self._cupy_streams[ptr])
             return self._outputs(slot, None)
         if self.mode == "plan":  # copies in and out on the plan's stream too
-            self._plan_stream.wait_stream(caller)  # the plan's stream waits for the inputs
+            _after(self._plan_stream, caller, self._ev_in)  # the plan's stream waits for the inputs
             with torch.cuda.stream(self._plan_stream):
                 if not bound:
                     self._copy_in(args, self._plan_stream)
                 self._launch(graph)
                 outs = self._outputs(slot, caller)
-            caller.wait_stream(self._plan_stream)  # and the caller's for the plan
+            _after(caller, self._plan_stream, self._ev_out)  # and the caller's for the plan
             return outs
         if not bound:
             self._copy_in(args, None)
-        self._plan_stream.wait_stream(caller)
+        _after(self._plan_stream, caller, self._ev_in)
         self._launch(graph)
-        caller.wait_stream(self._plan_stream)
+        _after(caller, self._plan_stream, self._ev_out)
         return self._outputs(slot, None)
 
     def _launch(self, graph: Any) -> None:
@@ -231,6 +234,12 @@ class Handoff:
             for y in outs:
                 y.record_stream(caller)
         return outs
+
+
+def _after(waiting: Any, done: Any, event: Any) -> None:
+    """Work enqueued on ``waiting`` from now on runs after what ``done`` holds now."""
+    event.record(done)
+    waiting.wait_event(event)
 
 
 def _one_line(e: BaseException) -> str:

@@ -32,6 +32,19 @@ def _dtype_shape(a: Any) -> tuple[np.dtype | None, tuple[int, ...]]:
         return np.dtype(cai["typestr"]), tuple(int(d) for d in cai["shape"])
 
 
+def _torch_bf16_bits(t: Any) -> Any:
+    """A torch bfloat16 tensor as its uint16 bits on its device: torch hands bfloat16 neither to
+    NumPy nor through ``__cuda_array_interface__``."""
+    import torch  # the caller passed a torch tensor, so torch is there
+
+    bits = t.detach().view(torch.int16)
+    if bits.is_cuda:
+        import cupy as cp  # a CUDA tensor for the executor, which runs on CuPy
+
+        return cp.asarray(bits).view(cp.uint16)
+    return bits.contiguous().numpy().view(np.uint16)
+
+
 def _describe(a: Any) -> str:
     return f"{getattr(a, 'dtype', type(a).__name__)}[{','.join(map(str, getattr(a, 'shape', ())))}]"
 
@@ -39,8 +52,9 @@ def _describe(a: Any) -> str:
 def prepare_inputs(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """Check ``inputs`` against the graph and bring host arrays into stored form (bfloat16 as
     uint16 bits). Device arrays (``__cuda_array_interface__``) are checked, not moved. bfloat16
-    inputs may be uint16 bits or float32 values (rounded to nearest even); every other dtype must
-    match exactly. Host gather indices are checked to be in range."""
+    inputs may be uint16 bits, float32 values (rounded to nearest even) or torch bfloat16 tensors
+    (their bits); every other dtype must match exactly. Host gather indices are checked to be in
+    range."""
     missing = [v for v in graph.inputs if v not in inputs]
     extra = sorted(set(inputs) - set(graph.inputs))
     name = graph.name or "<unnamed>"
@@ -53,15 +67,18 @@ def prepare_inputs(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v in graph.inputs:
         t = graph.type_of(v)
-        a = inputs[v]
+        a = given = inputs[v]
+        if str(getattr(a, "dtype", "")) == "torch.bfloat16" and t.dtype == "bfloat16":
+            a = _torch_bf16_bits(a)
         if not _is_device_array(a):
             a = np.asarray(a)
         dt, shape = _dtype_shape(a)
         want = storage_dtype(t.dtype)
         ok_dtype = dt == want or (t.dtype == "bfloat16" and (dt is None or dt == np.float32))
         if shape != t.shape or not ok_dtype:
-            hint = " (bfloat16 takes float32 values or uint16 bits)" if t.dtype == "bfloat16" else ""
-            raise ExecutorError(f"input {v!r}: expected {t}, got {_describe(a)}{hint}")
+            hint = " (bfloat16 takes float32 values, uint16 bits or torch bfloat16)" \
+                if t.dtype == "bfloat16" else ""
+            raise ExecutorError(f"input {v!r}: expected {t}, got {_describe(given)}{hint}")
         if isinstance(a, np.ndarray):
             if t.dtype == "bfloat16" and dt is None:
                 a = a.view(np.uint16)
