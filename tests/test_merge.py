@@ -157,6 +157,20 @@ def test_auto_keeps_the_plan_without_merges_when_the_stages_predict_it_faster():
         assert bool(search["merged_convs"]) == (min(totals) < search["unmerged_predicted_us"])
 
 
+def test_schedule_auto_merges_by_default_and_other_schedules_do_not():
+    # one user setting: schedule="auto" takes the merges that pay (SqueezeNet b1's 1.19x) and
+    # none where they do not (b16); merge=False still turns them off
+    kw = dict(device="cuda", cost_model=False, bias_epilogue=True)
+    default = compile_plan(fire(), schedule="auto", **kw)
+    explicit = compile_plan(fire(), schedule="auto", merge="auto", **kw)
+    assert dict(default.search)["merge"] == "auto" and len(dict(default.search)["merged_convs"]) == 1
+    assert default.steps == explicit.steps and default.stages == explicit.stages
+    for plan in (compile_plan(fire(), schedule="auto", merge=False, **kw),
+                 compile_plan(fire(), schedule="sequential", **kw),
+                 compile_plan(fire(), schedule="ios", **kw)):
+        assert "merged_convs" not in dict(plan.search)
+
+
 @pytest.mark.slow
 def test_squeezenet_merged_plan_steps_compute_the_model():
     """Every fire module of the shipped SqueezeNet 1.1 merges; the plan's steps, run one by one

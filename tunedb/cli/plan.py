@@ -60,11 +60,12 @@ def plan(
         "--schedule", help="sequential (one stream), ios (stages of concurrent groups, one "
                            "stream each) or auto (stages where they are predicted to pay).")
     ] = "sequential",
-    merge: Annotated[str, typer.Option(
+    merge: Annotated[str | None, typer.Option(
         "--merge", help="off, on (sibling convolutions of one input with constant weights run as "
                         "one convolution: IOS's merge), exact (only those of one kernel size) or "
-                        "auto (where the plans predict it pays).")
-    ] = "off",
+                        "auto (where the plans predict it pays); default: auto with --schedule "
+                        "auto, else off.")
+    ] = None,
     json_out: JsonOption = False,
 ) -> None:
     """Plan a model: fusion groups, schedules, stitch schemes, predicted times and buffers.
@@ -80,7 +81,7 @@ def plan(
     bindings = parse_bindings(bind)
     if schedule not in ("sequential", "ios", "auto"):
         usage_error(f"--schedule must be sequential, ios or auto, got {schedule!r}")
-    if merge not in MERGE_CHOICES:
+    if merge is not None and merge not in MERGE_CHOICES:
         usage_error(f"--merge must be off, on, exact or auto, got {merge!r}")
     check_measure_device(measure_device)
     if not model.is_file():
@@ -93,7 +94,8 @@ def plan(
         db = default_db_path()
     result = compile_plan(str(model), db=db, cost_model=cost_model_arg(cost_model), device=device,
                           measure_top=measure_top, beam=beam, bindings=bindings,
-                          measure_device=measure_device, schedule=schedule, merge=MERGE_CHOICES[merge])
+                          measure_device=measure_device, schedule=schedule,
+                          merge=None if merge is None else MERGE_CHOICES[merge])
     if measure_top > 0:
         counts = dict(result.search)
         typer.echo(f"measured {counts.get('measured', 0)} schedule(s); stored "

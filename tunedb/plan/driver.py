@@ -161,7 +161,8 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
             bindings: dict[str, int] | None = None, fill_initializers: bool = True,
             measure_device: str = "cuda", schedule: str = "sequential", pack: bool | str = "auto",
             pack_model: Any = None, bias_epilogue: bool = False, gemm_epilogue: bool = False,
-            concat_views: bool = False, gelu_epilogue: bool = False, merge: bool | str = False) -> Plan:
+            concat_views: bool = False, gelu_epilogue: bool = False,
+            merge: bool | str | None = None) -> Plan:
     """Plan ``model`` (ONNX path / ModelProto, Graph, or graph JSON path) for ``device``.
 
     ``db``: a TuningStore or a database path for exact hits; ``cost_model``: a CostModel or a
@@ -216,14 +217,17 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     ``merge``: sibling convolutions of one input with constant weights become one convolution
     (IOS's merge strategy, ``tunedb.plan.merge``): all that can (``True``), those of one kernel
     size (``"exact"``) or where the predicted plans say it pays (``"auto"``,
-    ``tunedb.plan.merge_choice``)."""
+    ``tunedb.plan.merge_choice``). ``None``: ``"auto"`` with ``schedule="auto"`` (one setting
+    that takes the merges where they pay and stages where they pay), else off."""
+    if merge is None:  # SqueezeNet b1 gains 1.19x only merged; at b16 "auto" keeps no merge
+        merge = "auto" if schedule == "auto" else False
     if merge:
         rest = dict(db=db, cost_model=cost_model, device=device, measure_top=measure_top, beam=beam,
                     horizontal=horizontal, measure_device=measure_device, schedule=schedule, pack=pack,
                     pack_model=pack_model, bias_epilogue=bias_epilogue, gemm_epilogue=gemm_epilogue,
-                    concat_views=concat_views, gelu_epilogue=gelu_epilogue)
+                    concat_views=concat_views, gelu_epilogue=gelu_epilogue, merge=False)
         graph = load_graph(model, bindings, fill_initializers)
-        return compile_merged(functools.partial(compile, **rest), graph, merge)
+        return compile_merged(functools.partial(compile, **rest), graph, merge, measure_top)
     if bias_epilogue:
         model = split_conv_bias(load_graph(model, bindings, fill_initializers))
     if gemm_epilogue:

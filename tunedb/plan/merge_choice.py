@@ -63,10 +63,12 @@ def region_us(plan: Plan, values: Collection[str]) -> tuple[float, int]:
     return total, launches
 
 
-def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | str) -> Plan:
+def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | str,
+                   measure_top: int = 0) -> Plan:
     """``compile_fn(graph)`` on ``graph`` with sibling convolutions merged: all that can
     (``merge=True``), those whose members share one kernel size (``"exact"``: no zero taps) or
-    those the prices say pay (``"auto"``)."""
+    those the prices say pay (``"auto"``). ``measure_top``: what ``compile_fn`` measures with;
+    ``"auto"`` compares its candidate plans without measuring and measures only the winner's."""
     if merge not in MERGE_MODES:
         raise PlanError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     groups = merge_candidates(graph)
@@ -94,9 +96,9 @@ def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | st
             if after < before:
                 keep.append(g)
     # whole plans decide (the prices are local); each distinct set of merges compiled once
-    plan = compile_fn(graph)
+    plan = compile_fn(graph, measure_top=0)
     totals = {"unmerged_predicted_us": round(predicted_total(plan), 2)}
-    best, done = totals["unmerged_predicted_us"], []
+    best, done, best_graph = totals["unmerged_predicted_us"], [], graph
     tried: list[list[Any]] = []
     for name, sel in (("merge_predicted_us", keep), ("merge_exact_predicted_us", exact),
                       ("merge_all_predicted_us", cheap)):
@@ -104,10 +106,12 @@ def compile_merged(compile_fn: Callable[..., Plan], graph: Any, merge: bool | st
             continue
         tried.append(sel)
         g2, d2 = merge_sibling_convs(graph, sel)
-        p2 = compile_fn(g2)
+        p2 = compile_fn(g2, measure_top=0)
         totals[name] = round(predicted_total(p2), 2)
         if totals[name] < best:
-            plan, done, best = p2, d2, totals[name]
+            plan, done, best, best_graph = p2, d2, totals[name], g2
+    if measure_top:  # one plan measured (its kernels, stages or packs), not every candidate
+        plan = compile_fn(best_graph)
     search = {**dict(plan.search), "merge": str(merge), **totals,
               "merged_convs": [list(d.members) for d in done], "merge_priced": priced}
     return replace(plan, search=search, steps=_noted(plan, done))
