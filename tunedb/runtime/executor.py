@@ -93,9 +93,9 @@ def _one_line(exc: BaseException, limit: int = 400) -> str:
 # -- CPU side: what runs each step, and the inputs --------------------------------------------------
 def step_path(step: Any) -> str:
     """How the executor runs ``step`` (no GPU needed): ``view``, ``generated``, ``cublas``,
-    ``conv 1x1 (cublas)``, ``conv (im2col + cublas)``, ``conv depthwise kernel``, ``pool kernel``
-    (global pools too), ``layout copy`` (the chunked or tiled copy kernels of ``copykernel``, else
-    CuPy's copy) or ``cupy op by op``."""
+    ``conv 1x1 (cublas)``, ``conv (im2col + cublas)`` (``, batch merged)``), ``conv depthwise
+    kernel``, ``pool kernel`` (global pools too), ``layout copy`` (the chunked or tiled copy
+    kernels of ``copykernel``, else CuPy's copy) or ``cupy op by op``."""
     if step.kind == "layout_view":
         return "view"
     if step.kind == "fused":
@@ -109,9 +109,10 @@ def step_path(step: Any) -> str:
     if node.op in COMPUTE_DIRECT and dtypes <= COMPUTE_DIRECT[node.op]:
         if node.op == "conv2d":
             a = check_node(node, [types[v] for v in node.inputs])[1]
-            form = conv_form(types[node.inputs[0]].shape, types[node.inputs[1]].shape, a)
-            return {"1x1": "conv 1x1 (cublas)", "depthwise": "conv depthwise kernel"}.get(
-                form, "conv (im2col + cublas)")
+            x = types[node.inputs[0]]
+            form = conv_form(x.shape, types[node.inputs[1]].shape, a, storage_dtype(x.dtype).itemsize)
+            return {"1x1": "conv 1x1 (cublas)", "depthwise": "conv depthwise kernel", "im2col merged":
+                    "conv (im2col + cublas, batch merged)"}.get(form, "conv (im2col + cublas)")
         return {"matmul": "cublas", "gemm": "cublas"}.get(node.op, "pool kernel")
     if node.op in LAYOUT_DIRECT:
         return "layout copy"

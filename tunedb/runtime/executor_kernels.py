@@ -1,30 +1,43 @@
 """CUDA C of the executor's own kernels (not generated per plan): im2col for float32 and 16-bit
-bits, depthwise convolutions in float32 and bfloat16, a bfloat16 bias add, window pools.
+bits (per-sample or batch-merged row order), depthwise convolutions in float32 and bfloat16, a
+bfloat16 bias add, window pools.
 Compiled once per process by ``executor_ops.KernelSet``; the tests also compile it as host C++.
 """
 
 from __future__ import annotations
 
 _IM2COL = r"""
-extern "C" __global__ void tdbx_im2col_@N@(const @T@* __restrict__ x, @T@* __restrict__ cols,
+extern "C" __global__ void tdbx_im2col@O@_@N@(const @T@* __restrict__ x, @T@* __restrict__ cols,
     long long total, long long C, long long H, long long W, long long OH, long long OW,
     long long KH, long long KW, long long SH, long long SW, long long PT, long long PL,
     long long DH, long long DW) {
-  // cols[n, c, kh, kw, oh, ow] = x[n, c, oh*SH - PT + kh*DH, ow*SW - PL + kw*DW] (0 outside);
-  // viewed as [N, G, C/G*KH*KW, OH*OW] it is the right operand of one batched GEMM per group.
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    long long ow = i % OW, t = i / OW;
-    long long oh = t % OH; t /= OH;
-    long long kw = t % KW; t /= KW;
-    long long kh = t % KH; t /= KH;
-    long long c = t % C, n = t / C;
-    long long ih = oh * SH - PT + kh * DH, iw = ow * SW - PL + kw * DW;
-    cols[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * W + iw] : (@T@)0;
+  // Row r of cols holds the OH*OW output positions of one (n, c, kh, kw): cols[n, c, kh, kw, oh, ow]
+  // = x[n, c, oh*SH - PT + kh*DH, ow*SW - PL + kw*DW] (0 outside), viewed as [N, G, C/G*KH*KW, P],
+  // one batched GEMM per group; the _cnhw kernels order the rows (c, kh, kw, n): [C*KH*KW, N*P],
+  // one GEMM for the whole batch. A block per row: the row's 64-bit index arithmetic once, one
+  // 32-bit division per element (per-element 64-bit div/mod made im2col compute-bound).
+  const long long P = OH * OW, rows = total / P;
+  const int ow_n = (int)OW, sh = (int)SH, sw = (int)SW;
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    long long t = r, n, c, kh, kw;
+    @DECODE@
+    const @T@* xp = x + (n * C + c) * H * W;
+    @T@* out = cols + r * P;
+    const int h0 = (int)(kh * DH - PT), w0 = (int)(kw * DW - PL);
+    for (int p = threadIdx.x; p < (int)P; p += blockDim.x) {
+      const int oh = p / ow_n, ow = p - oh * ow_n;
+      const int ih = oh * sh + h0, iw = ow * sw + w0;
+      out[p] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xp[(long long)ih * W + iw] : (@T@)0;
+    }
   }
 }
 
 """
+_ROW_ORDER = {  # kernel-name suffix -> how a row index splits into (n, c, kh, kw)
+    "": "kw = t % KW; t /= KW; kh = t % KH; t /= KH; c = t % C; n = t / C;",
+    "_cnhw": "const long long N = rows / (C * KH * KW); n = t % N; t /= N; "
+             "kw = t % KW; t /= KW; kh = t % KH; c = t / KH;",
+}
 
 _BF16 = r"""
 // bfloat16 as its uint16 bits: widened by a shift, rounded to nearest even (NaN -> 0x7FC0, as
@@ -136,4 +149,5 @@ extern "C" __global__ void tdbx_dwconv2d_f32(const float* __restrict__ x, const 
 """ + _BF16 + "".join(_POOL.replace("@T@", t).replace("@N@", n).replace("@NEGINF@", inf) for t, n, inf in (
     ("float", "f32", "-__int_as_float(0x7f800000)"),
     ("double", "f64", "-__longlong_as_double(0x7ff0000000000000LL)"))) + "".join(
-    _IM2COL.replace("@T@", t).replace("@N@", n) for t, n in (("float", "f32"), ("unsigned short", "u16")))
+    _IM2COL.replace("@T@", t).replace("@N@", n).replace("@O@", o).replace("@DECODE@", d)
+    for t, n in (("float", "f32"), ("unsigned short", "u16")) for o, d in _ROW_ORDER.items())

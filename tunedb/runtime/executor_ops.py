@@ -12,8 +12,10 @@ launch can be captured into a CUDA graph.
   on, cuBLASLt's bias epilogue in one launch (``tunedb.runtime.executor_lt``).
 * conv2d: a 1x1 stride-1 convolution is one GEMM over the channels; a depthwise one is one
   kernel; any other is an im2col kernel into a scratch buffer then one batched GEMM (CuPy 14 has
-  no cuDNN), then a broadcast bias add. float32 and bfloat16 (im2col moves the 16-bit bits, the
-  GEMM accumulates in fp32, the depthwise and bias kernels round once to nearest even).
+  no cuDNN), then a broadcast bias add. Where per-sample GEMM rows are unaligned or short, the
+  batch runs as one GEMM instead (``tunedb.runtime.executor_conv``). float32 and bfloat16
+  (im2col moves the 16-bit bits, the GEMM accumulates in fp32, the depthwise and bias kernels
+  round once to nearest even).
 * pools: one window kernel per pool (max, average with or without the padding counted); global
   pools are the same kernel with one window over all spatial positions (CuPy reductions may
   allocate while capturing).
@@ -36,6 +38,7 @@ import numpy as np
 from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node, TensorType
 from tunedb.graph.ops import check_node, slice_bounds
 from tunedb.runtime.copykernel import strided_copy
+from tunedb.runtime.executor_conv import conv_form, im2col_gemm
 from tunedb.runtime.executor_kernels import KERNEL_SOURCE
 from tunedb.runtime.inputs import bf16_bits
 
@@ -63,6 +66,18 @@ class KernelSet:
 
         def run() -> None:
             fn(grid, (BLOCK,), full)
+
+        return run
+
+    def launch_rows(self, name: str, rows: int, row_len: int, args: Sequence[Any]) -> Launch:
+        """A kernel with a block per row (grid-stride over rows), threads along the row."""
+        fn = self.module.get_function(name)
+        grid = (max(1, min(int(rows), 1 << 20)),)
+        block = (max(32, min(BLOCK, -(-int(row_len) // 32) * 32)),)
+        full = tuple(np.int64(a) if isinstance(a, (int, np.integer)) else a for a in args)
+
+        def run() -> None:
+            fn(grid, block, full)
 
         return run
 
@@ -347,15 +362,6 @@ class Evaluator:
 
 
 # -- compute ops writing straight into their outputs ----------------------------------------------
-def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict) -> str:
-    """How ``ComputeOps`` runs a conv2d: ``1x1`` (one GEMM), ``depthwise`` (one kernel, bias
-    included) or ``im2col`` (an im2col kernel, then one batched GEMM)."""
-    c, (o, _, kh, kw) = x_shape[1], w_shape
-    if (kh, kw, *a["strides"], *a["dilations"], a["groups"]) == (1,) * 7 and not any(a["pads"]):
-        return "1x1"
-    return "depthwise" if int(a["groups"]) == c == o else "im2col"
-
-
 def _bias_vector_gemm(alpha: float, beta: float, trans_a: Any, c_shape: Sequence[int],
                       out_shape: Sequence[int]) -> bool:
     """``alpha * A @ B + beta * C`` is ``A @ B`` plus a bias vector along a 2-D output's columns
@@ -380,9 +386,10 @@ def compute_launches(node: Node, types: Mapping[str, TensorType], cublaslt: bool
     first unless cuBLASLt takes the bias vector (``cublaslt``: it is on). 1 for other nodes."""
     if node.op == "conv2d":
         a = check_node(node, [types[v] for v in node.inputs])[1]
-        form = conv_form(types[node.inputs[0]].shape, types[node.inputs[1]].shape, a)
+        x = types[node.inputs[0]]
+        form = conv_form(x.shape, types[node.inputs[1]].shape, a, storage_dtype(x.dtype).itemsize)
         bias = len(node.inputs) == 3 and bool(node.inputs[2]) and form != "depthwise"
-        return (2 if form == "im2col" else 1) + int(bias)
+        return {"im2col": 2, "im2col merged": 3}.get(form, 1) + int(bias)
     if node.op == "gemm" and len(node.inputs) == 3 and node.inputs[2] and node.attr("beta", 1.0) != 0.0:
         return 1 if cublaslt and gemm_bias_epilogue(node, types) else 2
     return 1
@@ -455,13 +462,12 @@ class ComputeOps:
         cp = self.cp
         x, w = ins[0], ins[1]
         n, c, h, wd = x.shape
-        o, cg, kh, kw = w.shape
-        g = int(a["groups"])
+        o, _, kh, kw = w.shape
         (sh, sw), (pt, pl, _, _), (dh, dw) = a["strides"], a["pads"], a["dilations"]
         _, _, oh, ow = out.shape
         steps: list[Launch] = []
         bf16 = out.dtype == np.uint16  # bfloat16 bits: GEMMs on cuBLAS, kernels on the bits
-        form = conv_form(x.shape, w.shape, a)
+        form = conv_form(x.shape, w.shape, a, out.dtype.itemsize)
         if form == "1x1":
             w2, x3, y3 = w.reshape(o, c), x.reshape(n, c, h * wd), out.reshape(n, o, oh * ow)
             steps.append(self._matmul(w2, x3, y3))
@@ -473,34 +479,8 @@ class ComputeOps:
             launch = self.k.launch(name, tail[0], (x, w, bias, out) + tail)
             return [launch], 1, "depthwise kernel"
         else:
-            K, P = cg * kh * kw, oh * ow
-            total = n * c * kh * kw * P
-            isz, kind = (2, cp.uint16) if bf16 else (4, cp.float32)
-            get = self.scratch(total * isz)
-            view: dict[str, Any] = {}
-
-            def cols() -> Any:
-                if "c" not in view:  # the shared scratch exists once every step is built
-                    view["c"] = get()[:total * isz].view(kind)
-                return view["c"]
-
-            def im2col() -> None:
-                if "k" not in view:
-                    name = "tdbx_im2col_u16" if bf16 else "tdbx_im2col_f32"
-                    view["k"] = self.k.launch(name, total, (x, cols(), total, c, h, wd, oh, ow, kh, kw,
-                                                            sh, sw, pt, pl, dh, dw))
-                view["k"]()
-
-            wr, yr = w.reshape(g, o // g, K), out.reshape(n, g, o // g, P)
-            mm: dict[str, Launch] = {}
-
-            def gemm() -> None:
-                if "f" not in mm:
-                    mm["f"] = self._matmul(wr, cols().reshape(n, g, K, P), yr)
-                mm["f"]()
-
-            steps += [im2col, gemm]
-            path = "im2col + cublas"
+            steps += im2col_gemm(self, x, w, out, a, merged=form == "im2col merged")
+            path = "im2col + cublas, batch merged" if form == "im2col merged" else "im2col + cublas"
         if len(ins) == 3 and bf16:
             steps.append(self.k.launch("tdbx_bias_nchw_bf16", out.size, (out, ins[2], out.size, o, oh * ow)))
         elif len(ins) == 3:

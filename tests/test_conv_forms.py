@@ -1,0 +1,231 @@
+"""Which form the executor gives a convolution (``executor_conv.conv_form``) and the batch-merged
+im2col form itself: its row order checked as host C++ on the CPU, its launch count against the
+planner's, and whole plans of both forms against the float64 reference on the GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from tunedb.graph.builder import GraphBuilder
+from tunedb.graph.ops import check_node
+from tunedb.graph.reference import run_reference
+from tunedb.runtime import executor_conv
+from tunedb.runtime.executor_conv import conv_form, merges_batch
+from tunedb.runtime.executor_kernels import KERNEL_SOURCE
+from tunedb.runtime.executor_ops import compute_launches
+
+
+def _attrs(k: int, stride: int = 1, groups: int = 1) -> dict:
+    p = k // 2
+    return {"strides": (stride, stride), "pads": (p,) * 4, "dilations": (1, 1), "groups": groups}
+
+
+@pytest.fixture
+def policy():
+    """Set ``CONV_BATCH_MERGE`` for one test, and put "auto" back after it."""
+    def set_(value: str) -> None:
+        executor_conv.CONV_BATCH_MERGE = value
+    yield set_
+    executor_conv.CONV_BATCH_MERGE = "auto"
+
+
+# -- the choice -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("x,w,a,itemsize,want", [
+    # ResNet-50 at batch 8, bfloat16: 56x56 and 28x28 rows are 16-byte aligned, 14x14 (392 bytes)
+    # and 7x7 are not: those stages run one GEMM over the batch
+    ((8, 64, 56, 56), (256, 64, 1, 1), _attrs(1), 2, "1x1"),
+    ((8, 128, 28, 28), (128, 128, 3, 3), _attrs(3), 2, "im2col"),
+    ((8, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 2, "im2col merged"),
+    ((8, 256, 28, 28), (256, 256, 3, 3), _attrs(3, 2), 2, "im2col merged"),  # -> 14x14
+    ((8, 512, 7, 7), (512, 512, 3, 3), _attrs(3), 2, "im2col merged"),
+    # float32 14x14 rows are aligned (784 bytes) and long enough; 7x7 ones are short
+    ((8, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 4, "1x1"),
+    ((8, 512, 7, 7), (2048, 512, 1, 1), _attrs(1), 4, "im2col merged"),
+    # one sample: nothing to merge
+    ((1, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 2, "1x1"),
+    ((1, 512, 7, 7), (512, 512, 3, 3), _attrs(3), 2, "im2col"),
+    # grouped and depthwise convolutions keep their forms
+    ((8, 64, 7, 7), (64, 32, 3, 3), _attrs(3, groups=2), 2, "im2col"),
+    ((8, 64, 7, 7), (64, 1, 3, 3), _attrs(3, groups=64), 2, "depthwise"),
+])
+def test_conv_form_merges_the_batch_of_unaligned_or_short_gemms(x, w, a, itemsize, want):
+    assert conv_form(x, w, a, itemsize) == want
+
+
+def test_the_policy_forces_either_form(policy):
+    x, w, a = (8, 64, 56, 56), (64, 64, 3, 3), _attrs(3)
+    assert conv_form(x, w, a, 2) == "im2col"
+    policy("always")
+    assert conv_form(x, w, a, 2) == "im2col merged" and conv_form((1, 64, 56, 56), w, a, 2) == "im2col"
+    policy("never")
+    assert not merges_batch(8, 49, 2) and conv_form((8, 512, 7, 7), (512, 512, 3, 3), a, 2) == "im2col"
+
+
+def _numpy_ops():
+    from test_executor_launches import _ops
+
+    return _ops(lt=False)
+
+
+@pytest.mark.parametrize("k,bias", [(1, False), (3, True)])
+def test_merged_form_counts_its_copy_kernel(k, bias):
+    b = GraphBuilder("conv")
+    x = b.input("x", (4, 16, 7, 7), "bfloat16")
+    ins = [x, b.input("w", (32, 16, k, k), "bfloat16")] + ([b.input("b", (32,), "bfloat16")] if bias else [])
+    g = b.build([b.conv2d(*ins, strides=(1, 1), pads=(k // 2,) * 4, dilations=(1, 1), groups=1)])
+    node, types = g.nodes[0], g.type_map
+    a = check_node(node, [types[v] for v in node.inputs])[1]
+    arrays = [np.zeros(types[v].shape, np.uint16) for v in (*node.inputs, *node.outputs)]
+    launches, kernels, path = _numpy_ops().build(node, a, arrays[:-1], arrays[-1:])
+    assert path == "im2col + cublas, batch merged"
+    # im2col, one GEMM, the [O, N, P] -> [N, O, P] copy, and the bias kernel
+    assert len(launches) == kernels == compute_launches(node, types) == 3 + bias
+
+
+# -- the kernel, as host C++ ----------------------------------------------------------------------
+HOST = """
+#include <cmath>
+#include <cstring>
+#define __global__
+#define __restrict__ __restrict
+struct tdbx_d3 { long long x; };
+static tdbx_d3 blockIdx{0}, threadIdx{0}, blockDim{1}, gridDim{1};  // one thread does every row
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline double __longlong_as_double(long long i) { double f; std::memcpy(&f, &i, 8); return f; }
+"""
+
+
+@pytest.fixture(scope="module")
+def host_lib(tmp_path_factory) -> ctypes.CDLL:
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    d = tmp_path_factory.mktemp("convk")
+    (d / "k.cpp").write_text(HOST + KERNEL_SOURCE)
+    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", str(d / "k.cpp"), "-o", str(d / "k.so")],
+                   check=True, capture_output=True)
+    return ctypes.CDLL(str(d / "k.so"))
+
+
+def _call(fn, *args) -> None:
+    fn(*[ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray) else ctypes.c_longlong(int(a))
+         for a in args])
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad,dil", [
+    ((3, 4, 9, 7), (5, 4, 3, 3), 2, 1, 1),
+    ((2, 6, 7, 7), (8, 6, 1, 1), 1, 0, 1),
+    ((4, 2, 8, 6), (3, 2, 3, 2), 1, 2, 2),
+])
+def test_merged_im2col_then_one_gemm_gives_the_reference_convolution(host_lib, xs, ws, stride, pad, dil):
+    rng = np.random.default_rng(sum(xs))
+    b = GraphBuilder("conv")
+    x, w = b.input("x", xs), b.input("w", ws)
+    g = b.build([b.conv2d(x, w, strides=(stride, stride), pads=(pad,) * 4, dilations=(dil, dil), groups=1)])
+    xv, wv = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    want = run_reference(g, {"x": xv, "w": wv})[g.outputs[0]]
+    n, c, h, wd = xs
+    o, _, kh, kw = ws
+    oh, ow = want.shape[2:]
+    total = n * c * kh * kw * oh * ow
+    cols = np.full(total, np.nan, np.float32)
+    args = (total, c, h, wd, oh, ow, kh, kw, stride, stride, pad, pad, dil, dil)
+    _call(host_lib.tdbx_im2col_cnhw_f32, xv, cols, *args)
+    y = wv.reshape(o, -1).astype(np.float64) @ cols.reshape(c * kh * kw, n * oh * ow)  # [O, N*P]
+    got = y.reshape(o, n, oh, ow).transpose(1, 0, 2, 3)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # the 16-bit kernel moves the same elements
+    bits = (xv.view(np.uint32) >> 16).astype(np.uint16)
+    cols16 = np.full(total, 0xFFFF, np.uint16)
+    _call(host_lib.tdbx_im2col_cnhw_u16, bits, cols16, *args)
+    assert np.array_equal(cols16, (cols.view(np.uint32) >> 16).astype(np.uint16))
+
+
+class _HostModule:
+    """``get_function`` of the host-compiled kernels, called like a CuPy kernel."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+
+    def get_function(self, name: str):
+        return lambda grid, block, args: _call(getattr(self.lib, name), *args)
+
+
+class _NumpyBlas:
+    def gemm(self, x, y, out, **kwargs):
+        return lambda: np.copyto(out, np.matmul(x.view(np.float32), y.view(np.float32)))
+
+
+@pytest.mark.parametrize("form,k,stride", [("always", 3, 2), ("always", 1, 1), ("never", 3, 2)])
+def test_im2col_form_launches_give_the_reference_on_the_cpu(host_lib, monkeypatch, policy, form, k, stride):
+    """The im2col forms' own launches (scratch views, GEMM shapes, the merged form's
+    [O, N, P] -> [N, O, P] copy) with the host-compiled im2col kernels and NumPy standing in for
+    cuBLAS and the copy kernel."""
+    from tunedb.runtime.executor_ops import ComputeOps, KernelSet
+
+    monkeypatch.setattr(executor_conv, "strided_copy", lambda cp, src, out: lambda: np.copyto(out, src))
+    policy(form)
+    rng = np.random.default_rng(k)
+    b = GraphBuilder("conv")
+    x, w = b.input("x", (3, 5, 9, 9)), b.input("w", (7, 5, k, k))
+    g = b.build([b.conv2d(x, w, strides=(stride, stride), pads=(k // 2,) * 4, dilations=(1, 1), groups=1)])
+    xv = rng.standard_normal((3, 5, 9, 9)).astype(np.float32)
+    wv = rng.standard_normal((7, 5, k, k)).astype(np.float32)
+    want = run_reference(g, {"x": xv, "w": wv})[g.outputs[0]]
+    kernels = KernelSet.__new__(KernelSet)
+    kernels.cp, kernels.max_blocks, kernels.module = np, 32, _HostModule(host_lib)
+    buf = {}
+
+    def scratch(nbytes):
+        buf["b"] = np.full(nbytes, 0xFF, np.uint8)  # NaN everywhere the launches do not write
+        return lambda: buf["b"]
+    node = g.nodes[0]
+    a = check_node(node, [g.type_of(v) for v in node.inputs])[1]
+    out = np.full(want.shape, np.nan, np.float32)
+    launches, kernels_n, path = ComputeOps(np, kernels, scratch, _NumpyBlas()).build(node, a, [xv, wv], [out])
+    merged = form == "always"
+    assert (path, kernels_n) == (("im2col + cublas, batch merged", 3) if merged else ("im2col + cublas", 2))
+    for f in launches:
+        f()
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+# -- the GPU --------------------------------------------------------------------------------------
+def _cnn(dtype: str, batch: int):
+    b = GraphBuilder(f"cnn_{dtype}")
+    y = b.input("x", (batch, 16, 14, 14), dtype)
+    names = iter(range(100))
+
+    def w(shape):
+        return b.input(f"w{next(names)}", shape, dtype)
+
+    y = b.relu(b.conv2d(y, w((32, 16, 3, 3)), w((32,)), strides=(1, 1), pads=(1, 1, 1, 1),
+                        dilations=(1, 1), groups=1))                                  # 14x14
+    y = b.conv2d(y, w((48, 32, 1, 1)), strides=(1, 1), pads=(0,) * 4, dilations=(1, 1), groups=1)
+    y = b.conv2d(y, w((24, 48, 3, 3)), strides=(2, 2), pads=(1,) * 4, dilations=(1, 1), groups=1)  # 7x7
+    return b.build([y])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("form", ["never", "always"])
+def test_both_forms_match_the_reference_on_the_gpu(policy, dtype, form):
+    from plan_checks import check_outputs
+
+    from tunedb.plan import compile
+    from tunedb.runtime.executor import PlanExecutor
+    from tunedb.runtime.inputs import make_inputs
+
+    policy(form)
+    plan = compile(_cnn(dtype, 3), device="cuda")
+    ex = PlanExecutor(plan)
+    merged = sum("batch merged" in p for p in ex.paths)
+    assert merged == (3 if form == "always" else 0), ex.paths
+    dev, ref_in = make_inputs(plan.graph, 5)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error

@@ -1,0 +1,106 @@
+"""How the executor runs a convolution that is not depthwise: its form, and the im2col GEMMs.
+
+CuPy 14 has no cuDNN, so a convolution is cuBLAS on NCHW data: a 1x1 stride-1 one is ``W @ x[n]``
+per sample (one strided-batched GEMM); any other writes its patches with an im2col kernel and
+multiplies them the same way. Per sample, the GEMM's rows are the ``P = OH * OW`` output pixels
+and its leading dimension is ``P``: at 14x14 in bfloat16 (392 bytes) the rows are not 16-byte
+aligned, and at 7x7 they are also too short for a tile, so cuBLAS runs slow kernels there (ResNet-50
+bf16 at batch 8 took 3x its batch-1 time). The batch-merged form writes the patches as
+``[C*KH*KW, N*P]`` instead and runs ONE GEMM over all ``N * P`` columns (aligned when ``N * P`` is,
+and ``N`` times taller), into scratch as ``[O, N, P]``, then copies that into the ``[N, O, P]``
+output (one copy kernel; a 1x1 convolution pays an input transpose too, its im2col).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tunedb.runtime.copykernel import strided_copy
+
+Launch = Callable[[], None]
+
+# "auto": batch-merged im2col GEMMs where ``merges_batch`` says so; "never" / "always" let the
+# per-conv benchmark (benchmarks/bench_conv.py) time both forms of every convolution.
+CONV_BATCH_MERGE = "auto"
+MERGE_BELOW_PIXELS = 128
+
+
+def merges_batch(n: int, p: int, itemsize: int) -> bool:
+    """Whether a batch of ``n`` im2col GEMMs of ``p`` output pixels each runs as one GEMM over
+    all ``n * p`` columns: rows of ``p`` elements not 16-byte aligned, or too short for a tile."""
+    if n < 2 or CONV_BATCH_MERGE == "never":
+        return False
+    return CONV_BATCH_MERGE == "always" or (p * itemsize) % 16 != 0 or p < MERGE_BELOW_PIXELS
+
+
+def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize: int = 4) -> str:
+    """How ``ComputeOps`` runs a conv2d: ``1x1`` (one GEMM), ``depthwise`` (one kernel, bias
+    included), ``im2col`` (an im2col kernel, then one batched GEMM) or ``im2col merged`` (an
+    im2col kernel into ``[C*KH*KW, N*P]``, one GEMM, a copy; ``merges_batch``), for stored
+    elements of ``itemsize`` bytes."""
+    c, (o, _, kh, kw) = x_shape[1], w_shape
+    groups = int(a["groups"])
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = a["strides"], a["pads"], a["dilations"]
+    pointwise = (kh, kw, sh, sw, dh, dw, groups) == (1,) * 7 and not any(a["pads"])
+    if groups == c == o and not pointwise:
+        return "depthwise"
+    oh = (x_shape[2] + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (x_shape[3] + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if groups == 1 and merges_batch(int(x_shape[0]), oh * ow, itemsize):
+        return "im2col merged"
+    return "1x1" if pointwise else "im2col"
+
+
+def im2col_gemm(ops: Any, x: Any, w: Any, out: Any, a: dict, merged: bool) -> list[Launch]:
+    """Launches of an im2col convolution on ``ops`` (an ``executor_ops.ComputeOps``): im2col into
+    the shared scratch, then cuBLAS: ``W @ cols[n]`` per sample (a batched GEMM), or ``merged``:
+    one GEMM ``W @ cols`` over all samples into the scratch as ``[O, N, P]`` and a copy into
+    ``out``. Arrays bind at the first run, once the shared scratch exists."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    g = int(a["groups"])
+    (sh, sw), (pt, pl, _, _), (dh, dw) = a["strides"], a["pads"], a["dilations"]
+    _, _, oh, ow = out.shape
+    K, P = cg * kh * kw, oh * ow
+    total = n * c * kh * kw * P
+    isz, kind = (2, np.uint16) if out.dtype == np.uint16 else (4, np.float32)
+    col_bytes = -(-total * isz // 256) * 256  # the merged GEMM's output follows, 256-byte aligned
+    get = ops.scratch(col_bytes + (out.size * isz if merged else 0))
+    view: dict[str, Any] = {}
+
+    def bind() -> None:
+        if "c" not in view:
+            buf = get()
+            view["c"] = buf[:total * isz].view(kind)
+            view["y"] = buf[col_bytes:col_bytes + out.size * isz].view(kind)
+
+    def im2col() -> None:
+        if "k" not in view:
+            bind()
+            name = f"tdbx_im2col{'_cnhw' if merged else ''}_{'u16' if isz == 2 else 'f32'}"
+            view["k"] = ops.k.launch_rows(name, total // P, P, (x, view["c"], total, c, h, wd, oh, ow,
+                                                                kh, kw, sh, sw, pt, pl, dh, dw))
+        view["k"]()
+
+    def gemm() -> None:
+        if "f" not in view:
+            bind()
+            if merged:
+                view["f"] = ops._matmul(w.reshape(o, K), view["c"].reshape(K, n * P),
+                                        view["y"].reshape(o, n * P))
+            else:
+                view["f"] = ops._matmul(w.reshape(g, o // g, K), view["c"].reshape(n, g, K, P),
+                                        out.reshape(n, g, o // g, P))
+        view["f"]()
+
+    def unmerge() -> None:
+        if "u" not in view:
+            bind()
+            view["u"] = strided_copy(ops.cp, view["y"].reshape(o, n, P).transpose(1, 0, 2),
+                                     out.reshape(n, o, P))
+        view["u"]()
+
+    return [im2col, gemm, unmerge] if merged else [im2col, gemm]
