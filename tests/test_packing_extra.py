@@ -23,7 +23,7 @@ from tunedb.kernels.packing import (
 )
 from tunedb.runtime.blas import OP_T
 from tunedb.runtime.pack import make_inputs, reference
-from tunedb.runtime.pack_chunks import chunk_plan, member_buffers
+from tunedb.runtime.pack_chunks import chunk_plan, member_buffers, member_outputs
 from tunedb.runtime.pack_splitk import splitk_plan, stacks, sum_source
 
 
@@ -112,34 +112,37 @@ def test_splitk_candidates() -> None:
                                                                  "split": 2}]})
 
 
-def _replay_chunks(members: list[Member], inputs: list, rows: int) -> list[np.ndarray]:
-    pl = chunk_plan(members, rows)
-    bufs = [tuple(b.astype(np.float64) for b in trio) for trio in member_buffers(np, members, inputs, pl)]
-    for i, a_off, b_off, c_off in pl.chunks:
-        X, W, O = bufs[i]
+def _replay_chunks(members: list[Member], inputs: list, rows: int, split: int) -> list[np.ndarray]:
+    pl = chunk_plan(members, rows, split)
+    bufs = [tuple(b.astype(np.float64) for b in pair) for pair in member_buffers(np, members, inputs, pl)]
+    C = np.full((split, pl.total_rows, pl.N), np.nan)
+    for i, a_off, x_off, c_off in pl.chunks:
+        X, W = bufs[i]
         if pl.transa == OP_T:
-            A = _colmajor(W, a_off, pl.K, pl.N, pl.lda).T
+            A = _colmajor(W, a_off, pl.depth, pl.N, pl.lda).T
         else:
-            A = _colmajor(W, a_off, pl.N, pl.K, pl.lda)
-        B = _colmajor(X, b_off, pl.K, rows, pl.K)
-        C = _colmajor(O, c_off, pl.N, rows, pl.N)
-        assert not C.any(), "two chunks write the same rows"
-        C[...] = A @ B
-    return [O[:, :mb.m, :mb.n] for mb, (_, _, O) in zip(members, bufs)]
+            A = _colmajor(W, a_off, pl.N, pl.depth, pl.lda)
+        B = _colmajor(X, x_off, pl.depth, rows, pl.K)
+        out = _colmajor(C, c_off, pl.N, rows, pl.N)
+        assert np.isnan(out).all(), "two chunks write the same rows"
+        out[...] = A @ B
+    assert not np.isnan(C).any(), "rows no chunk writes"
+    return member_outputs(C.sum(axis=0), members, pl)
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt"])
-@pytest.mark.parametrize("rows", [8, 16, 64])
-def test_chunk_plan_computes_every_member(layout: str, rows: int) -> None:
-    ms = [Member(40, 24, 30, layout=layout), Member(17, 24, 30, batch=2, layout=layout, weight="s"),
-          Member(3, 24, 30, batch=2, layout=layout, weight="s"), Member(33, 9, 20, layout=layout)]
+@pytest.mark.parametrize("rows,split", [(8, 1), (16, 1), (64, 1), (16, 2), (8, 3)])
+def test_chunk_plan_computes_every_member(layout: str, rows: int, split: int) -> None:
+    ms = [Member(40, 24, 300, layout=layout), Member(17, 24, 300, batch=2, layout=layout, weight="s"),
+          Member(3, 24, 300, batch=2, layout=layout, weight="s"), Member(33, 9, 290, layout=layout)]
     w = PackingWorkload("t", "test", tuple(ms))
     inputs = make_inputs(w, seed=4)
-    for g, r in zip(_replay_chunks(ms, inputs, rows), reference(w, inputs)):
+    for g, r in zip(_replay_chunks(ms, inputs, rows, split), reference(w, inputs)):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-4)
-    pl = chunk_plan(ms, rows)
-    assert len(pl.chunks) == sum(mb.batch * -(-mb.m // rows) for mb in ms)
+    pl = chunk_plan(ms, rows, split)
+    assert len(pl.chunks) == split * sum(mb.batch * -(-mb.m // rows) for mb in ms)
     assert all(mp % rows == 0 and 0 <= mp - mb.m < rows for mp, mb in zip(pl.padded_m, ms))
+    assert pl.K == (300 if split == 1 else split * splitk_depth(300, split))
 
 
 def test_chunk_candidates() -> None:
@@ -153,6 +156,15 @@ def test_chunk_candidates() -> None:
     useful = sum(seqs) * 3
     assert candidate_waste(w, c64) == pytest.approx(1 - useful / (3 * (64 * 4 + 128 * 2 + 256 + 384)))
     assert chunk_candidates(PackingWorkload("one", "t", (Member(16, 8, 8),))) == []
+    # slices of the depth only where few tiles meet a deep k (LoRA shrink), not for BERT's 768
+    assert not any(cl.split > 1 for c in cs.values() for cl in c.clusters if c.partition == "whole"
+                   and cl.rows == 64)
+    lora = PackingWorkload("lora", "t", tuple(Member(m, r, 4096, dtype="bfloat16")
+                                              for m, r in ((245, 8), (98, 64), (40, 16), (25, 8))))
+    names = {c.name for c in chunk_candidates(lora)}
+    assert {"whole:chunks64", "whole:chunks64k2", "whole:chunks64k4", "whole:chunks64k8"} <= names
+    c8 = next(c for c in chunk_candidates(lora) if c.name == "whole:chunks64k8")
+    assert Candidate.from_json(c8.to_json()) == c8 and c8.clusters[0].split == 8
 
 
 @pytest.mark.slow

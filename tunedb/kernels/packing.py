@@ -187,9 +187,10 @@ class Cluster:
                              f"{BACKENDS + EXTRA_BACKENDS}")
         if not self.members:
             raise ValueError("an empty packing cluster")
-        if (self.split > 1) != (self.backend == "splitk") or self.split < 1:
+        if self.split < 1 or (self.split > 1 and self.backend not in EXTRA_BACKENDS) or (
+                self.backend == "splitk" and self.split < 2):
             raise ValueError(f"packing cluster split {self.split} with backend {self.backend!r}: "
-                             "only splitk splits, in 2 or more slices")
+                             "only splitk (2 or more slices) and chunks split the depth")
         if (self.rows > 0) != (self.backend == "chunks") or self.rows < 0:
             raise ValueError(f"packing cluster rows {self.rows} with backend {self.backend!r}: "
                              "only chunks has rows per chunk, 1 or more")
@@ -199,7 +200,7 @@ class Cluster:
         if self.backend == "splitk":
             return f"splitk{self.split}"
         if self.backend == "chunks":
-            return f"chunks{self.rows}"
+            return f"chunks{self.rows}" + (f"k{self.split}" if self.split > 1 else "")
         return f"streams{self.streams}" if self.backend == "streams" else self.backend
 
     def to_json(self) -> dict[str, Any]:
@@ -248,6 +249,7 @@ def done_macs(members: Sequence[Member], backend: str, split: int = 1, rows: int
     padded to a multiple of ``rows``, its ``n`` and ``k`` to the cluster's largest)."""
     if backend == "chunks":
         _, N, K = padded_shape(members)
+        K = split * splitk_depth(K, split) if split > 1 else K
         return sum(m.batch * -(-m.m // rows) * rows for m in members) * N * K
     if backend in ("padded", "padded_t", "pointer", "splitk"):
         M, N, K = padded_shape(members)
@@ -398,26 +400,43 @@ def splitk_candidates(w: PackingWorkload, splits: Iterable[int] = (2, 3, 4, 8),
     return list(out.values())
 
 
-def chunks_ok(members: Sequence[Member], rows: int, max_waste: float = 0.92) -> bool:
+CHUNK_SPLIT_MIN_DEPTH = 256
+CHUNK_SPLIT_MAX_TILES = 4 * SMS_H200
+
+
+def chunks_ok(members: Sequence[Member], rows: int, split: int = 1, max_waste: float = 0.92) -> bool:
     """Whether ``members`` can run as one chunks cluster: one dtype and layout, more than one
-    chunk, padding waste within ``max_waste``."""
+    chunk, padding waste within ``max_waste``; with ``split`` slices of the depth also float32 or
+    bfloat16, slices at least ``CHUNK_SPLIT_MIN_DEPTH`` deep and at most
+    ``CHUNK_SPLIT_MAX_TILES`` output tiles (128 wide) times slices: splitting pays where few
+    tiles meet a deep ``k`` (LoRA shrink GEMMs), not where the tiles fill the GPU already."""
     if not members or not uniform(members):
         return False
-    if sum(m.batch * -(-m.m // rows) for m in members) < 2:
+    chunks = sum(m.batch * -(-m.m // rows) for m in members)
+    if chunks < 2:
         return False
-    return 1.0 - sum(m.flops // 2 for m in members) / done_macs(members, "chunks", rows=rows) <= max_waste
+    if split > 1:
+        _, N, K = padded_shape(members)
+        if members[0].dtype not in SPLITK_DTYPES or splitk_depth(K, split) < CHUNK_SPLIT_MIN_DEPTH:
+            return False
+        if chunks * -(-N // 128) * split > CHUNK_SPLIT_MAX_TILES:
+            return False
+    done = done_macs(members, "chunks", split=split, rows=rows)
+    return 1.0 - sum(m.flops // 2 for m in members) / done <= max_waste
 
 
 def chunk_candidates(w: PackingWorkload, rows: Iterable[int] = (64, 128, 256),
-                     max_waste: float = 0.92) -> list[Candidate]:
+                     splits: Iterable[int] = (1, 2, 4, 8), max_waste: float = 0.92) -> list[Candidate]:
     """Chunked candidates (not in ``candidates``: the cost model has no features for them): per
-    partition and chunk height, every cluster that can be chunked is (the others run serial),
-    alone and with the clusters on up to 8 forked streams."""
+    partition, chunk height and slices of the depth, every cluster that can be chunked is (the
+    others run serial), alone and with the clusters on up to 8 forked streams."""
     out: dict[str, Candidate] = {}
     for pname, parts in partitions(w).items():
-        for r in rows:
-            clusters = tuple(Cluster(p, "chunks", rows=r) if chunks_ok([w.members[i] for i in p], r,
-                                                                       max_waste)
+        if pname == "shape":  # members of one shape: chunks are padded's problems cut shorter
+            continue
+        for r, s in ((r, s) for r in rows for s in splits):
+            clusters = tuple(Cluster(p, "chunks", rows=r, split=s)
+                             if chunks_ok([w.members[i] for i in p], r, s, max_waste)
                              else Cluster(p, "serial") for p in parts)
             if not any(c.backend == "chunks" for c in clusters):
                 continue

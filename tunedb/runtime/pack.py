@@ -33,7 +33,7 @@ from tunedb.kernels.packing import (
 )
 from tunedb.runtime.blas import DATA_TYPES, GEMM_DEFAULT, OP_N, OP_T, Blas, BlasError, check, library
 from tunedb.runtime.device import current_stream
-from tunedb.runtime.pack_chunks import build_chunks
+from tunedb.runtime.pack_chunks import build_chunks, chunk_plan, member_outputs
 from tunedb.runtime.pack_splitk import build_splitk
 from tunedb.runtime.streams import StreamPool, gc_paused, record_forked
 from tunedb.runtime.tolerance import dtype_tolerance, element_bounds, element_errors
@@ -160,17 +160,19 @@ class PackedRun:
         if cl.backend == "splitk":
             return self._build_splitk(list(cl.members), inputs, cl.split)
         if cl.backend == "chunks":
-            return self._build_chunks(list(cl.members), inputs, cl.rows)
+            return self._build_chunks(list(cl.members), inputs, cl.rows, cl.split)
         return getattr(self, f"_build_{cl.backend}")(list(cl.members), inputs, cl.streams)
 
-    def _build_chunks(self, members: list[int], inputs: Any, rows: int) -> Callable[[], None]:
+    def _build_chunks(self, members: list[int], inputs: Any, rows: int, split: int
+                      ) -> Callable[[], None]:
         ms = [self.w.members[i] for i in members]
-        step, outs, keep = build_chunks(self.cp, self._bb, ms, [inputs[i] for i in members], rows)
-        for i, mb, O in zip(members, ms, outs):
-            self.readers[i] = lambda O=O, mb=mb: O[:, :mb.m, :mb.n]
+        step, O, keep = build_chunks(self.cp, self._bb, ms, [inputs[i] for i in members], rows, split)
+        pl = chunk_plan(ms, rows, split)
+        for i, view in zip(members, member_outputs(O, ms, pl)):
+            self.readers[i] = lambda view=view: view
         self.keep += keep
-        self.outs += outs
-        self.launches += 1
+        self.outs.append(O)
+        self.launches += 2 if split > 1 else 1
         return step
 
     def _build_splitk(self, members: list[int], inputs: Any, split: int) -> Callable[[], None]:

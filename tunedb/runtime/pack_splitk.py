@@ -161,14 +161,28 @@ def build_splitk(cp: Any, blas: Any, members: Sequence[Member], inputs: Sequence
             table[0].data.ptr, t, pl.lda, table[1].data.ptr, t, pl.ldb,
             ctypes.addressof(scalars[1]), table[2].data.ptr, CUDA_R_32F, pl.ldc, len(pl.offsets),
             blas.compute, GEMM_DEFAULT)
-    kernel = _sum_kernel(cp, dtype)
-    n = pl.P * pl.M * pl.N
-    threads = 256
-    blocks = max(1, min(-(-n // threads), 132 * 16))
+    total = launch_sum(cp, dtype, part, O, split, blas.stream)
     what = f"cublasGemmBatchedEx (split-K {split} x {pl.P} x {pl.M}x{pl.N}x{pl.depth})"
 
     def step() -> None:
         check(lib.cublasGemmBatchedEx(*args), what)
-        with current_stream(cp, blas.stream):
-            kernel((blocks,), (threads,), (part, O, np.int64(n), np.int32(split)))
+        total()
     return step, O, [X, W, O, part, table, scalars]
+
+
+def launch_sum(cp: Any, dtype: str, part: Any, out: Any, split: int, stream: Any) -> Callable[[], None]:
+    """A launch adding ``split`` float32 partial stacks (``part``, ``[split, *out.shape]``) into
+    ``out`` (``dtype``; bfloat16 as its bits) on ``stream``; compiled now, not in a capture."""
+    kernel = _sum_kernel(cp, dtype)
+    n = int(out.size)
+    if part.size != split * n:
+        raise BlasError(f"split-K partials of {part.size} elements for {split} x {n}")
+    threads = 256
+    blocks = max(1, min(-(-n // threads), 132 * 16))
+    if hasattr(kernel, "compile"):  # compile and load now: a first launch inside a capture could not
+        kernel.compile()
+
+    def launch() -> None:
+        with current_stream(cp, stream):
+            kernel((blocks,), (threads,), (part, out, np.int64(n), np.int32(split)))
+    return launch
