@@ -10,9 +10,10 @@ Per convolution: its shapes, how often the plan has it, the form ``auto`` picks,
 the µs per convolution (a CUDA graph of R back-to-back repetitions, median of 5 replays; the
 parts timed alike: im2col, GEMM, the merged form's copy). Repetitions reuse the same buffers,
 so the L2 cache holds what fits, for tunedb and torch alike. ``--whole``: the plan compiled and
-run under ``never`` (per-sample GEMMs) and ``auto`` (``executor_conv.merges_batch``), each
-verified against the float64 reference, timed by replays of its CUDA graph (the zoo table's
-protocol, ``throughput_us``).
+run under ``never`` (per-sample GEMMs), ``auto`` (``executor_conv.merges_batch``) and
+``auto-im2col`` (the same but 1x1 convolutions never merged), each verified against the
+float64 reference, timed by replays of its CUDA graph (the zoo table's protocol,
+``throughput_us``).
 """
 
 from __future__ import annotations
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(rec, indent=1))
 
     if not args.plan_only and args.whole:
-        rec["whole"] = whole(args.model, ("never", "auto"), args.target_s)
+        rec["whole"] = whole(args.model, ("never", "auto", "auto-im2col"), args.target_s)
         save()
     if not args.plan_only:
         for c in rec["convs"]:

@@ -62,6 +62,9 @@ def test_the_policy_forces_either_form(policy):
     assert conv_form(x, w, a, 2) == "im2col"
     policy("always")
     assert conv_form(x, w, a, 2) == "im2col merged" and conv_form((1, 64, 56, 56), w, a, 2) == "im2col"
+    policy("auto-im2col")  # 1x1 convolutions keep their per-sample GEMM
+    assert conv_form((8, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 2) == "1x1"
+    assert conv_form((8, 256, 14, 14), (256, 256, 3, 3), _attrs(3), 2) == "im2col merged"
     policy("never")
     assert not merges_batch(8, 49, 2) and conv_form((8, 512, 7, 7), (512, 512, 3, 3), a, 2) == "im2col"
 

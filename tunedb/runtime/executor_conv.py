@@ -22,8 +22,9 @@ from tunedb.runtime.copykernel import strided_copy
 
 Launch = Callable[[], None]
 
-# "auto": batch-merged im2col GEMMs where ``merges_batch`` says so; "never" / "always" let the
-# per-conv benchmark (benchmarks/bench_conv.py) time both forms of every convolution.
+# "auto": batch-merged im2col GEMMs where ``merges_batch`` says so; "auto-im2col": the same, but
+# 1x1 stride-1 convolutions keep their per-sample GEMM (merging costs them an input transpose);
+# "never" / "always" let the per-conv benchmark (benchmarks/bench_conv.py) time both forms.
 CONV_BATCH_MERGE = "auto"
 MERGE_BELOW_PIXELS = 128
 
@@ -49,7 +50,8 @@ def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize:
         return "depthwise"
     oh = (x_shape[2] + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (x_shape[3] + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    if groups == 1 and merges_batch(int(x_shape[0]), oh * ow, itemsize):
+    if groups == 1 and merges_batch(int(x_shape[0]), oh * ow, itemsize) \
+            and not (pointwise and CONV_BATCH_MERGE == "auto-im2col"):
         return "im2col merged"
     return "1x1" if pointwise else "im2col"
 
