@@ -325,9 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", type=Path)
     p.add_argument("--plan-only", action="store_true", help="the conv table from the plan, no GPU")
     p.add_argument("--whole", action="store_true", help="also the whole plan under each policy")
+    p.add_argument("--policies", default="never,auto,auto-im2col",
+                   help="CONV_BATCH_MERGE values the whole plan runs under (with --whole)")
+    p.add_argument("--no-convs", action="store_true", help="skip the per-convolution table")
     p.add_argument("--reps", type=int, default=20, help="repetitions per captured graph")
     p.add_argument("--target-s", type=float, default=0.05)
     args = p.parse_args(argv)
+    bad = [x for x in args.policies.split(",") if x not in ("never", "auto", "auto-im2col", "always")]
+    if bad:
+        print(f"error: unknown policy {bad[0]!r}; expected never, auto, auto-im2col or always",
+              file=sys.stderr)
+        return 2
     if not args.model.is_file():
         print(f"error: {args.model} is not a file", file=sys.stderr)
         return 2
@@ -343,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(rec, indent=1))
 
     if not args.plan_only and args.whole:
-        rec["whole"] = whole(args.model, ("never", "auto", "auto-im2col"), args.target_s)
+        rec["whole"] = whole(args.model, tuple(args.policies.split(",")), args.target_s)
         save()
-    if not args.plan_only:
+    if not args.plan_only and not args.no_convs:
         for c in rec["convs"]:
             c["gpu"] = gpu_case(c, args.reps)
             save()
