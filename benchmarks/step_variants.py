@@ -7,7 +7,8 @@ kernel choices the planner makes by rule, next to the alternatives, so a rule re
 
 For each workload (``data/graphs/generalization/NAME.onnx``) the CPU plan's generated steps:
 a window step (depthwise conv / pool) with strips of 1, 2 and 4 outputs a thread
-(``gen_window.strip_width`` picks one) and as "plane" kernels (a block an input plane in
+(``gen_window.strip_width`` picks one), strips of 2 with e5983d8's branch around each kernel
+row (``strip2_rowbranch``: what the row predicate replaced), and as "plane" kernels (a block an input plane in
 shared memory, its threads strips of 1 or 4 outputs from it); where the plan has several steps
 and the generator takes the whole workload (EfficientNet's SiLU, conv, SiLU and
 squeeze-excitation mean), the whole as one plane kernel (strips of 1 and 4), the plan's other
@@ -29,6 +30,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +54,23 @@ ROW_CHOICES = (("block_per_row", 1), ("split_row", 2), ("split_row", 4), ("split
 SM_COUNT = 132
 
 
+def row_branch(source: str, in_h: int) -> str:
+    """``source`` (a strip kernel of strips of 2 or more) as e5983d8 generated it: a branch
+    around each kernel row, where the row's bounds now join each column's test."""
+    new = f"const bool rin = ih >= 0 && ih < {in_h};"
+    if new not in source:
+        raise ValueError("not a strip kernel with a row predicate")
+    return source.replace(new, f"if (ih < 0 || ih >= {in_h}) continue;\n  const bool rin = true;")
+
+
 def _window_variants(sub: Graph) -> tuple[dict[str, KernelPlan], str]:
     m = match_window(sub)
     rule = strip_width(m.out_shape[3], window_stride(sub, m))
     kernels = {f"strip{s}": window_kernel(sub, SM_COUNT, strip=s) for s in STRIPS}
+    if "float row[" in kernels["strip2"].source:  # the same process times the fix against it
+        k = kernels["strip2"]
+        src = row_branch(k.source, m.in_shape[2]).replace(k.name, k.name + "_rb")
+        kernels["strip2_rowbranch"] = replace(k, name=k.name + "_rb", source=src)
     try:
         for s in (1, 4):
             kernels[f"plane{s}"] = window_kernel(sub, SM_COUNT, strip=s, layout="plane")

@@ -14,9 +14,13 @@ SCRIPT = str(ROOT / "benchmarks" / "step_variants.py")
 def test_a_strided_window_step_gets_every_strip_and_the_rule_picks_one():
     sv = load_script("step_variants")
     (st,) = sv.step_variants("windowed_mobilenet_v2_b16_c67d3d81", "window")
-    assert list(st["variants"]) == ["strip1", "strip2", "strip4", "plane1", "plane4"]
-    assert st["chosen"] == "strip2"  # the rule: strips of 2
-    assert len({p.source_hash for p in st["variants"].values()}) == 5
+    assert list(st["variants"]) == ["strip1", "strip2", "strip4", "strip2_rowbranch", "plane1", "plane4"]
+    assert st["chosen"] == "strip1"  # the rule: one output a thread at stride 2
+    assert len({p.source_hash for p in st["variants"].values()}) == 6
+    # e5983d8's kernel re-made: the branch around each row instead of the row predicate
+    rb = st["variants"]["strip2_rowbranch"].kernels[0].source
+    assert "if (ih < 0 || ih >= 56) continue;" in rb and "const bool rin = true;" in rb
+    assert "if (ih < 0" not in st["variants"]["strip2"].kernels[0].source
     assert st["variants"]["plane1"].kernels[0].shared_bytes == 56 * 56 * 4
     assert "float acc[4];" in st["variants"]["strip4"].kernels[0].source
 

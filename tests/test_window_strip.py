@@ -1,4 +1,4 @@
-"""The strip of outputs a window-kernel thread computes: the rule (stride-1 rows a strip of 4,
+"""The strip of outputs a window-kernel thread computes: the rule (stride-1 rows a strip of 2,
 strided windows one output a thread) and every strip width, forced, still matching the float64
 reference in the CPU emulator (benchmarks/window_strip.py times them against each other)."""
 
@@ -43,14 +43,15 @@ def _jobs_pass_and_a_mutant_fails(tmp_path, jobs, i, old, new, seed):
 
 
 def test_the_rules_give_strips_of_two_and_wide_windows_the_plane():
-    # generalization_steps_h200.json: strips of 2 at strides 1 and 2; 7x7 stride 1 as a plane
-    assert strip_width(56, 1) == strip_width(56, 2) == STRIP == 2
+    # generalization_steps_h200.json: strips of 2 at stride 1, one output a thread at stride 2
+    # (bcaadf4's kernel); 7x7 stride 1 as a plane
+    assert strip_width(56, 1) == STRIP == 2 and strip_width(56, 2) == 1
     assert strip_width(1, 1) == 1  # a row narrower than the strip: the strip is the row
     assert strip_width(56, 1, "plane") == 4 and strip_width(56, 2, "plane") == 1
-    for g in (dwconv_block("float32", 3, 1), dwconv_block("float32", 3, 2),
-              pool_block("float32", "max_pool2d", 3, 2, 1)):
+    for g, width in ((dwconv_block("float32", 3, 1), 2), (dwconv_block("float32", 3, 2), 1),
+                     (pool_block("float32", "max_pool2d", 3, 2, 1), 1)):
         w = window_kernel(g)
-        assert "float acc[2];" in w.source and w.shared_bytes == 0
+        assert f"float acc[{width}];" in w.source and w.shared_bytes == 0
     # a plane, strips of 4 from its tile, given a wave of blocks (16 planes: 2 SMs); else strips
     wide = window_kernel(dwconv_block("float32", 7, 1), sm_count=2)
     assert wide.shared_bytes > 0 and "float acc[4];" in wide.source
@@ -166,3 +167,23 @@ def test_a_plane_mean_needs_the_plane_layout_and_must_be_a_final_output():
     m = b.global_avg_pool(y)
     with pytest.raises(UnsupportedFusion, match="read by no node"):
         window_kernel(b.build([b.add(y, m)]), layout="plane")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_a_row_outside_the_input_is_a_predicate_on_each_tap_not_a_branch(tmp_path):
+    # a branch around each kernel row made every row's loads wait for the previous row's (one
+    # memory latency a row: e5983d8's strided windows 1.2-1.4x slower than bcaadf4's): the row's
+    # bounds now join each column's test in strip kernels (plane kernels read shared memory,
+    # where all rows in flight spill registers, and keep the branch)
+    graphs = [dwconv_block("float32", 3, 2, prologue=True), pool_block("float32", "avg_pool2d", 3, 1, 1),
+              pool_block("float16", "max_pool2d", 3, 2, 1)]
+    jobs = [(g, WINDOW, _plan(g, None)) for g in graphs] + [(graphs[1], WINDOW, _plane(graphs[1]))]
+    for _, _, p in jobs[:3]:
+        src = p.kernels[0].source
+        assert "if (ih < 0 || ih >= 9) continue;" not in src
+        assert "const bool rin = ih >= 0 && ih < 9;" in src and "if (!rin || iw < 0" in src
+    assert "if (ih < 0 || ih >= 9) continue;" in jobs[3][2].kernels[0].source
+    # the average without the padding counts only taps inside both bounds; a window that also
+    # drops the first input row fails
+    _jobs_pass_and_a_mutant_fails(tmp_path, jobs, 1, "const bool rin = ih >= 0 && ih < 9;",
+                                  "const bool rin = ih >= 1 && ih < 9;", 7)

@@ -240,11 +240,13 @@ def strip_width(out_w: int, stride_w: int = 1, layout: str = "strip") -> int:
     """Outputs of one row a thread computes: adjacent outputs share most of their taps, so a
     strip loads each input column (and runs the prologue on it) once for all of them. On the
     H200 (data/bench/generalization_steps_h200.json) a strip of 2 was fastest or within 5 % in
-    16 of 17 window steps, at strides 1 and 2 (4 ran stride-2 windows 1.2-1.5x slower); plane
-    kernels were timed at 4 (stride 1) and 1 (stride 2), which they keep."""
+    16 of 17 window steps; strided windows keep one output a thread, bcaadf4's kernel (a strip
+    of 2 there shares 1 column in 5 while each warp load spans twice the cache lines, and its
+    timed win came from a branch around each row, since removed). Plane kernels were timed at
+    4 (stride 1) and 1 (stride 2), which they keep."""
     if layout == "plane":
         return max(1, min(PLANE_STRIP if stride_w == 1 else 1, out_w))
-    return max(1, min(STRIP, out_w))
+    return max(1, min(STRIP if stride_w == 1 else 1, out_w))
 
 
 def window_stride(g: Graph, m: WindowMatch) -> int:
@@ -285,34 +287,52 @@ def _window_body(gen: _Gen, lines: list[str], strip: int, it: str, tile: bool = 
         lines.append(f"  if (ih < {H + pb}) {{\n    #pragma unroll\n    for (int v = 0; v < {strip}; ++v) {{")
         lines.append(f"      #pragma unroll\n      for (int kw = 0; kw < {KW}; ++kw) "
                      f"cnt[v] += ((ow0 + v) * {sw} - {pl} + kw * {dw} < {W + pr}) ? 1 : 0;\n    }}\n  }}")
-    lines.append(f"  if (ih < 0 || ih >= {H}) continue;")
-    lines.append(f"  float row[{span}];")
-    lines.append(f"  #pragma unroll\n  for (int j = 0; j < {span}; ++j) {{")
-    lines.append(f"    const int iw = ow0 * {sw} - {pl} + j;")
-    lines.append(f"    if (iw < 0 || iw >= {W}) {{ row[j] = {pad}; continue; }}")
-    if tile:
-        tap = [f"row[j] = tile[ih * {W} + iw];"]
+    if tile:  # shared-memory taps: a branch around the row (all rows in flight spill there)
+        lines.append(f"  if (ih < 0 || ih >= {H}) continue;\n  const bool rin = true;")
+    else:  # global taps: the row's bounds join each column's test, or every row's loads wait
+        # for the last row's (a branch there ran 1.2-1.4x slower than bcaadf4's per-tap test)
+        lines.append(f"  const bool rin = ih >= 0 && ih < {H};")
+    per_tap = strip == 1 and not tile  # bcaadf4's loop: a row array of one output spilled
+    if op == "conv2d":
+        wload = f"{gen.buffer(w.inputs[1])}[c * {KH * KW} + kh * {KW} + kw]"
+        add = [f"acc[v] += tap * {load_conv(g.type_of(w.inputs[1]).dtype, wload)};"]
+    elif op == "max_pool2d":
+        add = ["acc[v] = fmaxf(acc[v], tap);"]
+    elif a["count_include_pad"]:
+        add = ["acc[v] += tap;"]
+    elif per_tap:  # the average over the taps inside the input only (the others skipped)
+        add = ["acc[v] += tap;", "++cnt[v];"]
     else:
+        add = [f"const int iw = (ow0 + v) * {sw} - {pl} + kw * {dw};",
+               f"if (rin && iw >= 0 && iw < {W}) {{ acc[v] += tap; ++cnt[v]; }}"]
+    if per_tap:
+        lines.append(f"  #pragma unroll\n  for (int kw = 0; kw < {KW}; ++kw) {{")
+        lines.append(f"    const int iw = ow0 * {sw} - {pl} + kw * {dw};")
+        lines.append(f"    if (!rin || iw < 0 || iw >= {W}) continue;")
         tap = [f"const {it} xi = xb + ({it})ih * {W} + iw;"]
         xv = gen.cone(m.prologue, x, "xi", m.in_shape, {}, "q", tap)
-        tap.append(f"row[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
-    lines += ["    " + t for t in tap]
-    lines.append("  }")
-    lines.append(f"  #pragma unroll\n  for (int v = 0; v < {strip}; ++v) {{")
-    lines.append(f"    #pragma unroll\n    for (int kw = 0; kw < {KW}; ++kw) {{")
-    lines.append(f"      const float tap = row[v * {sw} + kw * {dw}];")
-    if op == "conv2d":
-        wt = g.type_of(w.inputs[1]).dtype
-        wload = f"{gen.buffer(w.inputs[1])}[c * {KH * KW} + kh * {KW} + kw]"
-        lines.append(f"      acc[v] += tap * {load_conv(wt, wload)};")
-    elif op == "max_pool2d":
-        lines.append("      acc[v] = fmaxf(acc[v], tap);")
-    elif a["count_include_pad"]:
-        lines.append("      acc[v] += tap;")
-    else:  # the average over the taps inside the input only
-        lines.append(f"      const int iw = (ow0 + v) * {sw} - {pl} + kw * {dw};")
-        lines.append(f"      if (iw >= 0 && iw < {W}) {{ acc[v] += tap; ++cnt[v]; }}")
-    lines.append("    }\n  }\n}")
+        tap.append(f"const float tap = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
+        tap += ["const int v = 0;"] + add
+        lines += ["    " + t for t in tap]
+        lines.append("  }\n}")
+    else:
+        lines.append(f"  float row[{span}];")
+        lines.append(f"  #pragma unroll\n  for (int j = 0; j < {span}; ++j) {{")
+        lines.append(f"    const int iw = ow0 * {sw} - {pl} + j;")
+        lines.append(f"    if (!rin || iw < 0 || iw >= {W}) {{ row[j] = {pad}; continue; }}")
+        if tile:
+            tap = [f"row[j] = tile[ih * {W} + iw];"]
+        else:
+            tap = [f"const {it} xi = xb + ({it})ih * {W} + iw;"]
+            xv = gen.cone(m.prologue, x, "xi", m.in_shape, {}, "q", tap)
+            tap.append(f"row[j] = {xv if g.type_of(x).dtype in FLOATS else f'(float)({xv})'};")
+        lines += ["    " + t for t in tap]
+        lines.append("  }")
+        lines.append(f"  #pragma unroll\n  for (int v = 0; v < {strip}; ++v) {{")
+        lines.append(f"    #pragma unroll\n    for (int kw = 0; kw < {KW}; ++kw) {{")
+        lines.append(f"      const float tap = row[v * {sw} + kw * {dw}];")
+        lines += ["      " + t for t in add]
+        lines.append("    }\n  }\n}")
     result = "acc[v]"
     if op == "avg_pool2d":
         result = "acc[v] / (float)cnt[v]"
