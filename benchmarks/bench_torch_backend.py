@@ -270,15 +270,20 @@ def _replays_and_user_calls(g: Any, user: list, spin_us: float, sync: Callable[[
 def table_lines(result: dict) -> list[str]:
     """Markdown: per case and item the median µs over the rounds [min-max] and the difference
     from ``plan_replay`` (the ONNX path's timing of the same plans), then the checks."""
-    lines = ["| case | item | median µs | min-max | vs plan replay |", "|---|---|---|---|---|"]
+    lines = ["| case | item | median µs | min-max | vs plan replay | host µs / call |",
+             "|---|---|---|---|---|---|"]
     for case, rec in result.get("runs", {}).items():
         st = rec.get("rounds", {}).get("stats", {})
         base = st.get("plan_replay", {}).get("median")
+        host = rec.get("host_us", {})
         for item, s in st.items():
             vs = f"{s['median'] - base:+.1f} µs" if base and item != "plan_replay" else ""
-            lines.append(f"| {case} | {item} | {s['median']:.1f} | {s['min']:.1f}-{s['max']:.1f} | {vs} |")
+            lines.append(f"| {case} | {item} | {s['median']:.1f} | {s['min']:.1f}-{s['max']:.1f} | {vs} "
+                         f"| {host.get(item, '')} |")
+        for item, err in rec.get("rounds", {}).get("errors", {}).items():
+            lines.append(f"| {case} | {item} | {err[:120]} | | | |")
         if not st:
-            lines.append(f"| {case} | {rec.get('skipped') or rec.get('error', 'not timed')} | | | |")
+            lines.append(f"| {case} | {rec.get('skipped') or rec.get('error', 'not timed')} | | | | |")
     lines.append("")
     for case, rec in result.get("runs", {}).items():
         eq = {k.removeprefix("equal_within_tolerance_"): v for k, v in rec.items()
