@@ -354,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         rec["whole"] = whole(args.model, tuple(args.policies.split(",")), args.target_s)
         save()
     if not args.plan_only and not args.no_convs:
-        for c in rec["convs"]:
+        # the convolutions whose form changed first: a run cut by a time limit keeps those
+        for c in sorted(rec["convs"], key=lambda c: c["form_auto"] != "im2col merged"):
             c["gpu"] = gpu_case(c, args.reps)
             save()
             print(f"  conv {c['x']} {c['w']}: " + ", ".join(
