@@ -211,3 +211,21 @@ def test_extra_candidates_on_the_gpu(dtype: str) -> None:
         assert worst_error(w, run.outputs(), refs) <= 1.0, f"{cand.name} replayed"
         assert min(time_stream(cp, run.replay, run.main, reps=2, samples=2)) > 0
     pool.close()
+
+
+def test_ingest_leaves_the_extra_backends_out() -> None:
+    """Bench rows of split-K / chunked candidates stay bench data: the cost model has no features
+    for them, so they never reach a store that training reads."""
+    from collectors.packing_ingest import records_of
+    from tunedb.records import Protocol
+
+    w = PackingWorkload("r4", "replicas", tuple(Member(256, 128, 1152) for _ in range(4)))
+    rows = [{"system": "tunedb", "variant": c.name, "candidate": c.to_json(), "status": "ok",
+             "samples_us": [1.0, 1.1]} for c in candidates(w)[:2] + splitk_candidates(w)[:1]
+            + chunk_candidates(w)[:1]]
+    rows.append({"system": "torch", "variant": "graph loop", "status": "ok", "samples_us": [2.0]})
+    ws, cs, ms = records_of([{"workload": w.to_json(), "rows": rows}], "dev", "run",
+                            Protocol(warmup=3, samples=2, flush_l2=False, batch=10))
+    assert len(ws) == 1 and len(cs) == 2 and len(ms) == 2
+    assert all("splitk" not in c.config_dict["backends"] and "chunks" not in c.config_dict["backends"]
+               for c in cs)
