@@ -125,3 +125,27 @@ def test_the_stage_collector_times_every_candidate_of_a_small_graph(tmp_path):
     with TuningStore.open(db, read_only=True) as store:
         times = [m.median_us for m in store.measurements() if m.status == "ok"]
     assert len(times) == out["measured"] and all(0 < t < 10_000 for t in times)
+
+
+def test_the_bench_times_an_identical_plan_once_and_only_verified_plans():
+    from dataclasses import replace
+
+    from tunedb.bench.stages import time_plans
+    from tunedb.plan.driver import compile as compile_plan
+
+    g = nasnet_a_graph(1, channels=16, size=14, cells=1)
+    dev, ref_in = make_inputs(g, 5)
+    refs = run_reference(g, ref_in)
+    ios = compile_plan(g, device="cuda", schedule="ios", bias_epilogue=True)
+    again = replace(ios, search=(("schedule", "ios (again)"),))  # another record, the same plan
+    seq = compile_plan(g, device="cuda", schedule="sequential", bias_epilogue=True)
+    recs = time_plans({"ios": ios, "sequential": seq, "again": again}, dev, refs, None, g, rounds=2)
+    assert recs["ios"]["verify"]["reference"]["ok"] and recs["sequential"]["verify"]["reference"]["ok"]
+    assert len(recs["ios"]["rounds_us"]) == len(recs["sequential"]["rounds_us"]) == 2
+    assert 0 < recs["ios"]["us"] < 10_000 and 0 < recs["sequential"]["us"] < 10_000
+    assert recs["again"]["same_plan_as"] == "ios" and recs["again"]["us"] == recs["ios"]["us"]
+    assert "verify" not in recs["again"] and "rounds_us" not in recs["again"]
+    # a plan whose outputs are wrong is reported, never timed
+    wrong = {**refs, g.outputs[0]: refs[g.outputs[0]] + 1.0}
+    bad = time_plans({"ios": ios}, dev, wrong, None, g, rounds=1)["ios"]
+    assert bad["us"] is None and "differ" in bad["error"]
