@@ -36,7 +36,7 @@ import numpy as np
 from tunedb.bench.packing_duel import duel
 from tunedb.bench.packing_jax import jax_rows
 from tunedb.bench.provenance import provenance
-from tunedb.kernels.packing import PackingWorkload, padded_shape, uniform
+from tunedb.kernels.packing import BACKENDS, PackingWorkload, padded_shape, uniform
 from tunedb.kernels.packing_suites import bench_cases, interleave, suite
 from tunedb.runtime.blas import library
 from tunedb.runtime.device import NoGPUError, device_info, import_cupy
@@ -261,8 +261,11 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """tunedb's best candidate, the best peer (torch or JAX) and the speedups over each peer."""
     ok = [r for r in rows if r.get("status") == "ok"]
     best = {}
+    # tunedb_model_set: the best of the candidates the cost model knows (no split-K or chunks)
+    base = [r for r in ok if r["system"] == "tunedb"
+            and all(c["backend"] in BACKENDS for c in r["candidate"]["clusters"])]
     for side, mine in (("tunedb", [r for r in ok if r["system"] == "tunedb"]),
-                       ("peer", [r for r in ok if r["system"] != "tunedb"])):
+                       ("peer", [r for r in ok if r["system"] != "tunedb"]), ("tunedb_model_set", base)):
         if mine:
             best[side] = min(mine, key=lambda r: r["median_us"])
     out: dict[str, Any] = {k: {"variant": v["variant"], "median_us": v["median_us"]} for k, v in best.items()}
