@@ -342,9 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     from tunedb.plan.driver import compile as compile_plan
 
     t0 = time.perf_counter()
-    plan = compile_plan(str(args.model), device="generic" if args.plan_only else "cuda")
+    convs = [] if args.no_convs else conv_cases(
+        compile_plan(str(args.model), device="generic" if args.plan_only else "cuda"))
     rec: dict[str, Any] = {"benchmark": "bench_conv", "model": str(args.model), "reps": args.reps,
-                           "provenance": provenance(), "convs": conv_cases(plan)}
+                           "provenance": provenance(), "convs": convs}
 
     def save() -> None:  # after every piece: a run cut short by a time limit keeps what it had
         rec["elapsed_s"] = round(time.perf_counter() - t0, 1)
