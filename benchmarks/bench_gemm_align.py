@@ -1,7 +1,8 @@
 """cuBLAS GEMMs as the executor calls them (``tunedb.runtime.blas``) with row strides as the
 tensors have them next to the same GEMMs with every row stride padded to 16 bytes: does an
 unaligned leading dimension cost, and how much? (ResNet-50's 14x14 and 7x7 convolutions in
-bfloat16 have rows of 392 and 98 bytes; Whisper's attention scores rows of 3000.)
+bfloat16 have rows of 392 and 98 bytes; Whisper's attention scores rows of 3000.) Also CLIP
+vision's batch-1 GEMMs (50 rows), next to torch's matmul on the same operands.
 
     python benchmarks/bench_gemm_align.py OUT.json [--dtype bfloat16] [--reps 20]
 
@@ -29,6 +30,10 @@ CASES = {
     "resnet50 b8 3x3 7x7 merged": ((512, 4608), (4608, 392)),
     "whisper b8 scores q @ k^T": ((48, 1500, 64), (48, 64, 1500)),
     "whisper b8 probs @ v": ((48, 1500, 1500), (48, 1500, 64)),
+    # CLIP vision at batch 1 (50 tokens): fp32 ran 0.56x JAX; few output tiles per GEMM
+    "clip_vision b1 qkv": ((50, 768), (768, 2304)),
+    "clip_vision b1 fc2": ((50, 3072), (3072, 768)),
+    "clip_vision b1 patch conv": ((768, 3072), (3072, 49)),
 }
 
 
