@@ -19,6 +19,7 @@ from tunedb.bench.stages import main, plan_digest
     (["--rounds=0"], "--rounds must be a positive int"),
     (["--budget-s=soon"], "--budget-s must be a positive float"),
     (["--peer"], "unknown argument '--peer'"),
+    (["--peers-only"], "--peers-only needs --peers"),
 ])
 def test_bad_arguments_are_refused_with_one_line(tmp_path, capsys, args, needle):
     out = tmp_path / "out.json"

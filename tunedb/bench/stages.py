@@ -3,6 +3,7 @@
     python -m tunedb.bench.stages OUT.json [--peers[=NAME,...]] [--refine[=NAME,...]] [--refine-all]
                                   [--oracle=block|full|none] [--concat-views] [--one-stream]
                                   [--merge[=KEY,...]] [--only=NAME,...] [--budget-s=200] [--rounds=3]
+                                  [--peers-only]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
     python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json [--stored=ROWS.json]
     python -m tunedb.bench.stages CANDIDATES.json --candidates [--only=NAME,...]
@@ -25,7 +26,8 @@ candidate measured, where a graph has at most ``ORACLE_MAX``); the refined and t
 schedules are timed with the other plans; ``auto_stored`` is ``auto``'s choice with the stages
 measured so far as its database. Plans use ``bias_epilogue`` (Inception V3 also without it:
 ``*_plain``, unless ``--merge`` or ``--concat-views``); peers are torch.compile reduce-overhead,
-JAX and torch.compile (``--peers=torch_compile_ro,...``: only those). ``--concat-views``: the
+JAX and torch.compile (``--peers=torch_compile_ro,...``: only those; ``--peers-only``: the
+peers alone, no plan of ours). ``--concat-views``: the
 plans with ``concat_views`` too (``sequential_views``, ``ios_views``, ``auto_views``).
 ``--refine-all``: the refinement on every case, not only batch 1. ``--one-stream``: the
 sequential plan without packs too (``sequential_one_stream``: packs may run their members on
@@ -255,7 +257,8 @@ def _speedups(rec: dict) -> None:
 
 def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], budget_s: float,
         only: list[str], oracle: str = "block", concat_views: bool = False, refine_all: bool = False,
-        one_stream: bool = False, merge: bool | list[str] = False, rounds: int = 3) -> dict:
+        one_stream: bool = False, merge: bool | list[str] = False, rounds: int = 3,
+        peers_only: bool = False) -> dict:
     """The bench (module docstring); the result as written to ``out_path``."""
     t_start = time.perf_counter()
     deadline = t_start + budget_s
@@ -288,6 +291,9 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], bu
             ort = onnxruntime_outputs(model, graph, dev) if model is not None else None
             if ort is not None:
                 rec["onnxruntime_vs_reference"] = max(rel_l2(ort[v], refs[v]) for v in graph.outputs)
+            if peers_only:  # the peers of another run's plans (same graphs, seed and protocol)
+                kept[name] = (graph, dev, refs)
+                continue
             plans = _compile_case(name, graph, dev, rec, concat_views, one_stream, merge)
             say(f"{name}: planned {', '.join(f'{k} {s} s' for k, s in rec['plan_s'].items())}")
             if (name in do_refine if isinstance(do_refine, list)
@@ -334,8 +340,8 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], bu
 
 
 _FLAGS = ("--peers", "--refine", "--refine-all", "--oracle=", "--concat-views", "--one-stream", "--merge",
-          "--only=", "--budget-s=", "--rounds=", "--replay=", "--no-alone", "--auto-replay=", "--stored=",
-          "--candidates")
+          "--only=", "--budget-s=", "--rounds=", "--peers-only", "--replay=", "--no-alone", "--auto-replay=",
+          "--stored=", "--candidates")
 
 
 def _value(argv: list[str], flag: str) -> str | None:
@@ -361,6 +367,8 @@ def _usage_error(argv: list[str]) -> str | None:
     if bad:
         return f"--merge names one of {', '.join(MERGE_KEYS)}, got {bad[0]!r}"
     peer_arg = _value(argv, "--peers")
+    if "--peers-only" in argv and peer_arg is None and "--peers" not in argv:
+        return "--peers-only needs --peers (or --peers=NAME,...)"
     if peer_arg is not None and not set(peer_arg.split(",")) <= set(PEERS):
         return f"--peers names one of {', '.join(PEERS)}, got {peer_arg!r}"
     for flag, kind in (("--budget-s", float), ("--rounds", int)):
@@ -415,7 +423,7 @@ def main(argv: list[str]) -> int:
             concat_views="--concat-views" in argv, refine_all="--refine-all" in argv,
             one_stream="--one-stream" in argv,
             merge="--merge" in argv if merge_arg is None else merge_arg.split(","),
-            rounds=int(_value(argv, "--rounds") or 3))
+            rounds=int(_value(argv, "--rounds") or 3), peers_only="--peers-only" in argv)
     except NoGPUError as e:
         print(f"error: no GPU for the stage bench: {_one_line(e)}", file=sys.stderr)
         return 1
