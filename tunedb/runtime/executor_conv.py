@@ -31,10 +31,14 @@ MERGE_BELOW_PIXELS = 128
 
 def merges_batch(n: int, p: int, itemsize: int) -> bool:
     """Whether a batch of ``n`` im2col GEMMs of ``p`` output pixels each runs as one GEMM over
-    all ``n * p`` columns: rows of ``p`` elements not 16-byte aligned, or too short for a tile."""
+    all ``n * p`` columns: 16-bit rows of ``p`` elements not 16-byte aligned, or too short for a
+    tile. float32 GEMMs run on the SIMT cores (no TF32 unless asked) and keep the per-sample
+    form unless forced: merging them is not measured yet."""
     if n < 2 or CONV_BATCH_MERGE == "never":
         return False
-    return CONV_BATCH_MERGE == "always" or (p * itemsize) % 16 != 0 or p < MERGE_BELOW_PIXELS
+    if CONV_BATCH_MERGE == "always":
+        return True
+    return itemsize == 2 and ((p * itemsize) % 16 != 0 or p < MERGE_BELOW_PIXELS)
 
 
 def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize: int = 4) -> str:
