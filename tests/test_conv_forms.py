@@ -50,6 +50,8 @@ def policy():
     # one sample: nothing to merge
     ((1, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 2, "1x1"),
     ((1, 512, 7, 7), (512, 512, 3, 3), _attrs(3), 2, "im2col"),
+    # a 1x1 convolution on [N, C, 1, 1] (squeeze-excitation) is one GEMM as it stands
+    ((8, 480, 1, 1), (20, 480, 1, 1), _attrs(1), 2, "1x1"),
     # grouped and depthwise convolutions keep their forms
     ((8, 64, 7, 7), (64, 32, 3, 3), _attrs(3, groups=2), 2, "im2col"),
     ((8, 64, 7, 7), (64, 1, 3, 3), _attrs(3, groups=64), 2, "depthwise"),
@@ -165,8 +167,10 @@ class _NumpyBlas:
         return lambda: np.copyto(out, np.matmul(x.view(np.float32), y.view(np.float32)))
 
 
-@pytest.mark.parametrize("form,k,stride", [("always", 3, 2), ("always", 1, 1), ("never", 3, 2)])
-def test_im2col_form_launches_give_the_reference_on_the_cpu(host_lib, monkeypatch, policy, form, k, stride):
+@pytest.mark.parametrize("form,k,stride,hw", [("always", 3, 2, 9), ("always", 1, 1, 9), ("never", 3, 2, 9),
+                                              ("auto", 1, 1, 1)])
+def test_im2col_form_launches_give_the_reference_on_the_cpu(host_lib, monkeypatch, policy, form, k, stride,
+                                                            hw):
     """The im2col forms' own launches (scratch views, GEMM shapes, the merged form's
     [O, N, P] -> [N, O, P] copy) with the host-compiled im2col kernels and NumPy standing in for
     cuBLAS and the copy kernel."""
@@ -176,9 +180,9 @@ def test_im2col_form_launches_give_the_reference_on_the_cpu(host_lib, monkeypatc
     policy(form)
     rng = np.random.default_rng(k)
     b = GraphBuilder("conv")
-    x, w = b.input("x", (3, 5, 9, 9)), b.input("w", (7, 5, k, k))
+    x, w = b.input("x", (3, 5, hw, hw)), b.input("w", (7, 5, k, k))
     g = b.build([b.conv2d(x, w, strides=(stride, stride), pads=(k // 2,) * 4, dilations=(1, 1), groups=1)])
-    xv = rng.standard_normal((3, 5, 9, 9)).astype(np.float32)
+    xv = rng.standard_normal((3, 5, hw, hw)).astype(np.float32)
     wv = rng.standard_normal((7, 5, k, k)).astype(np.float32)
     want = run_reference(g, {"x": xv, "w": wv})[g.outputs[0]]
     kernels = KernelSet.__new__(KernelSet)
@@ -192,8 +196,9 @@ def test_im2col_form_launches_give_the_reference_on_the_cpu(host_lib, monkeypatc
     a = check_node(node, [g.type_of(v) for v in node.inputs])[1]
     out = np.full(want.shape, np.nan, np.float32)
     launches, kernels_n, path = ComputeOps(np, kernels, scratch, _NumpyBlas()).build(node, a, [xv, wv], [out])
-    merged = form == "always"
-    assert (path, kernels_n) == (("im2col + cublas, batch merged", 3) if merged else ("im2col + cublas", 2))
+    want_path = {"always": ("im2col + cublas, batch merged", 3), "never": ("im2col + cublas", 2),
+                 "auto": ("cublas (1x1 conv as GEMM)", 1)}[form]  # auto: [N, C, 1, 1], one GEMM
+    assert (path, kernels_n) == want_path
     for f in launches:
         f()
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)

@@ -54,6 +54,8 @@ def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize:
         return "depthwise"
     oh = (x_shape[2] + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (x_shape[3] + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if pointwise and oh * ow == 1:  # [N, C, 1, 1]: one GEMM over the batch as it stands
+        return "1x1"
     if groups == 1 and merges_batch(int(x_shape[0]), oh * ow, itemsize) \
             and not (pointwise and CONV_BATCH_MERGE == "auto-im2col"):
         return "im2col merged"
