@@ -2,8 +2,9 @@
 elementwise neighbours fused in, as one generated kernel (``generate_window(graph)``).
 
 The graph holds exactly one window node (``conv2d`` with ``groups == C_in == C_out`` and weight
-``[C, 1, KH, KW]``, optional bias; or ``max_pool2d`` / ``avg_pool2d``) over an NCHW tensor, plus
-elementwise nodes:
+``[C, 1, KH, KW]``, optional bias; or ``max_pool2d`` / ``avg_pool2d``; or a *resample*: one
+``gather`` along H or W of the tensor, or one along each, at indices that are an input or a
+constant, as a nearest upsample exports) over an NCHW tensor, plus elementwise nodes:
 
 * a *prologue*: nodes upstream of the window's input, applied to every tap as it is loaded (the
   convolution's zero padding is padding of the prologue's result, so out-of-bounds taps are
@@ -32,6 +33,7 @@ from tunedb.graph.ir import Graph, Node
 from tunedb.graph.ops import canonical_attrs, is_elementwise
 from tunedb.kernels.analysis import UnsupportedFusion
 from tunedb.kernels.expr import COMPUTE, FLOATS, STORAGE, flit, literal, load_conv, op_expr, store_conv
+from tunedb.kernels.gen_resample import is_resample, resample_body, resample_chain
 from tunedb.kernels.prelude import PRELUDE
 from tunedb.records import sha256_hex
 
@@ -77,6 +79,12 @@ class WindowMatch:
     in_shape: tuple[int, int, int, int]
     out_shape: tuple[int, int, int, int]
     pooled: tuple[Node, ...] = ()  # means over the output plane (``plane_mean``): plane layout only
+    chain: tuple[Node, ...] = ()  # a resample's gather along the other axis, after ``node``
+
+    @property
+    def out(self) -> str:
+        """The window's value: the last gather's of a resample chain."""
+        return (self.chain[-1] if self.chain else self.node).outputs[0]
 
 
 def _is_depthwise(g: Graph, n: Node) -> bool:
@@ -90,6 +98,8 @@ def is_window_node(g: Graph, n: Node) -> bool:
     """A node the windowed generator can be built around."""
     if n.op == "conv2d":
         return _is_depthwise(g, n)
+    if n.op == "gather":
+        return is_resample(g, n)
     return n.op in ("max_pool2d", "avg_pool2d") and g.type_of(n.inputs[0]).rank == 4
 
 
@@ -108,16 +118,21 @@ def plane_mean(g: Graph, n: Node) -> bool:
 def match_window(g: Graph) -> WindowMatch:
     """Split ``g`` into prologue, window node and epilogue; raises ``UnsupportedFusion``."""
     windows = [n for n in g.nodes if n.op in WINDOW_OPS]
+    chain = resample_chain(g) if not windows else ()
+    if chain:
+        windows = [chain[0]]
     if len(windows) != 1 or not is_window_node(g, windows[0]):
-        raise UnsupportedFusion("a windowed kernel needs exactly one depthwise conv2d or 2-D pool")
+        raise UnsupportedFusion("a windowed kernel needs exactly one depthwise conv2d, 2-D pool "
+                                "or resample")
     w = windows[0]
+    chain = chain[1:]
     pooled = tuple(n for n in g.nodes if plane_mean(g, n))
     readers = {v for n in g.nodes for v in n.inputs}
     for n in pooled:
         if n.outputs[0] not in g.outputs or n.outputs[0] in readers:
             raise UnsupportedFusion(f"plane mean {n.outputs[0]!r} must be an output read by no node")
     for n in g.nodes:
-        if n is not w and n not in pooled and not is_elementwise(n.op):
+        if n is not w and n not in pooled and n not in chain and not is_elementwise(n.op):
             raise UnsupportedFusion(f"{n.op} {n.outputs[0]!r} is not elementwise")
     prod = {n.outputs[0]: n for n in g.nodes}
     up: set[str] = set()
@@ -130,13 +145,14 @@ def match_window(g: Graph) -> WindowMatch:
                 walk(i)
 
     walk(w.inputs[0])
-    for extra in w.inputs[1:]:
+    for extra in [v for n in (w,) + chain for v in n.inputs[1:]]:
         if extra in prod:
             raise UnsupportedFusion(f"window operand {extra!r} is computed, not an input")
     pro = tuple(n for n in g.nodes if n.outputs[0] in up)
-    epi = tuple(n for n in g.nodes if n is not w and n.outputs[0] not in up and n not in pooled)
+    epi = tuple(n for n in g.nodes if n is not w and n.outputs[0] not in up and n not in pooled
+                and n not in chain)
     xs = g.type_of(w.inputs[0]).shape
-    ys = g.type_of(w.outputs[0]).shape
+    ys = g.type_of((chain[-1] if chain else w).outputs[0]).shape
     for n in pro:
         if g.type_of(n.outputs[0]).shape != xs and g.type_of(n.outputs[0]).numel != 1:
             raise UnsupportedFusion(f"prologue value {n.outputs[0]!r} is not shaped like the input")
@@ -148,11 +164,14 @@ def match_window(g: Graph) -> WindowMatch:
     for v in g.outputs:
         if v in up:
             raise UnsupportedFusion(f"output {v!r} is a prologue value")
-    epi_values = {w.outputs[0]} | {n.outputs[0] for n in epi}
+    wout = (chain[-1] if chain else w).outputs[0]
+    epi_values = {wout} | {n.outputs[0] for n in epi}
     for n in pooled:
         if n.inputs[0] not in epi_values:
             raise UnsupportedFusion(f"plane mean {n.outputs[0]!r} reads no window or epilogue value")
-    return WindowMatch(w, pro, epi, tuple(xs), tuple(ys), pooled)
+    if w.op == "gather" and pooled:
+        raise UnsupportedFusion("a resample takes no plane mean")
+    return WindowMatch(w, pro, epi, tuple(xs), tuple(ys), pooled, chain)
 
 
 def _aligned(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -250,8 +269,10 @@ def strip_width(out_w: int, stride_w: int = 1, layout: str = "strip") -> int:
 
 
 def window_stride(g: Graph, m: WindowMatch) -> int:
-    """The window node's stride along a row."""
+    """The window node's stride along a row (a resample's: 1, an output a thread)."""
     w = m.node
+    if w.op == "gather":
+        return 1
     return int(canonical_attrs(w, [g.type_of(v) for v in w.inputs])["strides"][1])
 
 
@@ -349,7 +370,7 @@ def _outputs(gen: _Gen, strip: int, it: str, acc: str) -> list[str]:
     _, _, OH, OW = m.out_shape
     lines = [f"#pragma unroll\nfor (int v = 0; v < {strip}; ++v) {{", f"  if (ow0 + v >= {OW}) break;",
              f"  const {it} i = (nc * {OH} + oh) * {OW} + ow0 + v;", f"  const float wout = {acc};"]
-    env = {m.node.outputs[0]: "wout"}
+    env = {m.out: "wout"}
     epi: list[str] = []
     pooled = {n.outputs[0] for n in m.pooled}
     for v in g.outputs:
@@ -454,8 +475,10 @@ def default_layout(m: WindowMatch, stride_w: int = 1, kernel_w: int = 1) -> str:
 
 
 def window_width(g: Graph, m: WindowMatch) -> int:
-    """The window node's kernel width."""
+    """The window node's kernel width (a resample's: 1)."""
     w = m.node
+    if w.op == "gather":
+        return 1
     return int(g.type_of(w.inputs[1]).shape[3] if w.op == "conv2d" else w.attr("kernel")[1])
 
 
@@ -467,6 +490,8 @@ def costly_prologue(g: Graph, m: WindowMatch) -> bool:
     w = m.node
     if w.op == "conv2d":
         taps = g.type_of(w.inputs[1]).shape[2] * g.type_of(w.inputs[1]).shape[3]
+    elif w.op == "gather":
+        taps = 1
     else:
         taps = w.attr("kernel")[0] * w.attr("kernel")[1]
     return taps > 1 and any(n.op in TAP_COSTLY_OPS for n in m.prologue)
@@ -474,7 +499,7 @@ def costly_prologue(g: Graph, m: WindowMatch) -> bool:
 
 def has_window_op(g: Graph) -> bool:
     """Whether ``g`` is for this generator rather than the row/column ones."""
-    return any(n.op in WINDOW_OPS for n in g.nodes)
+    return any(n.op in WINDOW_OPS or is_resample(g, n) for n in g.nodes)
 
 
 def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
@@ -490,6 +515,11 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
         if g.type_of(v).dtype not in STORAGE:
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
     gen = _Gen(g, m)
+    resample = m.node.op == "gather"
+    if resample:  # one output a thread, its tap at the gathered indices
+        if layout == "plane":
+            raise UnsupportedFusion("a resample has no plane layout")
+        layout, strip = "strip", 1
     chosen = layout is None
     if layout is None:
         layout = default_layout(m, window_stride(g, m), window_width(g, m))
@@ -526,7 +556,10 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
     el = [f"const int ow0 = (int)(s % {-(-OW // strip)}) * {strip};",
           f"const int oh = (int)((s / {-(-OW // strip)}) % {OH});",
           f"const {it} nc = s / {OH * -(-OW // strip)};", f"const int c = (int)(nc % {C});"]
-    (acc,) = _window_body(gen, el, strip, it)
+    if resample:
+        el, acc = resample_body(gen, el, it), "acc[v]"
+    else:
+        (acc,) = _window_body(gen, el, strip, it)
     el += _outputs(gen, strip, it, acc)
     body += ["  " + t for t in "\n".join(el).split("\n")]
     body.append("}")
