@@ -4,13 +4,16 @@ in the CPU emulator against the float64 reference, and a kernel reading a wrong 
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tunedb.graph.builder import GraphBuilder
+from tunedb.graph.ir import Graph
 from tunedb.kernels.analysis import UnsupportedFusion
 from tunedb.kernels.codegen import generate
 from tunedb.kernels.gen_window import (
@@ -21,9 +24,12 @@ from tunedb.kernels.gen_window import (
     window_kernel,
 )
 from tunedb.kernels.schedule import Schedule
+from tunedb.plan.driver import compile as compile_plan
+from tunedb.plan.driver import load_graph
 from tunedb.runtime.emu import build, mismatches
 
 WINDOW = Schedule.from_config(WINDOW_CONFIG)
+GEN = Path(__file__).resolve().parents[1] / "data" / "graphs" / "generalization"
 
 
 def upsample(dtype: str = "float32", idx_dtype: str = "int64", axes: tuple[int, ...] = (2, 3),
@@ -88,3 +94,19 @@ def test_resample_kernels_match_the_float64_reference_and_a_wrong_index_fails(tm
     lib = build([p.kernels[0].source for _, _, p in jobs] + [bad], str(tmp_path))
     assert not mismatches(lib, jobs, seed=3)
     assert len(mismatches(lib, [(g, WINDOW, mutant)], seed=3)) == 1
+
+
+@pytest.mark.slow  # plans two graphs, emulates 650k outputs: ~10-30 s
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_the_planner_takes_an_upsample_and_its_add_as_one_kernel(tmp_path):
+    # the suite's UNet upsample (indices a graph input): add, gather, gather were 3 steps, the
+    # gathers the runtime's copies; the model's own (constant indices i // 2) plans the same
+    suite = load_graph(GEN / "data_movement_unet_640x16_b1_e9daf03d.onnx")
+    jobs = []
+    for g in (suite, upsample(const_idx=True)):
+        (st,) = compile_plan(g).steps
+        assert st.kind == "fused" and sorted(st.ops)[:2] == ["add", "gather"] and st.launches == 1
+        sub = Graph.from_json(json.loads(st.subgraph))
+        jobs.append((sub, WINDOW, generate(sub, Schedule.from_config(st.config_dict))))
+    lib = build([p.kernels[0].source for _, _, p in jobs], str(tmp_path))
+    assert not mismatches(lib, jobs, seed=5)

@@ -214,8 +214,8 @@ class Coster:
                 if window is not None:
                     return window
             return self._compute(nodes, key)
-        if len(nodes) > 1 and any(ix.compute[j] for j in nodes):
-            return self._window(nodes, key)
+        if len(nodes) > 1 and any(ix.compute[j] or is_window_node(ix.graph, ix.nodes[j]) for j in nodes):
+            return self._window(nodes, key)  # is_window_node: a resample gather (no compute op)
         if len(nodes) > 1 and not all(ix.fusable[j] for j in nodes):
             return None
         a = self.analysis(nodes, key) if all(ix.fusable[j] for j in nodes) else None

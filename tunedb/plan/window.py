@@ -1,6 +1,8 @@
 """Windowed fusion after the search: a depthwise convolution or 2-D pool (a compute step of its
-own in ``fusion.explore``) takes in the elementwise work around it as one generated kernel
-(``tunedb.kernels.gen_window``) where the roofline says that is cheaper.
+own in ``fusion.explore``), or a resample (a gather along H and/or W, a copy step of its own:
+a nearest upsample, both gathers of one taken together) takes in the elementwise work around
+it as one generated kernel (``tunedb.kernels.gen_window``) where the roofline says that is
+cheaper.
 
 For each window step, in order:
 
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tunedb.graph.ops import is_elementwise
+from tunedb.kernels.gen_resample import gather_axis, is_resample
 from tunedb.kernels.gen_window import is_window_node, plane_mean
 from tunedb.plan.cost import Coster, GroupCost
 from tunedb.plan.subgraph import GraphIndex
@@ -109,6 +112,24 @@ class WindowPlanner:
                     if plane_mean(ix.graph, ix.nodes[c]) and ix.nodes[c].inputs[0] in have]
         return epi
 
+    def _resample_tail(self, j: int) -> int | None:
+        """The gather along the other axis that alone reads resample ``j``'s value, if any;
+        -1 when ``j`` itself is such a second gather (taken with its first)."""
+        ix = self.ix
+        g = ix.graph
+        p = ix.producer.get(ix.nodes[j].inputs[0])
+        if p is not None and is_resample(g, ix.nodes[p[0]]):
+            return -1
+        out = ix.nodes[j].outputs[0]
+        readers = ix.consumers.get(out, ())
+        if len(readers) == 1 and out not in ix.outputs:
+            k = next(iter(readers))
+            n = ix.nodes[k]
+            if (is_resample(g, n) and n.inputs[0] == out
+                    and gather_axis(g, n) != gather_axis(g, ix.nodes[j])):
+                return k
+        return None
+
     def _prologue(self, j: int, groups: Sequence[tuple[int, ...]], where: dict[int, int],
                   costs: Sequence[GroupCost]) -> tuple[int, ...]:
         ix = self.ix
@@ -136,8 +157,8 @@ class WindowPlanner:
              ) -> tuple[list[tuple[int, ...]], list[GroupCost], WindowMerge] | None:
         """The groups and costs with ``nodes`` as one kernel, if that is legal and cheaper."""
         ix = self.ix
-        if len(nodes) == len(base):
-            return None
+        if len(nodes) == len(base) and len({where[i] for i in base}) == 1:
+            return None  # nothing joins (a resample's two gathers, two steps, do join)
         touched = sorted({where[i] for i in nodes})
         rest = [tuple(i for i in groups[k] if i not in nodes) for k in touched]
         rest = [r for r in rest if r]
@@ -167,13 +188,17 @@ class WindowPlanner:
         ix = self.ix
         merges: list[WindowMerge] = []
         for j in range(len(ix.nodes)):
-            if not (ix.compute[j] and is_window_node(ix.graph, ix.nodes[j])):
+            if not ((ix.compute[j] or ix.nodes[j].op == "gather") and is_window_node(ix.graph, ix.nodes[j])):
                 continue
+            tail = self._resample_tail(j) if ix.nodes[j].op == "gather" else None
+            if tail == -1:
+                continue
+            last = j if tail is None else tail
             where = {i: k for k, g in enumerate(groups) for i in g}
             fused = {i for k, g in enumerate(groups) if costs[k].kind == "fused" for i in g}
-            epi = self._epilogue(j, fused, _descendants(ix, j))
+            epi = self._epilogue(last, fused, _descendants(ix, last))
             pro = self._prologue(j, groups, where, costs)
-            base = set(groups[where[j]])
+            base = set(groups[where[j]]) | (set(groups[where[tail]]) if tail is not None else set())
             plain = {c for c in epi if not plane_mean(ix.graph, ix.nodes[c])}
             tries = [set(epi) | set(pro) | base] + ([set(epi) | base] if pro else [])
             if len(plain) < len(epi):  # a plane too large for the mean: the merge without it
