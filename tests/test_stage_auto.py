@@ -113,3 +113,20 @@ def test_squeezenet_b1_stages_are_kept_once_their_stages_are_stored(monkeypatch)
     assert b16["how"] == "sequential (auto)" and b16["kept_the_faster"]
     predicted = auto_replay(BENCH_V3, only=["squeezenet1_1_b1"])["cases"]["squeezenet1_1_b1"]
     assert predicted["picks"] == "sequential" and not predicted["kept_the_faster"]
+
+
+def test_auto_keeping_the_sequential_plan_keeps_its_packs(monkeypatch):
+    # auto's sequential candidate is what schedule="sequential" gives, packs included: SqueezeNet
+    # b16's auto plan was the sequential plan without its packs (H200 v6: 933.9 against 917.8 us)
+    from tests.test_packing_driver import branches, streams_pay
+    from tunedb.plan import stage_refine
+
+    kw = dict(device=None, cost_model=False, pack_model=streams_pay, merge=False)
+    sequential = compile_plan(branches(), **kw)
+    assert sequential.packs  # the packing model says the branch convs pay on two streams
+    monkeypatch.setattr(stage_refine, "AUTO_PREDICTED_MARGIN", 0.0)  # the stages never win
+    auto = compile_plan(branches(), schedule="auto", **kw)
+    assert dict(auto.search)["schedule"] == "sequential (auto)" and not auto.stages
+    assert auto.steps == sequential.steps and auto.packs == sequential.packs
+    # the stages are still planned without packs: each group runs on its own stream
+    assert not compile_plan(branches(), schedule="ios", **kw).packs

@@ -235,9 +235,10 @@ def compile(model: Any, *, db: Any = None, cost_model: Any = None, device: Any =
     if pack is True and schedule != "sequential":
         raise PlanError("pack=True needs schedule='sequential' (IOS stages and packs do not mix)")
     if schedule != "sequential":
-        return compile_staged(functools.partial(compile, pack=False, concat_views=concat_views,
+        # auto's sequential candidate is the plan schedule="sequential" gives: packs and all
+        return compile_staged(functools.partial(compile, concat_views=concat_views, pack_model=pack_model,
                                                 gelu_epilogue=gelu_epilogue),
-                              load_graph(model, bindings, fill_initializers), schedule,
+                              load_graph(model, bindings, fill_initializers), schedule, pack=pack,
                               db=db, cost_model=cost_model, device=device, measure_top=measure_top,
                               beam=beam, horizontal=horizontal, measure_device=measure_device)
     t0 = time.perf_counter()

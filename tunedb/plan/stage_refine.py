@@ -185,20 +185,22 @@ AUTO_STORED_COVER = 0.8
 
 
 def compile_staged(compile_fn: Callable[..., Plan], graph: Any, schedule: str, *,
-                   horizontal: bool = True, **kwargs: Any) -> Plan:
+                   horizontal: bool = True, pack: bool | str = False, **kwargs: Any) -> Plan:
     """``tunedb.compile(..., schedule="ios" | "auto")``: the IOS plan is built from the fusion
-    search without horizontal packing (packing independent kernels into one would tie the
-    branches that stages run concurrently), then scheduled. ``auto`` also builds the sequential
-    plan and keeps whichever ``choose_auto`` says is faster: on stored stage times when the
-    database holds every stage of both plans, else on predictions with a 10 % margin."""
+    search without horizontal packing or packs (packing independent kernels into one would tie
+    the branches that stages run concurrently), then scheduled. ``auto`` also builds the
+    sequential plan, with ``pack`` as ``schedule="sequential"`` would (so ``auto`` is never the
+    sequential plan minus its packs), and keeps whichever ``choose_auto`` says is faster: on
+    stored stage times when the database holds every stage of both plans, else on predictions
+    with a 10 % margin."""
     if schedule not in SCHEDULES:
         raise PlanError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
-    base = compile_fn(graph, horizontal=False, schedule="sequential", **kwargs)
+    base = compile_fn(graph, horizontal=False, schedule="sequential", pack=False, **kwargs)
     stored = stored_times(kwargs.get("db"), base.device)
     if not kwargs.get("measure_top"):
         staged, _ = schedule_plan(base, measured=stored)
-        sequential = compile_fn(graph, horizontal=horizontal, schedule="sequential", **kwargs) \
-            if schedule == "auto" else None
+        sequential = compile_fn(graph, horizontal=horizontal, schedule="sequential", pack=pack,
+                                **kwargs) if schedule == "auto" else None
         return staged if sequential is None else choose_auto(sequential, staged, stored)
     # measure_top: the refinement loop measures the stages that decide (stored ones are hits)
     measuring = StageMeasuring(kwargs.get("measure_device", "cuda"), kwargs.get("db"))
@@ -207,7 +209,7 @@ def compile_staged(compile_fn: Callable[..., Plan], graph: Any, schedule: str, *
         measuring.save(base, fresh)
         if schedule == "ios":
             return staged
-        sequential = compile_fn(graph, horizontal=horizontal, schedule="sequential", **kwargs)
+        sequential = compile_fn(graph, horizontal=horizontal, schedule="sequential", pack=pack, **kwargs)
         # the sequential plan's steps, each a stage, measured too: auto decides on measured sums
         timer = measuring.timer(sequential)
         keys = StageKeys(sequential.steps)
