@@ -190,6 +190,20 @@ class TorchCase:
                 self.ops[i][3].copy_(res[0][j].reshape(self.ops[i][3].shape))
 
 
+def graph_cases(path: Path) -> list[PackingWorkload]:
+    """The packing workloads ``tunedb.compile`` looks up for ``path``'s ready sets (planned on
+    the CPU with a predictor that records each set and never packs)."""
+    from tunedb.plan import compile
+
+    seen: list[PackingWorkload] = []
+
+    def record(w: PackingWorkload, cands: Sequence[Any]) -> list[float]:
+        seen.append(w)
+        return [1.0 if c.name == "whole:serial" else 2.0 for c in cands]
+    compile(str(path), device=None, pack_model=record)
+    return seen
+
+
 def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps: int, samples: int,
              peers: bool = True, log: Callable[[str], None] = print, jax_peers: bool = False,
              extra: bool = True, duel_rounds: int = 0) -> dict[str, Any]:
@@ -305,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--suite", default="bench", help="bench (the issue's cases), quick or standard")
     ap.add_argument("--case", action="append", default=None,
                     help="only cases whose name has this, in the order given")
+    ap.add_argument("--graph", type=Path, action="append", default=None,
+                    help="instead of a suite: the ready sets tunedb.compile considers packing in "
+                         "this graph (ONNX), with the hashes its database lookup uses")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--samples", type=int, default=15)
     ap.add_argument("--out", type=Path, default=Path("bench-packing.json"))
@@ -317,9 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="without the split-K and chunked candidates (the cost model's set only)")
     args = ap.parse_args(argv)
     try:
-        cases = bench_cases() if args.suite == "bench" else suite(args.suite)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if args.graph:
+            cases = [w for g in args.graph for w in graph_cases(g)]
+        else:
+            cases = bench_cases() if args.suite == "bench" else suite(args.suite)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}".splitlines()[0], file=sys.stderr)
         return 2
     if args.case:  # in the order of the first --case each matches (what a time limit keeps)
         rank = {c.name: min(i for i, s in enumerate(args.case) if s in c.name)

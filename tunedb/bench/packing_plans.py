@@ -7,6 +7,10 @@ backend whatever the model says, to see what the model turned down) and without
 and only then are timed as CUDA-graph replays (``tunedb.runtime.pack.time_stream``), the two
 plans alternating per round. Prints a table and writes JSON.
 
+With ``--db`` a tuning database's packing rows decide a set first (an exact hit: serial and a
+faster candidate measured), as ``tunedb.compile(db=...)`` does; ``tunedb bench packing --graph``
+measures those sets.
+
 ``python -m tunedb.bench.packing_plans --data data/packing_h200 --out bench-packing-plans.json``
 """
 
@@ -65,10 +69,12 @@ def _verified_executor(plan: Any, dev: Any, ref_in: Any) -> tuple[Any, float]:
     return ex, worst
 
 
-def run_graph(path: Path, predictor: Any, *, reps: int, samples: int, rounds: int = 3) -> dict[str, Any]:
+def run_graph(path: Path, predictor: Any, *, reps: int, samples: int, rounds: int = 3,
+              db: Path | None = None) -> dict[str, Any]:
     cp = import_cupy()
-    packed = compile(str(path), device="cuda", pack_model=predictor)
-    plain = compile(str(path), device="cuda", pack=False)
+    db_arg = None if db is None else str(db)
+    packed = compile(str(path), device="cuda", pack_model=predictor, db=db_arg)
+    plain = compile(str(path), device="cuda", pack=False, db=db_arg)
     row: dict[str, Any] = {"graph": path.name, "packs": [
         {"steps": list(p.steps), "backend": p.label, "source": p.source, "predicted_us": p.predicted_us,
          "serial_us": p.serial_us} for p in packed.packs]}
@@ -108,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=None, help="a saved packing model folder")
     ap.add_argument("--force", choices=("streams", "grouped"), default=None,
                     help="pack every ready set with this backend, whatever the model says")
+    ap.add_argument("--db", type=Path, default=None,
+                    help="a tuning database whose packing rows decide first (exact hits)")
     ap.add_argument("--graphs", type=Path, default=Path("data/graphs"))
     ap.add_argument("--graph", action="append", default=None, help="graph file names (default: four)")
     ap.add_argument("--reps", type=int, default=20)
@@ -128,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"skip {name}: no such graph", file=sys.stderr)
                 continue
             try:
-                rows.append(run_graph(path, predictor, reps=args.reps, samples=args.samples))
+                rows.append(run_graph(path, predictor, reps=args.reps, samples=args.samples,
+                                      db=args.db))
             except (ValueError, RuntimeError) as e:  # one graph's failure is its row, not the run's
                 print(f"{name}: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr, flush=True)
                 failed.append({"graph": name, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
