@@ -68,6 +68,7 @@ import numpy as np
 from tunedb.bench.fusion import _finite, _one_line, rel_l2, write_json
 from tunedb.bench.peers import Frameworks, interleaved_rounds
 from tunedb.bench.plan import ORT_SLACK, _free, _host, _peer, _tf32_off, onnxruntime_outputs, verify
+from tunedb.bench.provenance import provenance
 from tunedb.bench.stage_cases import (
     GRAPHS,
     INPUT_SEED,
@@ -264,7 +265,8 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], bu
     deadline = t_start + budget_s
     info = device_info()  # NoGPUError here, before anything is written
     fw = Frameworks() if peers else None
-    result: dict[str, Any] = {"device": str(info.name), "budget_s": budget_s, "rounds": rounds, "cases": {}}
+    result: dict[str, Any] = {"device": str(info.name), **provenance(), "budget_s": budget_s,
+                              "rounds": rounds, "cases": {}}
     if fw is not None:
         result["tf32"] = _tf32_off(fw)
 
