@@ -8,8 +8,10 @@ kernel choices the planner makes by rule, next to the alternatives, so a rule re
 For each workload (``data/graphs/generalization/NAME.onnx``) the CPU plan's generated steps:
 a window step (depthwise conv / pool) with strips of 1, 2 and 4 outputs a thread
 (``gen_window.strip_width`` picks one), strips of 2 with e5983d8's branch around each kernel
-row (``strip2_rowbranch``: what the row predicate replaced), and as "plane" kernels (a block an input plane in
-shared memory, its threads strips of 1 or 4 outputs from it); where the plan has several steps
+row (``strip2_rowbranch``: what the row predicate replaced), and as "plane" kernels (a block
+an input plane in shared memory, its threads strips of 1 or 4 outputs from it; stride-1
+convolutions also strips of 8, and 4 or 8 with the weights in registers: ``plane4w``,
+``plane8w``); where the plan has several steps
 and the generator takes the whole workload (EfficientNet's SiLU, conv, SiLU and
 squeeze-excitation mean), the whole as one plane kernel (strips of 1 and 4), the plan's other
 steps timed as planned for the sum; a row step (norms) with its planned schedule and the first
@@ -41,7 +43,7 @@ from tunedb.bench.provenance import provenance
 from tunedb.graph.ir import Graph
 from tunedb.kernels.analysis import UnsupportedFusion, analyze
 from tunedb.kernels.codegen import KernelPlan, KernelSpec, generate
-from tunedb.kernels.gen_window import has_window_op, match_window, strip_width, window_kernel, window_stride
+from tunedb.kernels.gen_window import has_window_op, match_window, window_kernel, window_stride
 from tunedb.kernels.schedule import Schedule, schedule_space
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.fallback import fallback_order
@@ -64,21 +66,37 @@ def row_branch(source: str, in_h: int) -> str:
 
 
 def _window_variants(sub: Graph) -> tuple[dict[str, KernelPlan], str]:
+    """A window step's kernels by label, and the label of the one the planner's rules pick
+    (``planned`` when it is none of the others)."""
     m = match_window(sub)
-    rule = strip_width(m.out_shape[3], window_stride(sub, m))
-    kernels = {f"strip{s}": window_kernel(sub, SM_COUNT, strip=s) for s in STRIPS}
-    if "float row[" in kernels["strip2"].source:  # the same process times the fix against it
-        k = kernels["strip2"]
-        src = row_branch(k.source, m.in_shape[2]).replace(k.name, k.name + "_rb")
+    kernels = {}
+    try:
+        for s in STRIPS:
+            kernels[f"strip{s}"] = window_kernel(sub, SM_COUNT, strip=s, layout="strip")
+    except UnsupportedFusion:  # a plane mean needs the plane
+        pass
+    k = kernels.get("strip2")
+    if k is not None and f"const bool rin = ih >= 0 && ih < {m.in_shape[2]};" in k.source:
+        src = row_branch(k.source, m.in_shape[2]).replace(k.name, k.name + "_rb")  # the fix's A/B
         kernels["strip2_rowbranch"] = replace(k, name=k.name + "_rb", source=src)
     try:
         for s in (1, 4):
             kernels[f"plane{s}"] = window_kernel(sub, SM_COUNT, strip=s, layout="plane")
-    except UnsupportedFusion:  # a plane too large for shared memory
+        if window_stride(sub, m) == 1 and m.node.op == "conv2d":  # wider strips, weights in registers
+            kernels["plane8"] = window_kernel(sub, SM_COUNT, strip=8, layout="plane")
+            kernels["plane4w"] = window_kernel(sub, SM_COUNT, strip=4, layout="plane", hoist=True)
+            kernels["plane8w"] = window_kernel(sub, SM_COUNT, strip=8, layout="plane", hoist=True)
+    except UnsupportedFusion:  # a plane too large for shared memory, or a resample
         pass
+    seen: set[str] = set()  # a resample's strips are all one kernel: listed once
+    kernels = {k: w for k, w in kernels.items() if not (w.source in seen or seen.add(w.source))}
+    planned = window_kernel(sub, SM_COUNT)
+    chosen = next((lbl for lbl, w in kernels.items() if w.source == planned.source), "planned")
+    if chosen == "planned":
+        kernels["planned"] = planned
     out = {k: KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args),),
                          (), sha256_hex(w.source), w.R, w.C, "window") for k, w in kernels.items()}
-    return out, f"strip{rule}"
+    return out, chosen
 
 
 def _row_variants(sub: Graph, config: dict, others: bool = True) -> tuple[dict[str, KernelPlan], str]:

@@ -92,10 +92,16 @@ def test_plane_kernels_match_the_float64_reference(tmp_path):
     odd_y = odd.max_pool2d(odd.input("x", (1, 3, 9, 9)), kernel=(3, 3), pads=(1, 1, 1, 1))
     graphs.append(odd.build([odd.relu(odd_y)]))
     jobs = [(g, WINDOW, _plane(g)) for g in graphs] + [(graphs[0], WINDOW, _plane(graphs[0], 3))]
+    # the conv weights in registers once a plane (``hoist``: a variant step_variants times)
+    hoisted = [window_kernel(g, layout="plane", hoist=True) for g in (graphs[0], graphs[3])]
+    assert all("float wr[9];" in w.source and "* wr[kh * 3 + kw];" in w.source for w in hoisted)
+    jobs += [(g, WINDOW, KernelPlan((KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args),),
+                                    (), sha256_hex(w.source), w.R, w.C, "window"))
+             for g, w in zip((graphs[0], graphs[3]), hoisted)]
     # planes a block (plane_packing): 25 stride-2 outputs take a warp (8 planes), 81 stride-1
     # outputs in strips of 4 (27 strips) a warp too, capped at the 3 planes there are (2)
-    assert [p.kernels[0].shared_bytes for _, _, p in jobs] == [8 * 324] * 4 + [2 * 324, 8 * 324]
-    assert "float acc[3];" in jobs[-1][2].kernels[0].source  # strips read from the tile too
+    assert [p.kernels[0].shared_bytes for _, _, p in jobs[:6]] == [8 * 324] * 4 + [2 * 324, 8 * 324]
+    assert "float acc[3];" in jobs[5][2].kernels[0].source  # strips read from the tile too
     # a tile read one row off fails
     _jobs_pass_and_a_mutant_fails(tmp_path, jobs, 0, "tile[ih * 9 + iw]", "tile[(ih + 1) * 9 + iw]", 3)
 

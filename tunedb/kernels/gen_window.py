@@ -13,14 +13,12 @@ constant, as a nearest upsample exports) over an NCHW tensor, plus elementwise n
   SiLU / HardSwish, a residual add of a full-shaped graph input).
 
 Operands of either side are full-shaped tensors of that side, per-channel tensors (``[1,C,1,1]``
-after right alignment) or scalars. One thread per strip of ``STRIP`` adjacent outputs of a row:
-each input column of the strip's windows is loaded (and the prologue run on it) once into
-registers and serves every tap that reads it, so a 7x7 depthwise conv loads 10 values per kernel
-row for 4 outputs instead of 28; fp32 accumulation, one rounding per stored value.
-``codegen.generate`` turns the kernel into a one-kernel plan with its usual
-launch convention (graph inputs, graph outputs, then the scalars R = N*C and C = OH*OW), so the
-emulator, the executor and CuPy run it like any other; of the schedule only the block size counts
-(``WINDOW_CONFIG`` is the one the planner gives these steps).
+after right alignment) or scalars. A thread computes a strip of adjacent outputs of a row
+(``strip_width``), each input column loaded (the prologue run on it) once for all of them, or a
+block holds its input planes in shared memory ("plane"); fp32 accumulation, one rounding per
+stored value. ``codegen.generate`` makes it a one-kernel plan (graph inputs, graph outputs, then
+R = N*C and C = OH*OW) that the emulator, the executor and CuPy run like any other; of the
+schedule only the block size counts (``WINDOW_CONFIG``, the planner's for these steps).
 """
 
 from __future__ import annotations
@@ -256,13 +254,10 @@ class _Gen:
 
 
 def strip_width(out_w: int, stride_w: int = 1, layout: str = "strip") -> int:
-    """Outputs of one row a thread computes: adjacent outputs share most of their taps, so a
-    strip loads each input column (and runs the prologue on it) once for all of them. On the
-    H200 (data/bench/generalization_steps_h200.json) a strip of 2 was fastest or within 5 % in
-    16 of 17 window steps; strided windows keep one output a thread, bcaadf4's kernel (a strip
-    of 2 there shares 1 column in 5 while each warp load spans twice the cache lines, and its
-    timed win came from a branch around each row, since removed). Plane kernels were timed at
-    4 (stride 1) and 1 (stride 2), which they keep."""
+    """Outputs of one row a thread computes. H200 (generalization_steps_h200.json): strips of 2
+    fastest or within 5 % in 16 of 17 steps; strided windows keep bcaadf4's one output a thread
+    (2 share 1 column in 5, each warp load spans twice the lines; 2's timed win came from a
+    branch around each row, since removed). Plane kernels: 4 at stride 1, else 1, as timed."""
     if layout == "plane":
         return max(1, min(PLANE_STRIP if stride_w == 1 else 1, out_w))
     return max(1, min(STRIP if stride_w == 1 else 1, out_w))
@@ -276,7 +271,8 @@ def window_stride(g: Graph, m: WindowMatch) -> int:
     return int(canonical_attrs(w, [g.type_of(v) for v in w.inputs])["strides"][1])
 
 
-def _window_body(gen: _Gen, lines: list[str], strip: int, it: str, tile: bool = False) -> list[str]:
+def _window_body(gen: _Gen, lines: list[str], strip: int, it: str, tile: bool = False,
+                 hoisted: bool = False) -> list[str]:
     """Lines accumulating the windows of the ``strip`` outputs at (n, c, oh, ow0 + v) into
     ``acc[v]``; returns the per-output float expressions (``v`` is the loop index). ``tile``:
     the input columns come from the plane in shared memory (prologue applied), not global."""
@@ -316,7 +312,8 @@ def _window_body(gen: _Gen, lines: list[str], strip: int, it: str, tile: bool = 
     per_tap = strip == 1 and not tile  # bcaadf4's loop: a row array of one output spilled
     if op == "conv2d":
         wload = f"{gen.buffer(w.inputs[1])}[c * {KH * KW} + kh * {KW} + kw]"
-        add = [f"acc[v] += tap * {load_conv(g.type_of(w.inputs[1]).dtype, wload)};"]
+        wv = f"wr[kh * {KW} + kw]" if hoisted else load_conv(g.type_of(w.inputs[1]).dtype, wload)
+        add = [f"acc[v] += tap * {wv};"]
     elif op == "max_pool2d":
         add = ["acc[v] = fmaxf(acc[v], tap);"]
     elif a["count_include_pad"]:
@@ -383,9 +380,8 @@ def _outputs(gen: _Gen, strip: int, it: str, acc: str) -> list[str]:
 
 
 def plane_packing(m: WindowMatch, block: int, strip: int) -> tuple[int, int]:
-    """``(threads a plane, planes a block)``: the smallest power of two of whole warps covering a
-    plane's strips, so a block of small planes (7x7, 14x14) is not mostly idle; at most
-    ``PLANE_MAX_BYTES`` of tiles."""
+    """``(threads a plane, planes a block)``: a power of two of whole warps covering a plane's
+    strips (small planes share a block), at most ``PLANE_MAX_BYTES`` of tiles."""
     strips = m.out_shape[2] * -(-m.out_shape[3] // strip)
     tpp = 32
     while tpp < min(strips, block):
@@ -397,7 +393,7 @@ def plane_packing(m: WindowMatch, block: int, strip: int) -> tuple[int, int]:
     return block // per_block, per_block
 
 
-def _plane_body(gen: _Gen, it: str, block: int, strip: int) -> list[str]:
+def _plane_body(gen: _Gen, it: str, block: int, strip: int, hoist: bool = False) -> list[str]:
     """A block per ``PB`` consecutive (n, c) planes (``plane_packing``): the input planes are
     loaded once, coalesced and through the prologue, into shared memory; ``TPP`` threads a plane
     then compute strips of ``strip`` outputs from its tile, as the strip kernel does from global
@@ -431,12 +427,18 @@ def _plane_body(gen: _Gen, it: str, block: int, strip: int) -> list[str]:
     lines += ["    }", "    #pragma unroll", f"    for (int u = 0; u < {LOAD_BATCH}; ++u)",
               f"      if (j0 + u * {block} < n_in) tiles[j0 + u * {block}] = ld[u];"]
     lines += ["  }", "  __syncthreads();"] + [f"  float ps{k} = 0.0f;" for k in range(len(m.pooled))]
-    lines += [f"  const {it} nc = nb * {pb} + p;", f"  const int c = (int)(nc % {C});",
-              f"  const float* tile = tiles + p * {H * W};",
+    lines += [f"  const {it} nc = nb * {pb} + p;", f"  const int c = (int)(nc % {C});"]
+    hoist = hoist and m.node.op == "conv2d"
+    if hoist:  # the plane's weights in registers once, not re-read for every strip
+        wt = g.type_of(m.node.inputs[1])
+        kk = wt.shape[2] * wt.shape[3]
+        wl = load_conv(wt.dtype, f"{gen.buffer(m.node.inputs[1])}[c * {kk} + k]")
+        lines += [f"  float wr[{kk}];", "  #pragma unroll", f"  for (int k = 0; k < {kk}; ++k) wr[k] = {wl};"]
+    lines += [f"  const float* tile = tiles + p * {H * W};",
               f"  for (int s = lt; s < {OH * sw_} && nc < {N * C}; s += {tpp}) {{",
               f"    const int ow0 = (s % {sw_}) * {strip};", f"    const int oh = s / {sw_};"]
     el: list[str] = []
-    (acc,) = _window_body(gen, el, strip, it, tile=True)
+    (acc,) = _window_body(gen, el, strip, it, tile=True, hoisted=hoist)
     el += _outputs(gen, strip, it, acc)
     lines += ["    " + t for t in "\n".join(el).split("\n")]
     lines.append("  }")
@@ -457,9 +459,8 @@ def _plane_body(gen: _Gen, it: str, block: int, strip: int) -> list[str]:
     return lines
 
 
-# Prologue ops that go through the SFU (or a long sequence): a prologue runs once per tap, and at
-# 9 taps a sigmoid costs more issue time than the bytes it saves (a SiLU before a 3x3 depthwise
-# conv needs ~18 SFU ops per output element, ~2.5x the H200's SFU rate at the bandwidth floor).
+# SFU-bound prologue ops: run once per tap, a SiLU before a 3x3 depthwise conv needs ~18 SFU
+# ops per output element, ~2.5x the H200's SFU rate at the bandwidth floor.
 TAP_COSTLY_OPS = frozenset(("exp", "log", "sigmoid", "tanh", "erf", "gelu", "sin", "cos", "pow",
                             "sqrt", "rsqrt", "reciprocal"))
 
@@ -503,12 +504,13 @@ def has_window_op(g: Graph) -> bool:
 
 
 def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
-                  strip: int | None = None, layout: str | None = None) -> WindowKernel:
+                  strip: int | None = None, layout: str | None = None, hoist: bool = False) -> WindowKernel:
     """One kernel computing every output of ``g`` (a window node with its elementwise
     neighbours); raises ``UnsupportedFusion`` for graphs outside the pattern. ``layout``:
     "strip" (a thread a strip of ``strip`` outputs along a row, from global memory; default
     ``strip_width``'s rule) or "plane" (a block an input plane in shared memory, its threads
-    strips of it, and means over the output plane); None: ``default_layout``."""
+    strips of it, and means over the output plane); None: ``default_layout``. ``hoist``: a
+    plane kernel's conv weights go to registers once a plane (a variant, not yet timed)."""
     m = match_window(g)
     N, C, OH, OW = m.out_shape
     for v in list(g.inputs) + list(g.outputs):
@@ -540,7 +542,7 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
         if m.pooled and block % 32:
             raise ValueError(f"block {block}: a plane mean needs whole warps")
         tpp, pb = plane_packing(m, block, strip)
-        return _finish(g, gen, _plane_body(gen, _index_type(m), block, strip), block,
+        return _finish(g, gen, _plane_body(gen, _index_type(m), block, strip, hoist), block,
                        max(1, min(-(-N * C // pb), sm_count * 8)),
                        pb * plane_bytes(m) + 4 * len(m.pooled) * (block // 32))
     if layout != "strip":
