@@ -15,6 +15,8 @@ n ** -alpha), ``top_weighted_mono`` (with
 ``TrainParams.monotone``: latency monotone in traffic, roofline time, lane use and wave
 efficiency), ``near_best`` (top_weighted plus as
 many members trained only on each workload's candidates within 30 % of its best),
+``over_best`` (``TrainParams.target`` "log_over_best": the bag learns log(latency / best of
+the workload), level members the best from the workload's facts alone, summed into one booster),
 ``rank_pairwise`` and ``rank_ndcg`` (XGBoost's ranking objectives, calibrated to microseconds).
 Blends train their members on each fold once and average them in log space: ``blend_rp_cal``
 / ``blend_rpn_cal`` (top_weighted with rank_pairwise / and rank_ndcg, each member's calibrated
@@ -73,6 +75,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "top_weighted_mono": {"objective": "reg:squarederror", "top_weight": 0.1, "monotone": True},
     # As many near-best members as --bag members (a 1:1 blend), on rows within 30 % of the best.
     "near_best": {"objective": "reg:squarederror", "top_weight": 0.1, "near_best_gap": 0.3},
+    # Distance from the workload's best, plus level members for the best from the workload alone.
+    "over_best": {"objective": "reg:squarederror", "top_weight": 0.1, "target": "log_over_best"},
     "rank_pairwise": {"objective": "rank:pairwise"},
     "rank_ndcg": {"objective": "rank:ndcg"},
 }

@@ -21,7 +21,13 @@ from tunedb.costmodel.evaluate import (
     split_folds,
     summary,
 )
-from tunedb.costmodel.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, featurize_frame
+from tunedb.costmodel.features import (
+    FEATURE_NAMES,
+    FEATURE_SCHEMA_VERSION,
+    WORKLOAD_LEVEL_FEATURES,
+    feature_index,
+    featurize_frame,
+)
 from tunedb.costmodel.fit import clean_frame, fit_frame
 from tunedb.costmodel.metrics import METRIC_KEYS, mape, pairwise_accuracy
 from tunedb.costmodel.model import CostModel, CostModelError
@@ -43,6 +49,7 @@ from tunedb.costmodel.train import (
     TrainParams,
     _near_best,
     average_boosters,
+    combine_boosters,
     predict_margin,
     predict_us,
     split_by_group,
@@ -206,6 +213,39 @@ def test_near_best_members_learn_the_fast_end_and_join_the_bag(data):
         TrainParams(near_best_members=-1)
     with pytest.raises(TrainError, match="near_best_gap"):
         TrainParams(near_best_gap=0.0)
+
+
+def test_combine_boosters_sums_the_mean_margin_of_each_group():
+    rng = np.random.default_rng(1)
+    X = rng.random((300, 5)).astype(np.float32)
+    y = 2 * X[:, 0] + X[:, 2] ** 2
+    train = [xgb.train({"max_depth": 3, "eta": 0.3, "subsample": 0.7, "seed": s}, xgb.DMatrix(X, label=y),
+                       num_boost_round=5 + s) for s in range(4)]
+    merged = combine_boosters([train[:3], train[3:]])
+    want = np.mean([predict_margin(b, X) for b in train[:3]], axis=0) + predict_margin(train[3], X)
+    assert merged.num_boosted_rounds() == 5 + 6 + 7 + 8
+    assert np.allclose(predict_margin(merged, X), want, atol=1e-5)
+
+
+def test_target_over_best_adds_a_level_from_workload_facts_only(data):
+    X, y, g, _ = data
+    p = TrainParams(**{**FAST.to_json(), "objective": "reg:squarederror", "bag": 2, "bag_rounds": 30,
+                       "target": "log_over_best", "level_members": 2})
+    r = train_booster(X, y, g, p)
+    assert r.calibration == (1.0, 0.0) and r.calibration_floor == 1.0
+    assert len(r.best_iterations) == 2 and len(r.level_iterations) == 2
+    n_bag = sum(i + 1 for i in r.best_iterations)
+    assert r.booster.num_boosted_rounds() == n_bag + sum(i + 1 for i in r.level_iterations)
+    # The level trees (last) split on workload facts alone: they add one value per workload.
+    doc = json.loads(bytes(r.booster.save_raw(raw_format="json")))
+    trees = doc["learner"]["gradient_booster"]["model"]["trees"]
+    level = {f for t in trees[n_bag:]
+             for f, child in zip(t["split_indices"], t["left_children"]) if child != -1}
+    assert level and level <= {feature_index(n) for n in WORKLOAD_LEVEL_FEATURES}
+    us = predict_us(r.booster, hide_measured(X), r.objective, r.calibration, r.calibration_floor)
+    assert mape(y, us) < 0.5 and pairwise_accuracy(y, us, g) > 0.7
+    with pytest.raises(TrainError, match="level_members"):
+        TrainParams(level_members=0)
 
 
 def test_train_rejects_bad_input(data):

@@ -69,6 +69,10 @@ ROOFLINE_FEATURE = "roofline_us"
 MEASURED_FEATURES: tuple[str, ...] = ("regs_measured", "smem_measured", "local_bytes_measured",
                                       "occupancy_measured")
 UNKNOWN: float = -1.0
+# Columns that are the same for every candidate of a workload (its facts, not the schedule's).
+WORKLOAD_LEVEL_FEATURES: tuple[str, ...] = (
+    *WORKLOAD_FEATURES, "flops_per_byte", "trans_per_element", "floor_us", "log2_floor_bytes", "log2_flops",
+    "log2_transcendental_ops", "log2_rows", "log2_row_len")
 
 _INDEX = {n: i for i, n in enumerate(FEATURE_NAMES)}
 _BLOCK_ROWS = 65536

@@ -75,6 +75,7 @@ def make_card(result: TrainResult, params: TrainParams, device: DeviceFacts, kin
         # The booster is the average of this many early-stopped members (``average_boosters``).
         "bag": len(result.best_iterations) or 1,
         "best_iterations": [int(i) for i in result.best_iterations],
+        "level_iterations": [int(i) for i in result.level_iterations],
         "target": params.target,
         "objectives_tried": result.tried,
         "hyperparameters": params.to_json(),

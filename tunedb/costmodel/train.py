@@ -34,13 +34,19 @@ import xgboost as xgb
 from sklearn.model_selection import GroupShuffleSplit
 
 from tunedb.costmodel.errors import TrainError
-from tunedb.costmodel.features import FEATURE_NAMES, MEASURED_FEATURES, UNKNOWN, feature_index
+from tunedb.costmodel.features import (
+    FEATURE_NAMES,
+    MEASURED_FEATURES,
+    UNKNOWN,
+    WORKLOAD_LEVEL_FEATURES,
+    feature_index,
+)
 from tunedb.costmodel.metrics import pairwise_accuracy
 
 REGRESSION = "reg:squarederror"
 RANKING = ("rank:pairwise", "rank:ndcg")
 OBJECTIVES: tuple[str, ...] = (REGRESSION, *RANKING)
-TARGETS: tuple[str, ...] = ("log_over_floor", "log_us")
+TARGETS: tuple[str, ...] = ("log_over_floor", "log_us", "log_over_best")
 # Below this many training rows one thread is faster than several: per-round synchronisation
 # costs more than the histogram work it splits (and far more on a busy machine).
 SMALL_DATA = 100_000
@@ -48,6 +54,9 @@ SMALL_DATA = 100_000
 # rows and columns with a larger step, about six times less work for 1M rows (which then fit
 # the one-minute budget on two cores) at little cost in accuracy, since data is plentiful.
 LARGE_DATA = 300_000
+# The level members of target "log_over_best" learn from one row per workload (hundreds of rows).
+LEVEL_SETTINGS: dict[str, Any] = {"max_depth": 6, "eta": 0.1, "min_child_weight": 1.0}
+LEVEL_ROUNDS = 500
 # Direction of latency in a feature, all else equal (TrainParams.monotone): more bytes moved or a
 # longer roofline time is never faster; more lanes busy or fuller waves never slower.
 MONOTONE: dict[str, int] = {
@@ -102,8 +111,12 @@ class TrainParams:
         ("max_depth", 7), ("eta", 0.3), ("subsample", 0.5), ("colsample_bytree", 0.5), ("max_bin", 64))
     large_data_rounds: int = 150
     large_data_early_stopping: int = 20
-    # "log_over_floor": regression on log(us / (floor_us + 2.5)); "log_us": on log(us).
+    # "log_over_floor": regression on log(us / (floor_us + 2.5)); "log_us": on log(us);
+    # "log_over_best": the bag on log(us / best us of the workload) plus ``level_members``
+    # boosters on the workload's facts alone for log(best / (floor_us + 2.5)), summed into one
+    # booster (see train_booster).
     target: str = "log_over_floor"
+    level_members: int = 5
     # Boosters averaged into the model; from LARGE_DATA rows on, ``large_data_bag`` (the
     # one-minute budget for 1M rows has room for one, and big data has less variance to average).
     bag: int = 5
@@ -154,6 +167,8 @@ class TrainParams:
         if int(self.near_best_members) < 0 or not float(self.near_best_gap) > 0:
             raise TrainError(f"near_best_members must be >= 0 and near_best_gap > 0, got "
                              f"{self.near_best_members} and {self.near_best_gap}")
+        if int(self.level_members) < 1:
+            raise TrainError(f"level_members must be at least 1, got {self.level_members}")
         if int(self.bag) < 1 or int(self.large_data_bag) < 1 or int(self.bag_rounds) < 1:
             raise TrainError(f"bag, large_data_bag and bag_rounds must be at least 1, got {self.bag}, "
                              f"{self.large_data_bag} and {self.bag_rounds}")
@@ -215,6 +230,8 @@ class TrainResult:
     calibration_floor: float = 0.0
     # Best round of every bag member (the first is ``best_iteration``).
     best_iterations: list[int] = field(default_factory=list)
+    # Best round of every level member (target "log_over_best"; their trees come last).
+    level_iterations: list[int] = field(default_factory=list)
 
 
 def group_codes(groups: Any) -> np.ndarray:
@@ -397,8 +414,13 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
     log_y = np.log(y)
     # The floor offset is constant within a workload: ranking labels and pairwise accuracy are
     # the same with or without it, so every objective trains on the same label.
-    offset = calibration_base(X) if params.target == "log_over_floor" else np.zeros(len(y))
+    offset = np.zeros(len(y)) if params.target == "log_us" else calibration_base(X)
     label = log_y - offset
+    # log_over_best: the bag learns each candidate's distance from its workload's best (no tree
+    # spends a split on the workload's scale), the level members that scale from the workload.
+    level = _group_min(label, q_all) if params.target == "log_over_best" else None
+    if level is not None:
+        label = label - level
     Xtr, ltr, gtr, Xva, lva, gva, tr, va = _split(g_all, q_all, X, label, params, params.seed)
     n_bag = int(params.large_data_bag if len(tr) >= LARGE_DATA else params.bag)
     rounds = params.num_boost_round if n_bag == 1 else min(params.num_boost_round, params.bag_rounds)
@@ -448,14 +470,44 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
             b, i = _fit_one(obj, replace(fit, seed=seed), mXtr, mltr, mgtr, mXva, mlva, mgva, len(tr))
             members.append(b)
             iterations.append(i)
-    booster = average_boosters(members)
+    groups, level_its = [members], []
+    if obj == REGRESSION and level is not None:
+        fitted = [_fit_level(X, level, g_all, q_all, fit, params.seed + 15485863 * (m + 1))
+                  for m in range(int(params.level_members))]
+        groups.append([b for b, _ in fitted])
+        level_its = [i for _, i in fitted]
+    booster = combine_boosters(groups)
     if obj == REGRESSION:
-        a, b0, c = 1.0, 0.0, (1.0 if params.target == "log_over_floor" else 0.0)
+        a, b0, c = 1.0, 0.0, (0.0 if params.target == "log_us" else 1.0)
     else:
         a, b0, c = _calibrate(to_cost(predict_margin(booster, Xtr), obj), log_y[tr], calibration_base(Xtr))
     return TrainResult(booster=booster, objective=obj, best_iteration=it, calibration=(a, b0),
                        valid_metrics={"pairwise_accuracy": acc}, tried=tried,
-                       n_train=len(tr), n_valid=len(va), calibration_floor=c, best_iterations=iterations)
+                       n_train=len(tr), n_valid=len(va), calibration_floor=c, best_iterations=iterations,
+                       level_iterations=level_its)
+
+
+def _group_min(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Per row: the least of ``values`` over its group."""
+    best = np.full(groups.max() + 1, np.inf)
+    np.minimum.at(best, groups, values)
+    return best[groups]
+
+
+def _fit_level(X: np.ndarray, level: np.ndarray, g_all: np.ndarray, q_all: np.ndarray, params: TrainParams,
+               seed: int) -> tuple[xgb.Booster, int]:
+    """A booster for the workload's level (``level``: one value per query) from its workload
+    facts alone: one row per query, every other column missing, so no tree splits on it."""
+    _, first = np.unique(q_all, return_index=True)
+    cols = [feature_index(n) for n in WORKLOAD_LEVEL_FEATURES]
+    Xw = np.full((len(first), X.shape[1]), np.nan, dtype=np.float32)
+    Xw[:, cols] = X[first][:, cols]
+    tr, va = split_by_group(g_all[first], params.valid_fraction, seed)
+    lp = replace(params, seed=seed, num_boost_round=LEVEL_ROUNDS, early_stopping_rounds=50,
+                 subsample=0.8, colsample_bytree=0.8, **LEVEL_SETTINGS)
+    yl = level[first]
+    return _fit_one(REGRESSION, lp, Xw[tr], yl[tr], np.arange(len(tr)), Xw[va], yl[va], np.arange(len(va)),
+                    len(tr))
 
 
 def _near_best(label: np.ndarray, groups: np.ndarray, gap: float) -> np.ndarray:
@@ -482,25 +534,31 @@ def average_boosters(boosters: list[xgb.Booster]) -> xgb.Booster:
     """One booster whose margin is the mean of the members' margins: every member's trees with
     leaf values divided by their number, and the mean intercept. Built through XGBoost's JSON
     model format, so the result saves, loads and predicts like any booster."""
-    if len(boosters) == 1:
-        return boosters[0]
-    docs = [json.loads(bytes(b.save_raw(raw_format="json"))) for b in boosters]
-    out = docs[0]
+    return combine_boosters([boosters])
+
+
+def combine_boosters(groups: list[list[xgb.Booster]]) -> xgb.Booster:
+    """One booster whose margin is the sum over ``groups`` of the mean margin of each group's
+    members (``average_boosters`` is one group)."""
+    if len(groups) == 1 and len(groups[0]) == 1:
+        return groups[0][0]
+    docs = [(json.loads(bytes(b.save_raw(raw_format="json"))), len(g)) for g in groups for b in g]
+    out = docs[0][0]
     trees: list[dict[str, Any]] = []
     info: list[int] = []
-    for d in docs:
+    for d, n in docs:
         m = d["learner"]["gradient_booster"]["model"]
         if int(m["gbtree_model_param"]["num_parallel_tree"]) != 1:
             raise TrainError("cannot average boosters with parallel trees")
         for t in m["trees"]:
-            t = _leaf_scaled(t, 1.0 / len(docs))
+            t = _leaf_scaled(t, 1.0 / n)
             t["id"] = len(trees)
             trees.append(t)
         info += m["tree_info"]
     model = out["learner"]["gradient_booster"]["model"]
     model.update(trees=trees, tree_info=info, iteration_indptr=list(range(len(trees) + 1)))
     model["gbtree_model_param"]["num_trees"] = str(len(trees))
-    base = float(np.mean([_base_score(d) for d in docs]))
+    base = float(sum(_base_score(d) / n for d, n in docs))
     out["learner"]["learner_model_param"]["base_score"] = f"[{base!r}]"
     # Early-stopping marks (best_iteration) of the first member would cut the others off.
     out["learner"]["attributes"] = {}
