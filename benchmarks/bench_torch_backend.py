@@ -184,7 +184,10 @@ def one(name: str, dtype: str, a: argparse.Namespace, rec: dict) -> None:
                             g0.runs.mode, g0.runs.use_slots = mode, slots
                             return g0.runs.run(user)
                         items[f"runs_bound_{mode}_{out}"] = (direct, sync)
-                items.update(_replays_and_user_calls(g0, user, a.spin_us, sync))
+                try:
+                    items.update(_replays_and_user_calls(g0, user, a.spin_us, sync))
+                except Exception as e:  # noqa: BLE001 - the other items still run
+                    rec["split_items_error"] = _one_line(e)
             if a.eager:
                 items["eager"] = (lambda: model(*args), sync)
             if a.items:  # an entry "model:item" applies to that model only
