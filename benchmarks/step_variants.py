@@ -101,7 +101,10 @@ def _window_variants(sub: Graph) -> tuple[dict[str, KernelPlan], str]:
 
 def _row_variants(sub: Graph, config: dict, others: bool = True) -> tuple[dict[str, KernelPlan], str]:
     """The planned kernel, and (``others``, row patterns) the alternatives of ``ROW_CHOICES``."""
-    a = analyze(sub)
+    try:
+        a = analyze(sub)
+    except UnsupportedFusion:  # rows of a transposed input (gen_trows): the planned kernel alone
+        return {"planned": generate(sub, Schedule.from_config(config), SM_COUNT)}, "planned"
     out = {"planned": generate(a, Schedule.from_config(config), SM_COUNT)}
     if not others or a.pattern not in ("row_reduce", "multi"):
         return out, "planned"

@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 
 from tunedb.graph.ir import Graph
-from tunedb.kernels.analysis import Analysis, analyze
+from tunedb.kernels.analysis import Analysis, UnsupportedFusion, analyze
 from tunedb.kernels.frame import PH, Frame, KText
 from tunedb.kernels.gen_colcluster import gen_col_cluster
 from tunedb.kernels.gen_cols import gen_col_tiled
 from tunedb.kernels.gen_rows import gen_rows
 from tunedb.kernels.gen_simple import gen_elementwise, gen_transpose
+from tunedb.kernels.gen_trows import is_trows, trows_kernel
 from tunedb.kernels.gen_window import has_window_op, window_kernel
 from tunedb.kernels.prelude import EVICT_LAST, PRELUDE, STREAM
 from tunedb.kernels.schedule import Schedule, check
@@ -89,11 +90,12 @@ def _texts(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
     return gen_rows(f)
 
 
-def _window_plan(graph: Graph, schedule: Schedule, sm_count: int) -> KernelPlan:
-    """A depthwise convolution or pool with its elementwise neighbours (``gen_window``)."""
-    w = window_kernel(graph, sm_count, schedule.block)
+def _window_plan(graph: Graph, schedule: Schedule, sm_count: int, trows: bool = False) -> KernelPlan:
+    """A depthwise convolution or pool with its elementwise neighbours (``gen_window``), or
+    rows of a transposed input (``gen_trows``)."""
+    w = (trows_kernel if trows else window_kernel)(graph, sm_count, schedule.block)
     k = KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args)
-    return KernelPlan((k,), (), sha256_hex(w.source), w.R, w.C, "window")
+    return KernelPlan((k,), (), sha256_hex(w.source), w.R, w.C, "trows" if trows else "window")
 
 
 def generate(graph: Graph | Analysis, schedule: Schedule, sm_count: int = 132) -> KernelPlan:
@@ -102,7 +104,12 @@ def generate(graph: Graph | Analysis, schedule: Schedule, sm_count: int = 132) -
     that cannot run this graph (the reason ``schedule_space`` would prune it for)."""
     if isinstance(graph, Graph) and has_window_op(graph):
         return _window_plan(graph, schedule, sm_count)
-    a = graph if isinstance(graph, Analysis) else analyze(graph)
+    try:
+        a = graph if isinstance(graph, Analysis) else analyze(graph)
+    except UnsupportedFusion:
+        if isinstance(graph, Graph) and is_trows(graph):  # a reduction of a transposed input
+            return _window_plan(graph, schedule, sm_count, trows=True)
+        raise
     why = check(a, schedule)
     if why:
         raise ValueError(f"schedule {schedule.label()} cannot run {a.graph.name or 'graph'}: {why}")

@@ -33,9 +33,11 @@ from tunedb.graph.hashing import graph_hash
 from tunedb.graph.ir import Graph, GraphError
 from tunedb.graph.ops import LAYOUT_OPS
 from tunedb.kernels.analysis import Analysis, UnsupportedFusion, analyze
+from tunedb.kernels.gen_trows import trows_kernel
 from tunedb.kernels.gen_window import (
     WINDOW_CONFIG,
     costly_prologue,
+    has_window_op,
     is_window_node,
     match_window,
     window_kernel,
@@ -221,7 +223,7 @@ class Coster:
         a = self.analysis(nodes, key) if all(ix.fusable[j] for j in nodes) else None
         if a is None:
             if len(nodes) > 1:
-                return None
+                return self._window(nodes, key)  # rows of a transposed input (gen_trows), or None
             return self._single(nodes, key, "the fused-kernel generator cannot take this op")
         if len(nodes) == 1 and not a.nodes:
             # one copy op alone (a transpose, a split): the runtime's layout kernel, as before
@@ -288,11 +290,12 @@ class Coster:
         """A depthwise convolution or pool with elementwise neighbours (``plan.window``): one
         generated kernel, priced by the roofline (the model never saw these kernels)."""
         sub = self.subgraph(nodes, key)
+        window = has_window_op(sub)
         try:
-            window_kernel(sub, self.device.sm_count)
+            (window_kernel if window else trows_kernel)(sub, self.device.sm_count)
         except (UnsupportedFusion, GraphError):
             return None
-        if costly_prologue(sub, match_window(sub)):
+        if window and costly_prologue(sub, match_window(sub)):
             return None  # the roofline would miss the per-tap recomputation
         return GroupCost("fused", self._roofline_us(sub), "roofline", config=dict(WINDOW_CONFIG),
                          note="window")
