@@ -130,18 +130,24 @@ def trows_kernel(g: Graph, sm_count: int = 132, block: int = 256) -> WindowKerne
     params = {v: f"p{ids[v]}" for v in list(g.inputs) + list(g.outputs)}
     consts: list[str] = []
     x = m.transpose.inputs[0]
-    xload = load_conv(g.type_of(x).dtype, f"{params[x]}[((long long)n * {C} + c) * {HW} + hw0 + l]")
+    xload = load_conv(g.type_of(x).dtype, f"{params[x]}[((long long)n * {C} + c) * {HW} + hw]")
     each = f"for (int j = 0; j < {npl}; ++j) {{ const int c = lane + 32 * j; (void)c;"
     body = [f"const float* tile = tiles;  // [{C}][{T + 1}]",
             "const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;",
             f"for (int b = blockIdx.x; b < {N * -(-HW // T)}; b += gridDim.x) {{",
             f"  const int n = b / {-(-HW // T)}, hw0 = (b % {-(-HW // T)}) * {T};",
             "  __syncthreads();  // the last tile is read",
-            "  #pragma unroll 8",  # loads in flight, not a latency per iteration
-            f"  for (int k = threadIdx.x; k < {C * T}; k += {block}) {{",
-            f"    const int c = k / {T}, l = k % {T};",
-            f"    tiles[c * {T + 1} + l] = hw0 + l < {HW} ? {xload} : 0.0f;",
-            "  }", "  __syncthreads();",
+            # 8 loads a thread in flight (indices clamped, no branch around a load), then stores
+            f"  for (int k0 = threadIdx.x; k0 < {C * T}; k0 += {8 * block}) {{",
+            "    float ld[8];", "    #pragma unroll",
+            "    for (int u = 0; u < 8; ++u) {",
+            f"      const int k = min(k0 + u * {block}, {C * T - 1}), c = k / {T};",
+            f"      const int hw = min(hw0 + k % {T}, {HW - 1});",
+            f"      ld[u] = {xload};", "    }", "    #pragma unroll",
+            "    for (int u = 0; u < 8; ++u) {",
+            f"      const int k = k0 + u * {block}, l = k % {T};",
+            f"      if (k < {C * T}) tiles[k / {T} * {T + 1} + l] = hw0 + l < {HW} ? ld[u] : 0.0f;",
+            "    }", "  }", "  __syncthreads();",
             f"  for (int l = warp; l < {T} && hw0 + l < {HW}; l += {block // 32}) {{",
             f"    const long long r = (long long)n * {HW} + hw0 + l;"]
     env: dict[str, tuple[str, str]] = {m.transpose.outputs[0]: ("full", "f_x")}
