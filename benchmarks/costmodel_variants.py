@@ -17,12 +17,15 @@ efficiency), ``near_best`` (top_weighted plus as
 many members trained only on each workload's candidates within 30 % of its best),
 ``over_best`` (``TrainParams.target`` "log_over_best": the bag learns log(latency / best of
 the workload), level members the best from the workload's facts alone, summed into one booster),
-``rank_pairwise`` and ``rank_ndcg`` (XGBoost's ranking objectives, calibrated to microseconds).
+``rank_pairwise`` and ``rank_ndcg`` (XGBoost's ranking objectives, calibrated to microseconds),
+``rank_pairwise_bin`` (rank_pairwise on labels in 2 % steps from the workload's best: pairs
+closer than that, within the timing noise, are not trained on).
 Blends train their members on each fold once and average them in log space: ``blend_rp_cal``
 / ``blend_rpn_cal`` (top_weighted with rank_pairwise / and rank_ndcg, each member's calibrated
 microseconds: a row-wise model), ``blend_rp_z`` / ``blend_rpn_z`` (the members' z-scores within
 each workload, mapped back to the regression's per-workload mean and spread: a prediction that
-depends on the other candidates predicted with it).
+depends on the other candidates predicted with it); ``blend_rpb_z`` / ``blend_rpb_cal`` the same
+with ``rank_pairwise_bin``, ``blend_rpb_cal_02`` with the ranker at weight 0.2.
 Prints one table per split and writes every number, the CPU seconds of each variant, argv and
 the git commit as JSON.
 
@@ -79,13 +82,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "over_best": {"objective": "reg:squarederror", "top_weight": 0.1, "target": "log_over_best"},
     "rank_pairwise": {"objective": "rank:pairwise"},
     "rank_ndcg": {"objective": "rank:ndcg"},
+    # Ranking labels in 2 % steps from the workload's best: pairs within the noise form no pair.
+    "rank_pairwise_bin": {"objective": "rank:pairwise", "rank_bin": 0.02},
 }
-# Blends: (members, how they are averaged); members are VARIANTS.
-BLENDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "blend_rp_cal": (("top_weighted", "rank_pairwise"), "cal"),
-    "blend_rpn_cal": (("top_weighted", "rank_pairwise", "rank_ndcg"), "cal"),
-    "blend_rp_z": (("top_weighted", "rank_pairwise"), "z"),
-    "blend_rpn_z": (("top_weighted", "rank_pairwise", "rank_ndcg"), "z"),
+# Blends: (members, how they are averaged, the weight of every member after the first: equal
+# weights when None); members are VARIANTS.
+BLENDS: dict[str, tuple[tuple[str, ...], str, float | None]] = {
+    "blend_rp_cal": (("top_weighted", "rank_pairwise"), "cal", None),
+    "blend_rpn_cal": (("top_weighted", "rank_pairwise", "rank_ndcg"), "cal", None),
+    "blend_rp_z": (("top_weighted", "rank_pairwise"), "z", None),
+    "blend_rpn_z": (("top_weighted", "rank_pairwise", "rank_ndcg"), "z", None),
+    "blend_rpb_z": (("top_weighted", "rank_pairwise_bin"), "z", None),
+    "blend_rpb_cal": (("top_weighted", "rank_pairwise_bin"), "cal", None),
+    "blend_rpb_cal_02": (("top_weighted", "rank_pairwise_bin"), "cal", 0.2),
 }
 SHORT = METRIC_SHORT_NAMES
 
@@ -99,11 +108,15 @@ def _zscores(v: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return (v - mean[inv]) / sd[inv], mean[inv], sd[inv]
 
 
-def blend_log_us(logs: list[np.ndarray], how: str, groups: np.ndarray) -> np.ndarray:
-    """Members' log latencies (the first a regression) -> the blend's log latency."""
+def blend_log_us(logs: list[np.ndarray], how: str, groups: np.ndarray,
+                 weight: float | None = None) -> np.ndarray:
+    """Members' log latencies (the first a regression) -> the blend's log latency; ``weight``:
+    of each member after the first (None: equal weights)."""
+    w = np.full(len(logs), 1.0 / len(logs)) if weight is None else np.r_[1.0 - weight * (len(logs) - 1),
+                                                                         [weight] * (len(logs) - 1)]
     if how == "cal":
-        return np.mean(logs, axis=0)
-    z = np.mean([_zscores(v, groups)[0] for v in logs], axis=0)
+        return np.tensordot(w, np.asarray(logs), axes=1)
+    z = np.tensordot(w, np.asarray([_zscores(v, groups)[0] for v in logs]), axes=1)
     _, mean, sd = _zscores(logs[0], groups)
     return mean + sd * z
 
@@ -135,13 +148,14 @@ def blend_results(X: np.ndarray, y: np.ndarray, labels: Labels, names: list[str]
         sub = labels.take(rows)
         for n in names:
             logs = [np.log(pooled[m][rows]) for m in BLENDS[n][0]]
-            m = score(y[rows], np.exp(blend_log_us(logs, BLENDS[n][1], sub.cmp)), sub)
+            m = score(y[rows], np.exp(blend_log_us(logs, BLENDS[n][1], sub.cmp, BLENDS[n][2])), sub)
             out[n][split] = {k: m[k] for k in METRIC_KEYS} | {
                 "folds": len(parts), "rows": int(len(rows)), "workloads": int(len(np.unique(sub.workload)))}
         print(f"  blends: {split} ({len(members)} members, {time.process_time() - cpu:.0f} CPU s)",
               file=sys.stderr, flush=True)
     for n in names:
-        out[n]["params"] = {"members": list(BLENDS[n][0]), "average": BLENDS[n][1], "bag": bag}
+        out[n]["params"] = {"members": list(BLENDS[n][0]), "average": BLENDS[n][1], "weight": BLENDS[n][2],
+                            "bag": bag}
     return out
 
 

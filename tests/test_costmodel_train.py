@@ -48,6 +48,7 @@ from tunedb.costmodel.train import (
     TrainError,
     TrainParams,
     _near_best,
+    _relevance,
     average_boosters,
     combine_boosters,
     predict_margin,
@@ -246,6 +247,18 @@ def test_target_over_best_adds_a_level_from_workload_facts_only(data):
     assert mape(y, us) < 0.5 and pairwise_accuracy(y, us, g) > 0.7
     with pytest.raises(TrainError, match="level_members"):
         TrainParams(level_members=0)
+
+
+def test_binned_ranking_labels_tie_candidates_within_a_step():
+    log_us = np.log([10.0, 10.1, 10.5, 12.0, 5.0, 5.05, 9.0])
+    groups = np.array([0, 0, 0, 0, 1, 1, 1])
+    rel = _relevance(log_us, groups, 0.02)
+    # 10 and 10.1 (1 % apart) share a label, 10.5 is two steps down, 12 further; per workload.
+    assert rel[0] == rel[1] > rel[2] > rel[3] == 0 and rel[4] == rel[5] > rel[6] == 0
+    plain = _relevance(log_us, groups)
+    assert plain[0] > plain[1] and plain[4] > plain[5]  # continuous labels: every pair trains
+    with pytest.raises(TrainError, match="rank_bin"):
+        TrainParams(rank_bin=-0.1)
 
 
 def test_train_rejects_bad_input(data):

@@ -101,6 +101,9 @@ class TrainParams:
     # in training, so that the model also predicts well before a candidate is compiled.
     mask_measured: float = 0.5
     rank_pairs_per_sample: int = 8
+    # Ranking labels in steps of 1 + rank_bin from the workload's best (pairs closer than a
+    # step, within the timing noise, are not trained on); 0: continuous labels.
+    rank_bin: float = 0.0
     # How much higher validation pairwise accuracy a ranking objective needs to be kept. On
     # the H200 data one validation split put ranking 0.008 ahead while 5-fold CV had the two
     # within 0.003, and the ranking model's calibrated times were 3.5x less accurate (MAPE).
@@ -167,6 +170,8 @@ class TrainParams:
         if int(self.near_best_members) < 0 or not float(self.near_best_gap) > 0:
             raise TrainError(f"near_best_members must be >= 0 and near_best_gap > 0, got "
                              f"{self.near_best_members} and {self.near_best_gap}")
+        if not 0.0 <= float(self.rank_bin) < 1.0:
+            raise TrainError(f"rank_bin must be in [0, 1), got {self.rank_bin}")
         if int(self.level_members) < 1:
             raise TrainError(f"level_members must be at least 1, got {self.level_members}")
         if int(self.bag) < 1 or int(self.large_data_bag) < 1 or int(self.bag_rounds) < 1:
@@ -282,8 +287,12 @@ def mask_measured(X: np.ndarray, fraction: float, seed: int) -> None:
         X[rows, feature_index(name)] = UNKNOWN
 
 
-def _relevance(log_us: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Ranking label: how much faster than the workload's slowest candidate, in log units."""
+def _relevance(log_us: np.ndarray, groups: np.ndarray, bin_width: float = 0.0) -> np.ndarray:
+    """Ranking label: how much faster than the workload's slowest candidate, in log units; with
+    ``bin_width``, in whole steps of log(1 + bin_width) from the workload's best, so that
+    candidates in one step share a label and form no pair."""
+    if bin_width > 0:
+        log_us = np.floor((log_us - _group_min(log_us, groups)) / np.log1p(bin_width))
     worst = np.full(groups.max() + 1, -np.inf)
     np.maximum.at(worst, groups, log_us)
     return (worst[groups] - log_us).astype(np.float32)
@@ -354,9 +363,9 @@ def _fit_one(objective: str, params: TrainParams, Xtr: np.ndarray, ytr: np.ndarr
     # Ranking objectives weigh whole queries, not rows: top weights apply to regression only.
     wtr = None if rank else row_weights(ytr, gtr, params)
     wva = None if rank else row_weights(yva, gva, params)
-    dtr = xgb.QuantileDMatrix(Xtr, label=_relevance(ytr, gtr) if rank else ytr, weight=wtr,
+    dtr = xgb.QuantileDMatrix(Xtr, label=_relevance(ytr, gtr, params.rank_bin) if rank else ytr, weight=wtr,
                               qid=gtr if rank else None, max_bin=xp["max_bin"], nthread=threads)
-    dva = xgb.QuantileDMatrix(Xva, label=_relevance(yva, gva) if rank else yva, weight=wva,
+    dva = xgb.QuantileDMatrix(Xva, label=_relevance(yva, gva, params.rank_bin) if rank else yva, weight=wva,
                               qid=gva if rank else None, ref=dtr, max_bin=xp["max_bin"], nthread=threads)
     large = profile_rows >= LARGE_DATA
     rounds = min(params.num_boost_round, params.large_data_rounds) if large else params.num_boost_round
