@@ -41,14 +41,23 @@ def se_stage(stride: int = 2, hw: int = 9):
 def test_the_squeeze_excitation_mean_merges_only_when_switched_on(monkeypatch, merge):
     monkeypatch.setattr(plan_window, "MERGE_PLANE_MEANS", merge)
     ix, part = _plan(se_stage(), window=True)
+    # without the plane, a strip kernel takes the SiLU before a stride-2 conv (2.25 taps an
+    # input element) and leaves the mean apart; before a stride-1 conv (9 taps) it stays apart
+    assert kernel_count(part.costs) == (1 if merge else 2)
+    ix, part = _plan(se_stage(1), window=True)
     assert kernel_count(part.costs) == (1 if merge else 3)
 
 
-def test_a_plane_too_large_keeps_the_mean_apart_and_merges_the_epilogue():
-    # 72x72 fp32 (20 KB) > PLANE_MAX_BYTES: the SiLU, the conv with its SiLU, the mean
-    ix, part = _plan(se_stage(hw=72), window=True)
-    ops = sorted(tuple(ix.nodes[j].op for j in g) for g in part.groups)
-    assert ops == [("conv2d", "sigmoid", "mul"), ("global_avg_pool",), ("sigmoid", "mul")]
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_plane_too_large_keeps_the_mean_apart_and_merges_the_epilogue(stride):
+    # 72x72 fp32 (20 KB) > PLANE_MAX_BYTES: the conv with its SiLU, the mean apart, and the
+    # SiLU before the conv too where the stride makes its SFU work a quarter (costly_prologue)
+    ix, part = _plan(se_stage(stride, hw=72), window=True)
+    ops = sorted(tuple(sorted(ix.nodes[j].op for j in g)) for g in part.groups)
+    if stride == 1:
+        assert ops == [("conv2d", "mul", "sigmoid"), ("global_avg_pool",), ("mul", "sigmoid")]
+    else:
+        assert ops == [("conv2d", "mul", "mul", "sigmoid", "sigmoid"), ("global_avg_pool",)]
 
 
 @needs_gxx
@@ -65,3 +74,16 @@ def test_the_merged_plane_kernel_matches_the_reference(monkeypatch, tmp_path):
     assert all(p.kernels[0].shared_bytes == 8 * 9 * 9 * 4 + 4 * 8 for _, _, p in jobs)
     lib = build([p.kernels[0].source for _, _, p in jobs], str(tmp_path))
     assert not mismatches(lib, jobs, seed=11)
+
+
+@needs_gxx
+def test_a_strided_strip_kernel_with_the_silu_before_it_matches_the_reference(tmp_path):
+    window = Schedule.from_config({"mapping": "elementwise", "block": 256})
+    ix, part = _plan(se_stage(2, hw=72), window=True)
+    (group,) = [g for g in part.groups if len(g) == 5]
+    sub = ix.cut(group).graph
+    plan = generate(sub, window, sm_count=2)
+    src = plan.kernels[0].source
+    assert plan.kernels[0].shared_bytes == 0 and "tdb_sigmoid(" in src and "float acc[1];" in src
+    lib = build([src], str(tmp_path))
+    assert not mismatches(lib, [(sub, window, plan)], seed=12)
