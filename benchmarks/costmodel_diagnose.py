@@ -1,0 +1,137 @@
+"""Why the fusion cost model misses issue 22's targets: a learning curve and where the held-out
+errors sit, for the shipped recipe (``TrainParams()``) held out by workload.
+
+    python benchmarks/costmodel_diagnose.py --export data/fusion_h200_v2 --out diagnose.json
+
+Learning curve: each of the 5 folds trains on a random fraction of its training workloads
+(``--fractions``, ``--reps`` draws each; 1.0 is the card's by_workload protocol) and is scored on
+the whole held-out fold, so every point is scored on the same rows. Errors (fraction 1.0):
+decisive pairs by how far apart their medians are and by what their configs differ in, per
+family, and the first pick by how many candidates of the workload sit within 2 % of its best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from costmodel_variants import load
+
+from tunedb.bench.provenance import provenance
+from tunedb.costmodel.evaluate import Labels, hide_measured, out_of_fold, score, split_folds
+from tunedb.costmodel.features import FEATURE_NAMES
+from tunedb.costmodel.metrics import METRIC_KEYS
+from tunedb.costmodel.train import TrainParams, predict_us, train_booster
+from tunedb.costmodel.workload import WORKLOAD_FEATURES
+
+GAPS = (0.02, 0.05, 0.10, 0.20, 0.50, float("inf"))
+
+
+def held_out(X: np.ndarray, y: np.ndarray, labels: Labels, params: TrainParams, fraction: float,
+             rep: int) -> np.ndarray:
+    """By-workload out-of-fold predictions, each fold trained on ``fraction`` of its workloads."""
+    def predict(i: int, tr: np.ndarray, te: np.ndarray) -> tuple[np.ndarray]:
+        if fraction < 1.0:
+            wl = np.unique(labels.workload[tr])
+            rng = np.random.default_rng(100 * rep + i)
+            keep = rng.choice(wl, max(3, round(fraction * len(wl))), replace=False)
+            tr = tr[np.isin(labels.workload[tr], keep)]
+        r = train_booster(X[tr], y[tr], labels.workload[tr], replace(params, seed=params.seed + i))
+        return (predict_us(r.booster, hide_measured(X[te]), r.objective, r.calibration, r.calibration_floor),)
+    (pred,) = out_of_fold(len(y), split_folds(labels, "by_workload", 5), predict, workers=2)
+    return pred
+
+
+def errors(X: np.ndarray, y: np.ndarray, pred: np.ndarray, labels: Labels) -> dict[str, Any]:
+    """Decisive pairs by gap and by config difference, per family; first picks by near-best count."""
+    cfg = X[:, len(WORKLOAD_FEATURES):len(WORKLOAD_FEATURES) + 28]
+    names = FEATURE_NAMES[len(WORKLOAD_FEATURES):len(WORKLOAD_FEATURES) + 28]
+    mapping = [i for i, n in enumerate(names) if n.startswith("mapping_")]
+    lo, hi = labels.lo, labels.hi
+    by_gap = np.zeros((len(GAPS) - 1, 2))
+    by_diff: dict[str, list[int]] = {}
+    fam: dict[str, list[float]] = {}
+    picks: dict[str, list[int]] = {}
+    for w in np.unique(labels.cmp):
+        r = np.flatnonzero(labels.cmp == w)
+        a, b = (r[i] for i in np.triu_indices(len(r), 1))
+        gap = np.expm1(np.abs(np.log(y[a] / y[b])))
+        dec = gap > 0.02
+        if lo is not None and hi is not None:
+            dec &= (hi[a] < lo[b]) | (hi[b] < lo[a])
+        a, b, gap = a[dec], b[dec], gap[dec]
+        ok = np.sign(y[a] - y[b]) == np.sign(pred[a] - pred[b])
+        k = np.searchsorted(GAPS, gap, side="left") - 1
+        np.add.at(by_gap, (k, 0), 1)
+        np.add.at(by_gap, (k, 1), ~ok)
+        diff = cfg[a] != cfg[b]
+        for j in range(len(a)):
+            d = np.flatnonzero(diff[j])
+            key = ("mapping differs" if np.isin(d, mapping).any() else f"only {names[d[0]]}" if len(d) == 1
+                   else f"{min(len(d), 5)}{'+' if len(d) >= 5 else ''} knobs, same mapping")
+            by_diff.setdefault(key, [0, 0])
+            by_diff[key][0] += 1
+            by_diff[key][1] += int(not ok[j])
+        f = str(labels.family[r[0]]) if labels.family is not None else "all"
+        best = y[r].min()
+        pick = r[np.argmin(pred[r])]
+        hit = bool(y[pick] <= 1.02 * best)
+        fam.setdefault(f, [0, 0, 0, 0])
+        fam[f] = [fam[f][0] + 1, fam[f][1] + len(a), fam[f][2] + int((~ok).sum()), fam[f][3] + hit]
+        near = int((y[r] <= 1.02 * best).sum())
+        bucket = next(name for name, top in (("1", 1), ("2", 2), ("3-5", 5), ("6-10", 10), ("11+", 1 << 30))
+                      if near <= top)
+        picks.setdefault(bucket, [0, 0, 0])
+        picks[bucket] = [picks[bucket][0] + 1, picks[bucket][1] + hit, picks[bucket][2]]
+        picks[bucket][2] += near / len(r)
+    wrong = by_gap[:, 1].sum()
+    return {
+        "decisive_by_gap": [{"gap": f"{GAPS[i]:.2f}-{GAPS[i + 1]:.2f}", "pairs": int(n),
+                             "share": n / by_gap[:, 0].sum(), "accuracy": 1 - e / max(n, 1),
+                             "share_of_wrong": e / max(wrong, 1)}
+                            for i, (n, e) in enumerate(by_gap)],
+        "decisive_by_config_difference": {k: {"pairs": n, "accuracy": 1 - e / n,
+                                              "share_of_wrong": e / max(wrong, 1)}
+                                          for k, (n, e) in sorted(by_diff.items(), key=lambda kv: -kv[1][1])},
+        "families": {f: {"workloads": n, "decisive_pooled": 1 - e / max(p, 1), "top1_within_2pct": h / n}
+                     for f, (n, p, e, h) in sorted(fam.items())},
+        "first_pick_by_near_best": {k: {"workloads": n, "within_2pct": h / n, "random_pick": s / n}
+                                    for k, (n, h, s) in picks.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--export", type=Path, default=Path("data/fusion_h200_v2"))
+    ap.add_argument("--fractions", type=float, nargs="+", default=[1.0, 0.5, 0.25])
+    ap.add_argument("--reps", type=int, default=2, help="draws of the workload subset per fraction below 1")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    X, y, labels, board, _ = load(args.export)
+    params = replace(TrainParams(), nthread=args.threads)
+    out: dict[str, Any] = {**provenance(), "export": str(args.export), "board": board, "curve": []}
+    for f in args.fractions:
+        for rep in range(1 if f >= 1.0 else args.reps):
+            cpu = time.process_time()
+            pred = held_out(X, y, labels, params, f, rep)
+            m = score(y, pred, labels)
+            out["curve"].append({"fraction": f, "rep": rep, **{k: m[k] for k in METRIC_KEYS},
+                                 "cpu_s": time.process_time() - cpu})
+            print(f"fraction {f} draw {rep}: " + " ".join(f"{k} {m[k]:.4f}" for k in METRIC_KEYS), flush=True)
+            if f >= 1.0 and "errors" not in out:
+                out["errors"] = errors(X, y, pred, labels)
+    print(json.dumps(out.get("errors", {}), indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
