@@ -3,11 +3,12 @@ errors sit, for the shipped recipe (``TrainParams()``) held out by workload.
 
     python benchmarks/costmodel_diagnose.py --export data/fusion_h200_v2 --out diagnose.json
 
-Learning curve: each of the 5 folds trains on a random fraction of its training workloads
-(``--fractions``, ``--reps`` draws each; 1.0 is the card's by_workload protocol) and is scored on
-the whole held-out fold, so every point is scored on the same rows. Errors (fraction 1.0):
-decisive pairs by how far apart their medians are and by what their configs differ in, per
-family, and the first pick by how many candidates of the workload sit within 2 % of its best.
+Learning curve (``--split``, by workload unless told): each of the 5 folds trains on a random
+fraction of its training workloads (``--fractions``, ``--reps`` draws each; 1.0 is the card's
+protocol) and is scored on the whole held-out fold, so every point is scored on the same rows.
+Errors (fraction 1.0): decisive pairs by how far apart their medians are and by what their
+configs differ in, per family, and the first pick by how many candidates of the workload sit
+within 2 % of its best.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from costmodel_variants import load
 
 from tunedb.bench.provenance import provenance
-from tunedb.costmodel.evaluate import Labels, hide_measured, out_of_fold, score, split_folds
+from tunedb.costmodel.evaluate import SPLITS, Labels, hide_measured, out_of_fold, score, split_folds
 from tunedb.costmodel.features import FEATURE_NAMES
 from tunedb.costmodel.metrics import METRIC_KEYS
 from tunedb.costmodel.train import TrainParams, predict_us, train_booster
@@ -34,8 +35,8 @@ GAPS = (0.02, 0.05, 0.10, 0.20, 0.50, float("inf"))
 
 
 def held_out(X: np.ndarray, y: np.ndarray, labels: Labels, params: TrainParams, fraction: float,
-             rep: int) -> np.ndarray:
-    """By-workload out-of-fold predictions, each fold trained on ``fraction`` of its workloads."""
+             rep: int, split: str = "by_workload") -> np.ndarray:
+    """Out-of-fold predictions of ``split``, each fold trained on ``fraction`` of its workloads."""
     def predict(i: int, tr: np.ndarray, te: np.ndarray) -> tuple[np.ndarray]:
         if fraction < 1.0:
             wl = np.unique(labels.workload[tr])
@@ -44,7 +45,7 @@ def held_out(X: np.ndarray, y: np.ndarray, labels: Labels, params: TrainParams, 
             tr = tr[np.isin(labels.workload[tr], keep)]
         r = train_booster(X[tr], y[tr], labels.workload[tr], replace(params, seed=params.seed + i))
         return (predict_us(r.booster, hide_measured(X[te]), r.objective, r.calibration, r.calibration_floor),)
-    (pred,) = out_of_fold(len(y), split_folds(labels, "by_workload", 5), predict, workers=2)
+    (pred,) = out_of_fold(len(y), split_folds(labels, split, 5), predict, workers=2)
     return pred
 
 
@@ -112,15 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fractions", type=float, nargs="+", default=[1.0, 0.5, 0.25])
     ap.add_argument("--reps", type=int, default=2, help="draws of the workload subset per fraction below 1")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--split", default="by_workload", choices=list(SPLITS), help="the curve's held-out split")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     X, y, labels, board, _ = load(args.export)
     params = replace(TrainParams(), nthread=args.threads)
-    out: dict[str, Any] = {**provenance(), "export": str(args.export), "board": board, "curve": []}
+    out: dict[str, Any] = {**provenance(), "export": str(args.export), "board": board, "split": args.split,
+                           "curve": []}
     for f in args.fractions:
         for rep in range(1 if f >= 1.0 else args.reps):
             cpu = time.process_time()
-            pred = held_out(X, y, labels, params, f, rep)
+            pred = held_out(X, y, labels, params, f, rep, args.split)
             m = score(y, pred, labels)
             out["curve"].append({"fraction": f, "rep": rep, **{k: m[k] for k in METRIC_KEYS},
                                  "cpu_s": time.process_time() - cpu})
