@@ -149,7 +149,8 @@ def test_h200_held_out_metrics_beat_baselines(held_out):
                    "(>= 0.975), decisive pairs 0.916 (>= 0.95), pick within 2 % 0.575 (>= 0.70); retrained "
                    "on fusion_h200_v4 (2.0x the workloads) and scored on the same workloads 0.967 / 0.914 / "
                    "0.547; the best variants as bags of 5 reach 0.969 / 0.923 / 0.584 "
-                   "(docs/costmodel-metrics.md), under a noise ceiling of 0.99 / 0.99 / 0.85-0.99",
+                   "(docs/costmodel-metrics.md), under a noise ceiling of 0.99 / 0.99 / 0.85-0.99; the "
+                   "learning curve puts them at about 1.6x / 3x / 3x the fully measured workloads",
                    strict=False)
 def test_h200_held_out_metrics_meet_project_targets(held_out):
     m = held_out["by_workload"]
