@@ -331,10 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=20, help="repetitions per captured graph")
     p.add_argument("--target-s", type=float, default=0.05)
     args = p.parse_args(argv)
-    bad = [x for x in args.policies.split(",") if x not in ("never", "auto", "auto-im2col", "always")]
+    known = ("never", "auto", "auto-unaligned", "auto-im2col", "always")
+    bad = [x for x in args.policies.split(",") if x not in known]
     if bad:
-        print(f"error: unknown policy {bad[0]!r}; expected never, auto, auto-im2col or always",
-              file=sys.stderr)
+        print(f"error: unknown policy {bad[0]!r}; expected one of {', '.join(known)}", file=sys.stderr)
         return 2
     if not args.model.is_file():
         print(f"error: {args.model} is not a file", file=sys.stderr)

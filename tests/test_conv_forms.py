@@ -37,11 +37,14 @@ def policy():
 # -- the choice -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("x,w,a,itemsize,want", [
     # ResNet-50 at batch 8, bfloat16: 56x56 and 28x28 rows are 16-byte aligned, 14x14 (392 bytes)
-    # and 7x7 are not: those stages run one GEMM over the batch
+    # and 7x7 are not: their im2col convolutions run one GEMM over the batch; a 1x1 one merges
+    # only at 7x7 (short rows), as merging costs it an input transpose
     ((8, 64, 56, 56), (256, 64, 1, 1), _attrs(1), 2, "1x1"),
     ((8, 128, 28, 28), (128, 128, 3, 3), _attrs(3), 2, "im2col"),
-    ((8, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 2, "im2col merged"),
+    ((8, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 2, "1x1"),
+    ((8, 512, 7, 7), (2048, 512, 1, 1), _attrs(1), 2, "im2col merged"),
     ((8, 256, 28, 28), (256, 256, 3, 3), _attrs(3, 2), 2, "im2col merged"),  # -> 14x14
+    ((8, 1024, 14, 14), (2048, 1024, 1, 1), _attrs(1, 2), 2, "im2col merged"),  # strided 1x1 -> 7x7
     ((8, 512, 7, 7), (512, 512, 3, 3), _attrs(3), 2, "im2col merged"),
     # float32 (SIMT GEMMs) keeps the per-sample form: 14x14 rows are aligned (784 bytes), and
     # merging the short 7x7 ones is not measured
@@ -65,8 +68,10 @@ def test_the_policy_forces_either_form(policy):
     assert conv_form(x, w, a, 2) == "im2col"
     policy("always")
     assert conv_form(x, w, a, 2) == "im2col merged" and conv_form((1, 64, 56, 56), w, a, 2) == "im2col"
+    policy("auto-unaligned")  # 1x1 convolutions merge on unaligned rows too
+    assert conv_form((8, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 2) == "im2col merged"
     policy("auto-im2col")  # 1x1 convolutions keep their per-sample GEMM
-    assert conv_form((8, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 2) == "1x1"
+    assert conv_form((8, 512, 7, 7), (2048, 512, 1, 1), _attrs(1), 2) == "1x1"
     assert conv_form((8, 256, 14, 14), (256, 256, 3, 3), _attrs(3), 2) == "im2col merged"
     policy("never")
     assert not merges_batch(8, 49, 2) and conv_form((8, 512, 7, 7), (512, 512, 3, 3), a, 2) == "im2col"

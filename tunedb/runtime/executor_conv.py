@@ -22,23 +22,29 @@ from tunedb.runtime.copykernel import strided_copy
 
 Launch = Callable[[], None]
 
-# "auto": batch-merged im2col GEMMs where ``merges_batch`` says so; "auto-im2col": the same, but
-# 1x1 stride-1 convolutions keep their per-sample GEMM (merging costs them an input transpose);
-# "never" / "always" let the per-conv benchmark (benchmarks/bench_conv.py) time both forms.
+# "auto": batch-merged im2col GEMMs where ``merges_batch`` says so; "auto-unaligned": also 1x1
+# convolutions whose rows are unaligned but not short (the rule measured first); "auto-im2col":
+# 1x1 stride-1 convolutions never merge; "never" / "always" let the per-conv benchmark
+# (benchmarks/bench_conv.py) time both forms.
 CONV_BATCH_MERGE = "auto"
 MERGE_BELOW_PIXELS = 128
 
 
-def merges_batch(n: int, p: int, itemsize: int) -> bool:
-    """Whether a batch of ``n`` im2col GEMMs of ``p`` output pixels each runs as one GEMM over
-    all ``n * p`` columns: 16-bit rows of ``p`` elements not 16-byte aligned, or too short for a
-    tile. float32 GEMMs run on the SIMT cores (no TF32 unless asked) and keep the per-sample
-    form unless forced: merging them is not measured yet."""
+def merges_batch(n: int, p: int, itemsize: int, pointwise: bool = False) -> bool:
+    """Whether a batch of ``n`` GEMMs of ``p`` output pixels each runs as one GEMM over all
+    ``n * p`` columns: 16-bit rows of ``p`` elements shorter than a tile, or, for a convolution
+    that needs its im2col anyway, not 16-byte aligned. A 1x1 stride-1 convolution pays an input
+    transpose to merge, which its aligned 14x14 GEMMs do not win back (H200: 10.4 µs per
+    sample against 13.2 merged; at 7x7, 21.1 against 13.4). float32 GEMMs run on the SIMT cores
+    (no TF32 unless asked) and keep the per-sample form unless forced: not measured yet."""
     if n < 2 or CONV_BATCH_MERGE == "never":
         return False
     if CONV_BATCH_MERGE == "always":
         return True
-    return itemsize == 2 and ((p * itemsize) % 16 != 0 or p < MERGE_BELOW_PIXELS)
+    if itemsize != 2:
+        return False
+    unaligned = (p * itemsize) % 16 != 0 and not (pointwise and CONV_BATCH_MERGE == "auto")
+    return p < MERGE_BELOW_PIXELS or unaligned
 
 
 def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize: int = 4) -> str:
@@ -56,7 +62,7 @@ def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize:
     ow = (x_shape[3] + pl + pr - dw * (kw - 1) - 1) // sw + 1
     if pointwise and oh * ow == 1:  # [N, C, 1, 1]: one GEMM over the batch as it stands
         return "1x1"
-    if groups == 1 and merges_batch(int(x_shape[0]), oh * ow, itemsize) \
+    if groups == 1 and merges_batch(int(x_shape[0]), oh * ow, itemsize, pointwise) \
             and not (pointwise and CONV_BATCH_MERGE == "auto-im2col"):
         return "im2col merged"
     return "1x1" if pointwise else "im2col"
