@@ -35,7 +35,14 @@ from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.ops import check_node
 from tunedb.runtime import executor_conv
 
-FORMS = ("never", "always")  # CONV_BATCH_MERGE values: per-sample GEMMs, batch merged
+# CONV_BATCH_MERGE values (per-sample GEMMs, batch merged), "+tiled": with the tiled im2col kernel
+FORMS = ("never", "always", "never+tiled", "always+tiled")
+
+
+def set_policy(policy: str) -> None:
+    """``executor_conv``'s switches from ``MERGE[+tiled]``."""
+    merge, _, kernel = policy.partition("+")
+    executor_conv.CONV_BATCH_MERGE, executor_conv.IM2COL_KERNEL = merge, kernel or "rows"
 
 
 def conv_cases(plan: Any) -> list[dict]:
@@ -211,7 +218,7 @@ def gpu_case(case: dict, reps: int) -> dict:
     store = (lambda t: cp.asarray(t.view(torch.int16)).view(cp.uint16)) if bf16 else cp.asarray
     x, w = store(xt), store(wt)
     for form in FORMS:
-        executor_conv.CONV_BATCH_MERGE = form
+        set_policy(form)
         stream = cp.cuda.Stream(non_blocking=True)
         blas = Blas(cp, stream)
         need = {"n": 1}
@@ -237,7 +244,7 @@ def gpu_case(case: dict, reps: int) -> dict:
         except Exception as e:  # noqa: BLE001 - a failing form is a result
             r = {"error": _one_line(e)}
         finally:
-            executor_conv.CONV_BATCH_MERGE = "auto"
+            set_policy("auto")
         res[form] = r
         del ops, blas
     if bf16 and res["never"].get("path") == "im2col + cublas":
@@ -272,7 +279,7 @@ def whole(model: Path, policies: tuple[str, ...], target_s: float) -> dict:
     refs, span = reference_and_exp_span(graph, ref_in)
     out: dict[str, Any] = {}
     for policy in policies:
-        executor_conv.CONV_BATCH_MERGE = policy
+        set_policy(policy)
         try:
             plan = compile_plan(graph, device="cuda")
             ex = PlanExecutor(plan)
@@ -288,7 +295,7 @@ def whole(model: Path, policies: tuple[str, ...], target_s: float) -> dict:
         except Exception as e:  # noqa: BLE001
             r = {"error": _one_line(e)}
         finally:
-            executor_conv.CONV_BATCH_MERGE = "auto"
+            set_policy("auto")
         out[policy] = r
         print(f"  whole {model.name} [{policy}]: {r.get('us', r.get('error', 'not verified'))}", flush=True)
     return out
@@ -326,13 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan-only", action="store_true", help="the conv table from the plan, no GPU")
     p.add_argument("--whole", action="store_true", help="also the whole plan under each policy")
     p.add_argument("--policies", default="never,auto,auto-im2col",
-                   help="CONV_BATCH_MERGE values the whole plan runs under (with --whole)")
+                   help="CONV_BATCH_MERGE values the whole plan runs under (with --whole); "
+                        "a '+tiled' suffix: with the tiled im2col kernel")
     p.add_argument("--no-convs", action="store_true", help="skip the per-convolution table")
     p.add_argument("--reps", type=int, default=20, help="repetitions per captured graph")
     p.add_argument("--target-s", type=float, default=0.05)
     args = p.parse_args(argv)
     known = ("never", "auto", "auto-unaligned", "auto-im2col", "always")
-    bad = [x for x in args.policies.split(",") if x not in known]
+    bad = [x for x in args.policies.split(",") if x.partition("+")[0] not in known
+           or x.partition("+")[2] not in ("", "tiled")]
     if bad:
         print(f"error: unknown policy {bad[0]!r}; expected one of {', '.join(known)}", file=sys.stderr)
         return 2

@@ -157,6 +157,76 @@ def test_merged_im2col_then_one_gemm_gives_the_reference_convolution(host_lib, x
     assert np.array_equal(cols16, (cols.view(np.uint32) >> 16).astype(np.uint16))
 
 
+TILED_HOST = """
+#include <cstring>
+#define __global__
+#define __restrict__ __restrict
+struct tdbx_d3 { unsigned x, y, z; };
+static tdbx_d3 blockIdx{0, 0, 0}, threadIdx{0, 0, 0}, blockDim{1, 1, 1}, gridDim{1, 1, 1};
+"""
+# One thread per block runs every (ow, oh); the wrapper walks the grid (kernel positions x
+# channels x samples, blockDim.z = 1).
+TILED_GRID = """
+extern "C" void grid_%(name)s(const %(t)s* x, %(t)s* cols, long long N, long long C, long long H,
+    long long W, long long OH, long long OW, long long KH, long long KW, long long SH, long long SW,
+    long long PT, long long PL, long long DH, long long DW) {
+  gridDim = {(unsigned)(KH * KW), (unsigned)C, (unsigned)N};
+  for (unsigned bx = 0; bx < gridDim.x; ++bx) for (unsigned by = 0; by < gridDim.y; ++by)
+    for (unsigned bz = 0; bz < gridDim.z; ++bz) {
+      blockIdx = {bx, by, bz};
+      %(name)s(x, cols, N, C, H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiled_lib(tmp_path_factory) -> ctypes.CDLL:
+    from tunedb.runtime.executor_kernels import IM2COL_TILED_SOURCE
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    d = tmp_path_factory.mktemp("tiledk")
+    grids = "".join(TILED_GRID % {"name": f"tdbx_im2col_tiled{o}_{n}", "t": t}
+                    for o in ("", "_cnhw") for n, t in (("f32", "float"), ("u16", "unsigned short")))
+    (d / "k.cpp").write_text(TILED_HOST + IM2COL_TILED_SOURCE + grids)
+    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", str(d / "k.cpp"), "-o", str(d / "k.so")],
+                   check=True, capture_output=True)
+    return ctypes.CDLL(str(d / "k.so"))
+
+
+@pytest.mark.parametrize("order", ["", "_cnhw"])
+@pytest.mark.parametrize("xs,ws,stride,pad,dil", [
+    ((3, 4, 9, 7), (5, 4, 3, 3), 2, 1, 1), ((2, 6, 7, 7), (8, 6, 1, 1), 1, 0, 1),
+    ((4, 2, 8, 6), (3, 2, 3, 2), 1, 2, 2),
+])
+def test_tiled_im2col_writes_the_rows_kernels_columns(host_lib, tiled_lib, order, xs, ws, stride, pad, dil):
+    rng = np.random.default_rng(sum(xs) + len(order))
+    n, c, h, wd = xs
+    _, _, kh, kw = ws
+    oh = (h + 2 * pad - dil * (kh - 1) - 1) // stride + 1
+    ow = (wd + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+    total = n * c * kh * kw * oh * ow
+    geometry = (h, wd, oh, ow, kh, kw, stride, stride, pad, pad, dil, dil)
+    for kind, dt in (("f32", np.float32), ("u16", np.uint16)):
+        xv = rng.standard_normal(xs).astype(np.float32)
+        xv = xv if dt == np.float32 else (xv.view(np.uint32) >> 16).astype(np.uint16)
+        want, got = np.zeros(total, dt), np.full(total, 7, dt)
+        _call(getattr(host_lib, f"tdbx_im2col{order}_{kind}"), xv, want, total, c, *geometry)
+        _call(getattr(tiled_lib, f"grid_tdbx_im2col_tiled{order}_{kind}"), xv, got, n, c, *geometry)
+        assert np.array_equal(got, want)
+
+
+def test_tiled_launch_shapes_fit_the_grid_limits():
+    from tunedb.runtime.executor_conv import tiled_launch
+
+    assert tiled_launch(8, 64, 56, 56, 3, 3) == ((9, 64, 8), (56, 4, 1))
+    assert tiled_launch(8, 512, 7, 7, 3, 3) == ((9, 103, 8), (7, 7, 5))
+    grid, block = tiled_launch(70000, 4096, 1, 1, 1, 1)  # z <= 64 per block, samples grid-strided
+    assert block == (1, 1, 64) and grid == (1, 64, 65535)
+
+
 class _HostModule:
     """``get_function`` of the host-compiled kernels, called like a CuPy kernel."""
 
@@ -172,16 +242,20 @@ class _NumpyBlas:
         return lambda: np.copyto(out, np.matmul(x.view(np.float32), y.view(np.float32)))
 
 
-@pytest.mark.parametrize("form,k,stride,hw", [("always", 3, 2, 9), ("always", 1, 1, 9), ("never", 3, 2, 9),
-                                              ("auto", 1, 1, 1)])
-def test_im2col_form_launches_give_the_reference_on_the_cpu(host_lib, monkeypatch, policy, form, k, stride,
-                                                            hw):
+@pytest.mark.parametrize("form,k,stride,hw,kernel", [
+    ("always", 3, 2, 9, "rows"), ("always", 1, 1, 9, "rows"), ("never", 3, 2, 9, "rows"),
+    ("auto", 1, 1, 1, "rows"), ("always", 3, 2, 9, "tiled"), ("never", 3, 1, 9, "tiled")])
+def test_im2col_form_launches_give_the_reference_on_the_cpu(host_lib, tiled_lib, monkeypatch, policy, form, k,
+                                                            stride, hw, kernel):
     """The im2col forms' own launches (scratch views, GEMM shapes, the merged form's
     [O, N, P] -> [N, O, P] copy) with the host-compiled im2col kernels and NumPy standing in for
     cuBLAS and the copy kernel."""
     from tunedb.runtime.executor_ops import ComputeOps, KernelSet
 
     monkeypatch.setattr(executor_conv, "strided_copy", lambda cp, src, out: lambda: np.copyto(out, src))
+    monkeypatch.setattr(executor_conv, "IM2COL_KERNEL", kernel)
+    monkeypatch.setattr(executor_conv, "tiled_function", lambda cp, name: (
+        lambda grid, block, args: _call(getattr(tiled_lib, "grid_" + name), *args)))
     policy(form)
     rng = np.random.default_rng(k)
     b = GraphBuilder("conv")

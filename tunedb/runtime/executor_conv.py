@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tunedb.runtime.copykernel import strided_copy
+from tunedb.runtime.executor_kernels import IM2COL_TILED_SOURCE
 
 Launch = Callable[[], None]
 
@@ -28,6 +29,25 @@ Launch = Callable[[], None]
 # (benchmarks/bench_conv.py) time both forms.
 CONV_BATCH_MERGE = "auto"
 MERGE_BELOW_PIXELS = 128
+# "rows": the im2col kernel with a block per row (one division per element); "tiled": threads
+# over (ow, oh) from a 3-D grid, no division per element (opt-in until measured on the GPU).
+IM2COL_KERNEL = "rows"
+_TILED_MODULES: dict[int, Any] = {}
+
+
+def tiled_function(cp: Any, name: str) -> Any:
+    """A kernel of ``IM2COL_TILED_SOURCE`` (its module compiled once per process)."""
+    if id(cp) not in _TILED_MODULES:
+        _TILED_MODULES[id(cp)] = cp.RawModule(code=IM2COL_TILED_SOURCE, options=("-std=c++17",))
+    return _TILED_MODULES[id(cp)].get_function(name)
+
+
+def tiled_launch(n: int, c: int, oh: int, ow: int, kh: int, kw: int) -> tuple[tuple, tuple]:
+    """(grid, block) of a tiled im2col: x = kernel positions, y = channel groups, z = samples."""
+    bx = min(ow, 256)
+    by = max(1, min(oh, 256 // bx))
+    bz = max(1, min(c, 64, 256 // (bx * by)))
+    return (kh * kw, -(-c // bz), min(n, 65535)), (bx, by, bz)
 
 
 def merges_batch(n: int, p: int, itemsize: int, pointwise: bool = False) -> bool:
@@ -94,9 +114,17 @@ def im2col_gemm(ops: Any, x: Any, w: Any, out: Any, a: dict, merged: bool) -> li
     def im2col() -> None:
         if "k" not in view:
             bind()
-            name = f"tdbx_im2col{'_cnhw' if merged else ''}_{'u16' if isz == 2 else 'f32'}"
-            view["k"] = ops.k.launch_rows(name, total // P, P, (x, view["c"], total, c, h, wd, oh, ow,
-                                                                kh, kw, sh, sw, pt, pl, dh, dw))
+            order, kind_name = "_cnhw" if merged else "", "u16" if isz == 2 else "f32"
+            if IM2COL_KERNEL == "tiled":
+                fn = tiled_function(ops.cp, f"tdbx_im2col_tiled{order}_{kind_name}")
+                grid, block = tiled_launch(n, c, oh, ow, kh, kw)
+                args = (x, view["c"]) + tuple(np.int64(v) for v in (n, c, h, wd, oh, ow, kh, kw, sh, sw,
+                                                                     pt, pl, dh, dw))
+                view["k"] = lambda: fn(grid, block, args)
+            else:
+                view["k"] = ops.k.launch_rows(f"tdbx_im2col{order}_{kind_name}", total // P, P,
+                                              (x, view["c"], total, c, h, wd, oh, ow, kh, kw, sh, sw, pt,
+                                               pl, dh, dw))
         view["k"]()
 
     def gemm() -> None:

@@ -33,6 +33,41 @@ extern "C" __global__ void tdbx_im2col@O@_@N@(const @T@* __restrict__ x, @T@* __
 }
 
 """
+_IM2COL_TILED = r"""
+extern "C" __global__ void tdbx_im2col_tiled@O@_@N@(const @T@* __restrict__ x, @T@* __restrict__ cols,
+    long long N, long long C, long long H, long long W, long long OH, long long OW, long long KH,
+    long long KW, long long SH, long long SW, long long PT, long long PL, long long DH, long long DW) {
+  // The rows of tdbx_im2col@O@_@N@ from a 3-D grid: x = kernel position, y = channels (blockDim.z
+  // of them), z = samples (grid-stride); threads over (ow, oh) with blockDim.x = OW where it fits,
+  // so a warp writes contiguous pixels. No division per element (one per thread).
+  const int kh = blockIdx.x / (int)KW, kw = blockIdx.x - kh * (int)KW;
+  const int h0 = kh * (int)DH - (int)PT, w0 = kw * (int)DW - (int)PL;
+  const long long c = (long long)blockIdx.y * blockDim.z + threadIdx.z, P = OH * OW;
+  if (c >= C) return;
+  for (long long n = blockIdx.z; n < N; n += gridDim.z) {
+    const @T@* xp = x + (n * C + c) * H * W;
+    @T@* out = cols + (@ROW@) * P;
+    for (int ow = threadIdx.x; ow < (int)OW; ow += blockDim.x) {
+      const int iw = ow * (int)SW + w0;
+      const bool inside = iw >= 0 && iw < (int)W;
+      for (int oh = threadIdx.y; oh < (int)OH; oh += blockDim.y) {
+        const int ih = oh * (int)SH + h0;
+        out[oh * (int)OW + ow] = (inside && ih >= 0 && ih < (int)H) ? xp[(long long)ih * W + iw] : (@T@)0;
+      }
+    }
+  }
+}
+
+"""
+_TILED_ROW = {  # kernel-name suffix -> the row of (n, c, kh, kw) in cols
+    "": "((n * C + c) * KH + kh) * KW + kw",
+    "_cnhw": "((c * KH + kh) * KW + kw) * N + n",
+}
+# Compiled as a module of its own: the host-C++ harnesses of KERNEL_SOURCE emulate 1-D grids only.
+IM2COL_TILED_SOURCE = "".join(
+    _IM2COL_TILED.replace("@T@", t).replace("@N@", n).replace("@O@", o).replace("@ROW@", r)
+    for t, n in (("float", "f32"), ("unsigned short", "u16")) for o, r in _TILED_ROW.items())
+
 _ROW_ORDER = {  # kernel-name suffix -> how a row index splits into (n, c, kh, kw)
     "": "kw = t % KW; t /= KW; kh = t % KH; t /= KH; c = t % C; n = t / C;",
     "_cnhw": "const long long N = rows / (C * KH * KW); n = t % N; t /= N; "
