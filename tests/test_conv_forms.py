@@ -43,6 +43,7 @@ def policy():
     ((8, 128, 28, 28), (128, 128, 3, 3), _attrs(3), 2, "im2col"),
     ((8, 256, 14, 14), (1024, 256, 1, 1), _attrs(1), 2, "1x1"),
     ((8, 512, 7, 7), (2048, 512, 1, 1), _attrs(1), 2, "im2col merged"),
+    ((8, 96, 7, 7), (576, 96, 1, 1), _attrs(1), 2, "1x1"),  # MobileNetV3: a small GEMM
     ((8, 256, 28, 28), (256, 256, 3, 3), _attrs(3, 2), 2, "im2col merged"),  # -> 14x14
     ((8, 1024, 14, 14), (2048, 1024, 1, 1), _attrs(1, 2), 2, "im2col merged"),  # strided 1x1 -> 7x7
     ((8, 512, 7, 7), (512, 512, 3, 3), _attrs(3), 2, "im2col merged"),
@@ -84,7 +85,8 @@ def _numpy_ops():
 
 
 @pytest.mark.parametrize("k,bias", [(1, False), (3, True)])
-def test_merged_form_counts_its_copy_kernel(k, bias):
+def test_merged_form_counts_its_copy_kernel(policy, k, bias):
+    policy("always")
     b = GraphBuilder("conv")
     x = b.input("x", (4, 16, 7, 7), "bfloat16")
     ins = [x, b.input("w", (32, 16, k, k), "bfloat16")] + ([b.input("b", (32,), "bfloat16")] if bias else [])

@@ -29,6 +29,7 @@ Launch = Callable[[], None]
 # (benchmarks/bench_conv.py) time both forms.
 CONV_BATCH_MERGE = "auto"
 MERGE_BELOW_PIXELS = 128
+MERGE_POINTWISE_MIN_FLOP = 5e8
 # "rows": the im2col kernel with a block per row (one division per element); "tiled": threads
 # over (ow, oh) from a 3-D grid, no division per element (opt-in until measured on the GPU).
 IM2COL_KERNEL = "rows"
@@ -50,21 +51,24 @@ def tiled_launch(n: int, c: int, oh: int, ow: int, kh: int, kw: int) -> tuple[tu
     return (kh * kw, -(-c // bz), min(n, 65535)), (bx, by, bz)
 
 
-def merges_batch(n: int, p: int, itemsize: int, pointwise: bool = False) -> bool:
+def merges_batch(n: int, p: int, itemsize: int, pointwise_flop: float = 0.0) -> bool:
     """Whether a batch of ``n`` GEMMs of ``p`` output pixels each runs as one GEMM over all
-    ``n * p`` columns: 16-bit rows of ``p`` elements shorter than a tile, or, for a convolution
-    that needs its im2col anyway, not 16-byte aligned. A 1x1 stride-1 convolution pays an input
-    transpose to merge, which its aligned 14x14 GEMMs do not win back (H200: 10.4 µs per
-    sample against 13.2 merged; at 7x7, 21.1 against 13.4). float32 GEMMs run on the SIMT cores
-    (no TF32 unless asked) and keep the per-sample form unless forced: not measured yet."""
+    ``n * p`` columns: 16-bit rows of ``p`` elements that a convolution needing its im2col anyway
+    has unaligned (not 16 bytes) or short. A 1x1 stride-1 convolution (``pointwise_flop``: its
+    GEMM's flops, else 0) pays an input transpose to merge, which only large GEMMs on short rows
+    win back (H200, ResNet-50 bf16 b8: 14x14, 10.4 µs per sample against 13.2 merged; 7x7 at
+    0.8 GFLOP, 50.0 against 20.6; MobileNetV3's small 1x1 GEMMs lost 8 % merged). float32 GEMMs
+    run on the SIMT cores (no TF32 unless asked) and keep the per-sample form unless forced."""
     if n < 2 or CONV_BATCH_MERGE == "never":
         return False
     if CONV_BATCH_MERGE == "always":
         return True
     if itemsize != 2:
         return False
-    unaligned = (p * itemsize) % 16 != 0 and not (pointwise and CONV_BATCH_MERGE == "auto")
-    return p < MERGE_BELOW_PIXELS or unaligned
+    short, unaligned = p < MERGE_BELOW_PIXELS, (p * itemsize) % 16 != 0
+    if pointwise_flop and CONV_BATCH_MERGE == "auto":
+        return short and pointwise_flop >= MERGE_POINTWISE_MIN_FLOP
+    return short or unaligned
 
 
 def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize: int = 4) -> str:
@@ -82,7 +86,8 @@ def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize:
     ow = (x_shape[3] + pl + pr - dw * (kw - 1) - 1) // sw + 1
     if pointwise and oh * ow == 1:  # [N, C, 1, 1]: one GEMM over the batch as it stands
         return "1x1"
-    if groups == 1 and merges_batch(int(x_shape[0]), oh * ow, itemsize, pointwise) \
+    flop = 2.0 * x_shape[0] * oh * ow * c * o if pointwise else 0.0
+    if groups == 1 and merges_batch(int(x_shape[0]), oh * ow, itemsize, flop) \
             and not (pointwise and CONV_BATCH_MERGE == "auto-im2col"):
         return "im2col merged"
     return "1x1" if pointwise else "im2col"
