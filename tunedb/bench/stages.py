@@ -3,7 +3,7 @@
     python -m tunedb.bench.stages OUT.json [--peers[=NAME,...]] [--refine[=NAME,...]] [--refine-all]
                                   [--oracle=block|full|none] [--concat-views] [--one-stream]
                                   [--merge[=KEY,...]] [--only=NAME,...] [--budget-s=200] [--rounds=3]
-                                  [--peers-only]
+                                  [--peers-only] [--plain]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
     python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json [--stored=ROWS.json]
     python -m tunedb.bench.stages CANDIDATES.json --candidates [--only=NAME,...]
@@ -24,8 +24,8 @@ with the measurements, until the winner's stages are all measured) and the full-
 on one block, or on the whole graph with ``--oracle=full`` (the oracle command: every stage
 candidate measured, where a graph has at most ``ORACLE_MAX``); the refined and the oracle's
 schedules are timed with the other plans; ``auto_stored`` is ``auto``'s choice with the stages
-measured so far as its database. Plans use ``bias_epilogue`` (Inception V3 also without it:
-``*_plain``, unless ``--merge`` or ``--concat-views``); peers are torch.compile reduce-overhead,
+measured so far as its database. Plans use ``bias_epilogue`` (``--plain``: Inception V3 also
+without it, ``*_plain``); peers are torch.compile reduce-overhead,
 JAX and torch.compile (``--peers=torch_compile_ro,...``: only those; ``--peers-only``: the
 peers alone, no plan of ours). ``--concat-views``: the
 plans with ``concat_views`` too (``sequential_views``, ``ios_views``, ``auto_views``).
@@ -167,7 +167,7 @@ OURS = ("sequential", "ios", "auto", "ios_refined", "ios_oracle", "sequential_vi
 
 
 def _compile_case(name: str, graph: Any, dev: dict, rec: dict, concat_views: bool, one_stream: bool,
-                  merge: bool | list[str]) -> dict[str, Plan]:
+                  merge: bool | list[str], plain: bool = False) -> dict[str, Plan]:
     """The plans of one case, each with its planning time in ``rec["plan_s"]``."""
     plans: dict[str, Plan] = {}
     variants = [("sequential", "sequential", True, False), ("ios", "ios", True, False)]
@@ -175,7 +175,7 @@ def _compile_case(name: str, graph: Any, dev: dict, rec: dict, concat_views: boo
         variants += [("sequential_one_stream", "sequential", True, False)]
     if concat_views:  # the branches write their slices of each concat (no copy kernel)
         variants += [("sequential_views", "sequential", True, True), ("ios_views", "ios", True, True)]
-    elif name == "inception_v3_b1" and not merge:  # the plans before the bias moved into the epilogue
+    if plain and name == "inception_v3_b1":  # the plans before the bias moved into the epilogue
         variants += [("sequential_plain", "sequential", False, False), ("ios_plain", "ios", False, False)]
     for key, sched, bias_epilogue, views in variants:
         t = time.perf_counter()
@@ -259,7 +259,7 @@ def _speedups(rec: dict) -> None:
 def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], budget_s: float,
         only: list[str], oracle: str = "block", concat_views: bool = False, refine_all: bool = False,
         one_stream: bool = False, merge: bool | list[str] = False, rounds: int = 3,
-        peers_only: bool = False) -> dict:
+        peers_only: bool = False, plain: bool = False) -> dict:
     """The bench (module docstring); the result as written to ``out_path``."""
     t_start = time.perf_counter()
     deadline = t_start + budget_s
@@ -296,7 +296,7 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], bu
             if peers_only:  # the peers of another run's plans (same graphs, seed and protocol)
                 kept[name] = (graph, dev, refs)
                 continue
-            plans = _compile_case(name, graph, dev, rec, concat_views, one_stream, merge)
+            plans = _compile_case(name, graph, dev, rec, concat_views, one_stream, merge, plain)
             say(f"{name}: planned {', '.join(f'{k} {s} s' for k, s in rec['plan_s'].items())}")
             if (name in do_refine if isinstance(do_refine, list)
                     else do_refine and (refine_all or name.endswith("_b1"))):
@@ -342,8 +342,8 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], bu
 
 
 _FLAGS = ("--peers", "--refine", "--refine-all", "--oracle=", "--concat-views", "--one-stream", "--merge",
-          "--only=", "--budget-s=", "--rounds=", "--peers-only", "--replay=", "--no-alone", "--auto-replay=",
-          "--stored=", "--candidates")
+          "--only=", "--budget-s=", "--rounds=", "--peers-only", "--plain", "--replay=", "--no-alone",
+          "--auto-replay=", "--stored=", "--candidates")
 
 
 def _value(argv: list[str], flag: str) -> str | None:
@@ -425,7 +425,8 @@ def main(argv: list[str]) -> int:
             concat_views="--concat-views" in argv, refine_all="--refine-all" in argv,
             one_stream="--one-stream" in argv,
             merge="--merge" in argv if merge_arg is None else merge_arg.split(","),
-            rounds=int(_value(argv, "--rounds") or 3), peers_only="--peers-only" in argv)
+            rounds=int(_value(argv, "--rounds") or 3), peers_only="--peers-only" in argv,
+            plain="--plain" in argv)
     except NoGPUError as e:
         print(f"error: no GPU for the stage bench: {_one_line(e)}", file=sys.stderr)
         return 1
