@@ -319,3 +319,15 @@ def test_both_forms_match_the_reference_on_the_gpu(policy, dtype, form):
     dev, ref_in = make_inputs(plan.graph, 5)
     check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
     assert ex.graph_capture, ex.capture_error
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_tiled_im2col_compiles_for_sm90(tmp_path):
+    from tunedb.runtime.executor_kernels import IM2COL_TILED_SOURCE
+
+    src = tmp_path / "k.cu"
+    src.write_text(IM2COL_TILED_SOURCE)
+    r = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-c", str(src), "-o", str(tmp_path / "k.o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
