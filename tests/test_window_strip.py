@@ -43,18 +43,20 @@ def _jobs_pass_and_a_mutant_fails(tmp_path, jobs, i, old, new, seed):
 
 
 def test_the_rules_give_strips_of_two_and_wide_windows_the_plane():
-    # generalization_steps_h200.json: strips of 2 at stride 1, one output a thread at stride 2
-    # (bcaadf4's kernel); 7x7 stride 1 as a plane
-    assert strip_width(56, 1) == STRIP == 2 and strip_width(56, 2) == 1
-    assert strip_width(1, 1) == 1  # a row narrower than the strip: the strip is the row
+    # generalization_steps*_h200.json: strips of 2 at stride 1 or with an SFU prologue, else 1;
+    # 7x7 stride 1 as a plane with strips of 8, other stride-1 planes 4, strided planes 1
+    assert strip_width(56, 1) == strip_width(56, 2, sfu=True) == STRIP == 2
+    assert strip_width(56, 2) == 1 and strip_width(1, 1) == 1  # 1 output: the strip is the row
     assert strip_width(56, 1, "plane") == 4 and strip_width(56, 2, "plane") == 1
+    assert strip_width(56, 1, "plane", 7) == 8 and strip_width(5, 1, "plane", 7) == 5
     for g, width in ((dwconv_block("float32", 3, 1), 2), (dwconv_block("float32", 3, 2), 1),
                      (pool_block("float32", "max_pool2d", 3, 2, 1), 1)):
         w = window_kernel(g)
         assert f"float acc[{width}];" in w.source and w.shared_bytes == 0
-    # a plane, strips of 4 from its tile, given a wave of blocks (16 planes: 2 SMs); else strips
+    # a plane, strips of 8 (the 9-wide row's) from its tile, given a wave of blocks (16 planes:
+    # 2 SMs); else strips
     wide = window_kernel(dwconv_block("float32", 7, 1), sm_count=2)
-    assert wide.shared_bytes > 0 and "float acc[4];" in wide.source
+    assert wide.shared_bytes > 0 and "float acc[8];" in wide.source
     assert window_kernel(dwconv_block("float32", 7, 1)).shared_bytes == 0  # 132 SMs: batch 1
     assert window_kernel(dwconv_block("float32", 7, 2), sm_count=2).shared_bytes == 0
     # a forced strip overrides the rule, capped at the row; a strip of 0 is refused

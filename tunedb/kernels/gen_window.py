@@ -42,8 +42,7 @@ MAX_CONST_ELEMS = 4096
 STRIP = 2  # outputs per thread along a row of a strip kernel (``strip_width``)
 PLANE_STRIP = 4  # the same for stride-1 plane kernels
 PLANE_MIN_KW = 7  # stride-1 windows this wide default to the plane (ConvNeXt's 7x7: 1.15x)
-# A plane kernel's input planes in shared memory: 112x112 fp32 planes (49 KB, 4 blocks an SM)
-# lost to separate kernels on the H200, 56x56 and smaller won (generalization_steps_h200.json).
+# Input planes in shared memory: 112x112 fp32 (49 KB) lost to separate kernels, 56x56 won.
 PLANE_MAX_BYTES = 16 * 1024
 LOAD_BATCH = 8  # a plane kernel's loads a thread in flight while it fills the tiles
 
@@ -254,22 +253,21 @@ class _Gen:
         return self.leaf(v, full, space)
 
 
-def strip_width(out_w: int, stride_w: int = 1, layout: str = "strip") -> int:
-    """Outputs of one row a thread computes. H200 (generalization_steps_h200.json): strips of 2
-    fastest or within 5 % in 16 of 17 steps; strided windows keep bcaadf4's one output a thread
-    (2 share 1 column in 5, each warp load spans twice the lines; 2's timed win came from a
-    branch around each row, since removed). Plane kernels: 4 at stride 1, else 1, as timed."""
+def strip_width(out_w: int, stride_w: int = 1, layout: str = "strip", kernel_w: int = 1,
+                sfu: bool = False) -> int:
+    """Outputs of one row a thread computes, as timed on the H200 (generalization_steps*_h200):
+    strips of 2 at stride 1, or with an SFU prologue (EfficientNet's SiLU: 2 share its columns,
+    1 ran 22 % slower), else 1 (2.5 % faster on da1f); planes 8 for 7x7 (ConvNeXt: 20.3 against
+    24.8 µs for 4), 4 at stride 1, else 1."""
     if layout == "plane":
-        return max(1, min(PLANE_STRIP if stride_w == 1 else 1, out_w))
-    return max(1, min(STRIP if stride_w == 1 else 1, out_w))
+        return max(1, min(1 if stride_w > 1 else 8 if kernel_w >= PLANE_MIN_KW else PLANE_STRIP, out_w))
+    return max(1, min(STRIP if stride_w == 1 or sfu else 1, out_w))
 
 
 def window_stride(g: Graph, m: WindowMatch) -> int:
     """The window node's stride along a row (a resample's: 1, an output a thread)."""
     w = m.node
-    if w.op == "gather":
-        return 1
-    return int(canonical_attrs(w, [g.type_of(v) for v in w.inputs])["strides"][1])
+    return 1 if w.op == "gather" else int(canonical_attrs(w, [g.type_of(v) for v in w.inputs])["strides"][1])
 
 
 def _window_body(gen: _Gen, lines: list[str], strip: int, it: str, tile: bool = False,
@@ -518,23 +516,24 @@ def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
     gen = _Gen(g, m)
     resample = m.node.op == "gather"
-    if resample:  # one output a thread, its tap at the gathered indices
-        if layout == "plane":
-            raise UnsupportedFusion("a resample has no plane layout")
-        layout, strip = "strip", 1
+    if resample and layout == "plane":
+        raise UnsupportedFusion("a resample has no plane layout")
+    layout, strip = ("strip", 1) if resample else (layout, strip)  # a thread an output, one tap
     chosen = layout is None
     if layout is None:
         layout = default_layout(m, window_stride(g, m), window_width(g, m))
     if chosen and layout == "plane" and m.in_shape[2] * m.in_shape[3] * 4 <= PLANE_MAX_BYTES:
         # the rules were timed at batch 16: a plane kernel of under a wave of blocks (batch 1)
         # leaves SMs idle while a strip kernel spreads its outputs over all of them
-        pb = plane_packing(m, block, strip or strip_width(OW, window_stride(g, m), "plane"))[1]
+        rule = strip_width(OW, window_stride(g, m), "plane", window_width(g, m))
+        pb = plane_packing(m, block, strip or rule)[1]
         if -(-N * C // pb) < sm_count:
             if m.pooled:
                 raise UnsupportedFusion(f"{N * C} planes: under a wave of plane-kernel blocks")
             layout = "strip"
     if strip is None:
-        strip = strip_width(OW, window_stride(g, m), layout)
+        sfu = any(n.op in TAP_COSTLY_OPS for n in m.prologue)
+        strip = strip_width(OW, window_stride(g, m), layout, window_width(g, m), sfu)
     elif strip < 1:
         raise ValueError(f"strip {strip}: a thread computes at least one output")
     strip = min(strip, OW)
