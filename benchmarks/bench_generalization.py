@@ -7,6 +7,7 @@ reference first, throughput timing). Not run in CI; needs a GPU with CuPy.
     python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --workers 14 --limit 500
     python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --workers 2 --plan-only  # CPU
     python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --only NAME [NAME ...]
+    python benchmarks/bench_generalization.py NEW.json --table --against OLD.json [OLDER.json]  # CPU
 
 Writes ``OUT_DIR/anchors_plan.json`` and ``OUT_DIR/generalization_plan.json`` (the ``tunedb
 bench plan`` JSON plus ``floor_bytes``/``floor_us`` per entry and ``copy_TBps``: each input
@@ -192,6 +193,42 @@ def tier_table(result: dict) -> list[str]:
     return out
 
 
+def _timed(e: dict) -> float | None:
+    """tunedb's µs of a verified entry, else None."""
+    ok = ((e.get("verify") or {}).get("reference") or {}).get("ok")
+    return (e.get("tunedb") or {}).get("us") if ok else None
+
+
+def against_table(result: dict, olds: list[dict]) -> list[str]:
+    """Markdown: each verified workload of ``result`` beside its time in the first of ``olds``
+    (earlier tier JSONs, newest first) that timed it, torch eager of both runs as the boards'
+    yardstick, and the geomean of the floor over the workloads both have."""
+    out = ["| workload | kernels (then, now) | then µs | now µs | now / then | of floor (then, now) "
+           "| torch eager µs (then, now) |", "|---|---|---|---|---|---|---|"]
+    then_f, now_f = [], []
+    for e in result["entries"]:
+        us, floor = _timed(e), e.get("floor_us")
+        old = next((o for r in olds for o in r["entries"] if o["name"] == e["name"] and _timed(o)), None)
+        if not us or not floor or old is None:
+            continue
+        was = _timed(old)
+        then_f.append(floor / was)
+        now_f.append(floor / us)
+        eager = [((x.get("peers") or {}).get("torch_eager") or {}).get("us") for x in (old, e)]
+        kernels = [(x.get("plan") or {}).get("kernels") for x in (old, e)]
+        out.append(f"| {e['name']} | {kernels[0]}, {kernels[1]} | {was:.1f} | {us:.1f} | {us / was:.2f} "
+                   f"| {floor / was:.2f}, {floor / us:.2f} | "
+                   + ", ".join(f"{t:.1f}" if t else "—" for t in eager) + " |")
+
+    def gm(xs: list[float]) -> float:
+        return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+    out.append(f"\n{len(now_f)} workloads timed in both: geomean of the floor {gm(then_f):.3f} then, "
+               f"{gm(now_f):.3f} now; below 0.5: {sum(f < 0.5 for f in then_f)} then, "
+               f"{sum(f < 0.5 for f in now_f)} now")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -209,11 +246,16 @@ def main() -> None:
                     help="with --tier: keep the finished workloads of this earlier result")
     ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
                     help="with --tier: only these workloads of the tier (names of the manifest)")
+    ap.add_argument("--against", nargs="+", type=Path, default=None, metavar="OLD.json",
+                    help="with --table: each workload beside its time in the first of these earlier "
+                         "tier JSONs that timed it (newest first)")
     args = ap.parse_args()
     t0 = time.monotonic()
     if args.table:  # OUT is the folder of a run or a tier JSON itself (data/bench/...json)
         path = args.out if args.out.suffix == ".json" else args.out / "generalization_tier.json"
-        print("\n".join(tier_table(json.loads(path.read_text()))))
+        result = json.loads(path.read_text())
+        olds = [json.loads(p.read_text()) for p in args.against or ()]
+        print("\n".join(against_table(result, olds) if olds else tier_table(result)))
         return
     args.out.mkdir(parents=True, exist_ok=True)
     if args.tier:

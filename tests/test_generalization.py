@@ -286,6 +286,24 @@ def test_tier_table_ranks_verified_workloads_against_floor_and_peers():
     assert "geomean 0.474 of the floor" in summary and "(1 behind)" in summary
 
 
+def test_against_table_puts_each_workload_beside_its_first_earlier_timing():
+    bench = load_script("bench_generalization")
+
+    def entry(name, us, ok=True, kernels=1):
+        return {"name": name, "tunedb": {"us": us}, "floor_us": 10.0, "plan": {"kernels": kernels},
+                "verify": {"reference": {"ok": ok}}, "peers": {"torch_eager": {"us": 50.0}}}
+
+    new = {"entries": [entry("a", 20.0), entry("b", 12.5), entry("c", 10.0), entry("d", 5.0, ok=False)]}
+    newer = {"entries": [entry("a", 40.0, kernels=3), entry("b", 25.0, ok=False)]}  # b failed there
+    older = {"entries": [entry("b", 50.0), entry("d", 10.0)]}
+    lines = bench.against_table(new, [newer, older])
+    rows = {ln.split(" | ")[0][2:]: ln for ln in lines if ln.startswith("| ") and " | " in ln[2:]}
+    assert "| 3, 1 | 40.0 | 20.0 | 0.50 | 0.25, 0.50 | 50.0, 50.0 |" in rows["a"]
+    assert "| 50.0 | 12.5 | 0.25 |" in rows["b"]  # the older run, where the newer one failed
+    assert "c" not in rows and "d" not in rows  # never timed before; not verified now
+    assert lines[-1].startswith("\n2 workloads timed in both: geomean of the floor 0.224 then, 0.632 now")
+
+
 def test_tier_only_picks_named_workloads_and_refuses_unknown_names():
     bench = load_script("bench_generalization")
     tier = bench.suite_paths(bench.TIER_KINDS)
