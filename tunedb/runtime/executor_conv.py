@@ -30,9 +30,9 @@ Launch = Callable[[], None]
 CONV_BATCH_MERGE = "auto"
 MERGE_BELOW_PIXELS = 128
 MERGE_POINTWISE_MIN_FLOP = 5e8
-# "rows": the im2col kernel with a block per row (one division per element); "tiled": threads
-# over (ow, oh) from a 3-D grid, no division per element (opt-in until measured on the GPU).
-IM2COL_KERNEL = "rows"
+# "tiled": threads over (ow, oh) from a 3-D grid, no division per element (H200, ResNet-50 bf16
+# b8, verified: 1300 -> 1055 µs); "rows": a block per row, one division per element.
+IM2COL_KERNEL = "tiled"
 _TILED_MODULES: dict[int, Any] = {}
 
 
