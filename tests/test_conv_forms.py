@@ -10,6 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from host_cpp import build_host_lib, call_host
 
 from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.ops import check_node
@@ -115,19 +116,7 @@ static inline double __longlong_as_double(long long i) { double f; std::memcpy(&
 
 @pytest.fixture(scope="module")
 def host_lib(tmp_path_factory) -> ctypes.CDLL:
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    d = tmp_path_factory.mktemp("convk")
-    (d / "k.cpp").write_text(HOST + KERNEL_SOURCE)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", str(d / "k.cpp"), "-o", str(d / "k.so")],
-                   check=True, capture_output=True)
-    return ctypes.CDLL(str(d / "k.so"))
-
-
-def _call(fn, *args) -> None:
-    fn(*[ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray) else ctypes.c_longlong(int(a))
-         for a in args])
+    return build_host_lib(tmp_path_factory.mktemp("convk"), HOST + KERNEL_SOURCE)
 
 
 @pytest.mark.parametrize("xs,ws,stride,pad,dil", [
@@ -148,14 +137,14 @@ def test_merged_im2col_then_one_gemm_gives_the_reference_convolution(host_lib, x
     total = n * c * kh * kw * oh * ow
     cols = np.full(total, np.nan, np.float32)
     args = (total, c, h, wd, oh, ow, kh, kw, stride, stride, pad, pad, dil, dil)
-    _call(host_lib.tdbx_im2col_cnhw_f32, xv, cols, *args)
+    call_host(host_lib.tdbx_im2col_cnhw_f32, xv, cols, *args)
     y = wv.reshape(o, -1).astype(np.float64) @ cols.reshape(c * kh * kw, n * oh * ow)  # [O, N*P]
     got = y.reshape(o, n, oh, ow).transpose(1, 0, 2, 3)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # the 16-bit kernel moves the same elements
     bits = (xv.view(np.uint32) >> 16).astype(np.uint16)
     cols16 = np.full(total, 0xFFFF, np.uint16)
-    _call(host_lib.tdbx_im2col_cnhw_u16, bits, cols16, *args)
+    call_host(host_lib.tdbx_im2col_cnhw_u16, bits, cols16, *args)
     assert np.array_equal(cols16, (cols.view(np.uint32) >> 16).astype(np.uint16))
 
 
@@ -186,16 +175,9 @@ extern "C" void grid_%(name)s(const %(t)s* x, %(t)s* cols, long long N, long lon
 def tiled_lib(tmp_path_factory) -> ctypes.CDLL:
     from tunedb.runtime.executor_kernels import IM2COL_TILED_SOURCE
 
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    d = tmp_path_factory.mktemp("tiledk")
     grids = "".join(TILED_GRID % {"name": f"tdbx_im2col_tiled{o}_{n}", "t": t}
                     for o in ("", "_cnhw") for n, t in (("f32", "float"), ("u16", "unsigned short")))
-    (d / "k.cpp").write_text(TILED_HOST + IM2COL_TILED_SOURCE + grids)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", str(d / "k.cpp"), "-o", str(d / "k.so")],
-                   check=True, capture_output=True)
-    return ctypes.CDLL(str(d / "k.so"))
+    return build_host_lib(tmp_path_factory.mktemp("tiledk"), TILED_HOST + IM2COL_TILED_SOURCE + grids)
 
 
 @pytest.mark.parametrize("order", ["", "_cnhw"])
@@ -215,8 +197,8 @@ def test_tiled_im2col_writes_the_rows_kernels_columns(host_lib, tiled_lib, order
         xv = rng.standard_normal(xs).astype(np.float32)
         xv = xv if dt == np.float32 else (xv.view(np.uint32) >> 16).astype(np.uint16)
         want, got = np.zeros(total, dt), np.full(total, 7, dt)
-        _call(getattr(host_lib, f"tdbx_im2col{order}_{kind}"), xv, want, total, c, *geometry)
-        _call(getattr(tiled_lib, f"grid_tdbx_im2col_tiled{order}_{kind}"), xv, got, n, c, *geometry)
+        call_host(getattr(host_lib, f"tdbx_im2col{order}_{kind}"), xv, want, total, c, *geometry)
+        call_host(getattr(tiled_lib, f"grid_tdbx_im2col_tiled{order}_{kind}"), xv, got, n, c, *geometry)
         assert np.array_equal(got, want)
 
 
@@ -236,7 +218,7 @@ class _HostModule:
         self.lib = lib
 
     def get_function(self, name: str):
-        return lambda grid, block, args: _call(getattr(self.lib, name), *args)
+        return lambda grid, block, args: call_host(getattr(self.lib, name), *args)
 
 
 class _NumpyBlas:
@@ -257,7 +239,7 @@ def test_im2col_form_launches_give_the_reference_on_the_cpu(host_lib, tiled_lib,
     monkeypatch.setattr(executor_conv, "strided_copy", lambda cp, src, out: lambda: np.copyto(out, src))
     monkeypatch.setattr(executor_conv, "IM2COL_KERNEL", kernel)
     monkeypatch.setattr(executor_conv, "tiled_function", lambda cp, name: (
-        lambda grid, block, args: _call(getattr(tiled_lib, "grid_" + name), *args)))
+        lambda grid, block, args: call_host(getattr(tiled_lib, "grid_" + name), *args)))
     policy(form)
     rng = np.random.default_rng(k)
     b = GraphBuilder("conv")

@@ -5,12 +5,10 @@ and whole bf16 convolution plans on the GPU against the float64 reference."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from host_cpp import build_host_lib, call_host
 from plan_checks import check_outputs
 
 from tunedb.graph.builder import GraphBuilder
@@ -32,19 +30,7 @@ static inline double __longlong_as_double(long long v) { double d; __builtin_mem
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory) -> ctypes.CDLL:
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    d: Path = tmp_path_factory.mktemp("bf16k")
-    (d / "k.cpp").write_text(HOST + KERNEL_SOURCE)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", str(d / "k.cpp"), "-o", str(d / "k.so")],
-                   check=True, capture_output=True)
-    return ctypes.CDLL(str(d / "k.so"))
-
-
-def _call(fn, *args) -> None:
-    fn(*[ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray) else ctypes.c_longlong(int(a))
-         for a in args])
+    return build_host_lib(tmp_path_factory.mktemp("bf16k"), HOST + KERNEL_SOURCE)
 
 
 def _wide(bits: np.ndarray) -> np.ndarray:
@@ -69,7 +55,7 @@ def test_bf16_depthwise_kernel_matches_the_reference(lib, k, stride, bias):
     want = run_reference(g, {"x": _wide(x), "w": _wide(wt)} | ({"b": _wide(b)} if bias else {}))[y]
     out = np.zeros(want.shape, np.uint16)
     oh, ow = out.shape[2:]
-    _call(lib.tdbx_dwconv2d_bf16, x, wt, b, out, out.size, c, h, w, oh, ow, k, k, stride, stride,
+    call_host(lib.tdbx_dwconv2d_bf16, x, wt, b, out, out.size, c, h, w, oh, ow, k, k, stride, stride,
           p, p, 1, 1, int(bias))
     # fp32 accumulation, one rounding: within one bf16 step of the float64 result
     np.testing.assert_allclose(_wide(out), want, rtol=2 ** -8, atol=1e-6)
@@ -79,7 +65,7 @@ def test_bf16_bias_kernel_rounds_like_the_runtime(lib):
     rng = np.random.default_rng(1)
     y, b = _rounded(rng, (2, 3, 4, 5)), _rounded(rng, (3,))
     want = bf16_bits(_wide(y) + _wide(b).reshape(1, 3, 1, 1))
-    _call(lib.tdbx_bias_nchw_bf16, y, b, y.size, 3, 20)
+    call_host(lib.tdbx_bias_nchw_bf16, y, b, y.size, 3, 20)
     assert np.array_equal(y, want)
 
 
@@ -91,8 +77,8 @@ def test_u16_im2col_moves_the_same_elements_as_f32(lib):
     total = n * c * k * k * oh * ow
     cols16, cols32 = np.full(total, 0xFFFF, np.uint16), np.full(total, np.nan, np.float32)
     args = (total, c, h, w, oh, ow, k, k, 2, 2, 1, 1, 1, 1)
-    _call(lib.tdbx_im2col_u16, x, cols16, *args)
-    _call(lib.tdbx_im2col_f32, _wide(x), cols32, *args)
+    call_host(lib.tdbx_im2col_u16, x, cols16, *args)
+    call_host(lib.tdbx_im2col_f32, _wide(x), cols32, *args)
     assert np.array_equal(_wide(cols16), cols32)  # padding included: +0.0 both ways
 
 
