@@ -4,7 +4,9 @@ suite (``tunedb.kernels.packing_suites``, families interleaved so a time limit c
 -> packing workloads -> ``candidates(w)`` (partition x backend x concurrency) -> the device.
 ``tunedb collect --collector packing --suite standard --db DB`` measures on a ``PackingDevice``
 (``tunedb.runtime.pack_device``: float64-checked, CUDA-graph replays, failures as rows);
-``--device replay:PATH`` replays stored packing rows like any kind.
+``--device replay:PATH`` replays stored packing rows like any kind. ``extra = True`` (a
+subclass, ``benchmarks/packing_collect_extra.py``) adds the ``splitk`` and ``chunks``
+candidates (``all_candidates``) with their parameters; their padding waste is in the config.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from typing import Any
 
 from tunedb.collect import Collector, Job
 from tunedb.kernels.packing import Candidate as PackCandidate
-from tunedb.kernels.packing import PackingWorkload, candidate_waste, candidates
+from tunedb.kernels.packing import (
+    PackingWorkload,
+    candidate_waste,
+    candidates,
+    chunk_candidates,
+    splitk_candidates,
+)
 from tunedb.kernels.packing_suites import interleave, suite
 from tunedb.records import Workload, canonical_json
 from tunedb.runtime.pack_device import PackingDevice
@@ -22,6 +30,11 @@ from tunedb.runtime.pack_device import PackingDevice
 
 def workload_record(w: PackingWorkload) -> Workload:
     return Workload(w.hash, w.family, w.name, canonical_json(w.to_json()))
+
+
+def all_candidates(w: PackingWorkload) -> list[PackCandidate]:
+    """The model's candidates, then the split-K and chunked ones (slices, rows per chunk)."""
+    return candidates(w) + splitk_candidates(w) + chunk_candidates(w)
 
 
 def candidate_config(w: PackingWorkload, cand: PackCandidate) -> dict:
@@ -34,6 +47,10 @@ def candidate_config(w: PackingWorkload, cand: PackCandidate) -> dict:
 class PackingCollector(Collector):
     name = "packing"
     kind = "packing"
+    extra = False  # True: also the splitk and chunks candidates
+
+    def candidates_of(self, w: PackingWorkload) -> list[PackCandidate]:
+        return all_candidates(w) if self.extra else candidates(w)
 
     def jobs(self, suite_name: str) -> Iterator[Job]:
         seen: set[str] = set()
@@ -41,7 +58,7 @@ class PackingCollector(Collector):
             if w.hash in seen:
                 continue
             seen.add(w.hash)
-            yield Job(workload_record(w), [(candidate_config(w, c), c) for c in candidates(w)])
+            yield Job(workload_record(w), [(candidate_config(w, c), c) for c in self.candidates_of(w)])
 
     def build(self, workload: Workload, spec: Any) -> tuple[str, dict]:
         return "", {"candidate": spec.to_json()}  # the worker builds the cuBLAS calls itself

@@ -115,3 +115,39 @@ def test_worker_results_keep_failures_as_rows():
     m = oom.to_measurement("c", "d", "r", PROTOCOL)
     assert isinstance(m, Measurement) and m.status == "runtime_error"
     assert '"flush_l2":false' in m.protocol_json
+
+
+@pytest.mark.slow  # reads the stored export and replays the quick suite: about 7 s
+def test_extra_candidates_are_collected_with_anchors_the_stored_rows_share(tmp_path):
+    """benchmarks/packing_collect_extra.py: per workload whole:serial and the stored best first
+    (the stored rows' hashes: the replay finds them), then split-K / chunked candidates whose
+    configs carry slices, rows and padding waste."""
+    from benchmarks.packing_collect_extra import ExtraCollector, extra_sample, stored_best
+    from tunedb.kernels.packing import Candidate, candidate_waste
+    from tunedb.kernels.packing_suites import bench_cases
+    from tunedb.runtime.replay import ReplayDevice
+
+    best = stored_best(DATA)
+    assert len(best) > 300 and all(len(v) >= 3 for v in best.values())
+    coll = ExtraCollector(best, per_workload=4, anchors=4)
+    jobs = {j.workload.hash: j for j in coll.jobs("quick")}
+    lora = next(w for w in bench_cases() if w.family == "lora")
+    specs = jobs[lora.hash].specs
+    assert [c.name for _, c in specs[:4]][0] == "whole:serial"
+    assert [c for _, c in specs[1:4]] == best[lora.hash][:3]
+    new = [(cfg, c) for cfg, c in specs[4:]]
+    assert len(new) == 4 and {cl.backend for _, c in new for cl in c.clusters} - {"serial"} == {
+        "splitk", "chunks"}
+    for cfg, c in new:
+        cl = json.loads(cfg["clusters"])
+        assert any(x.get("split", 1) > 1 or x.get("rows", 0) > 0 for x in cl)
+        assert cfg["waste"] == round(candidate_waste(lora, c), 6)
+        assert Candidate.from_json({"partition": cfg["partition"], "concurrent": cfg["concurrent"],
+                                    "clusters": cl}) == c
+    assert extra_sample(lora, 4) == extra_sample(lora, 4)  # a fixed shuffle
+    assert len(extra_sample(lora, 0)) > 4
+    dev = ReplayDevice(DATA)
+    with TuningStore.open(tmp_path / "x.duckdb") as store:
+        s = coll.run(store, dev, "quick")
+    anchors = sum(min(4, 1 + len(best.get(h, []))) for h in jobs)
+    assert s.ok > 0 and s.ok <= anchors and s.missing >= s.total - anchors
