@@ -9,6 +9,14 @@ protocol) and is scored on the whole held-out fold, so every point is scored on 
 Errors (fraction 1.0): decisive pairs by how far apart their medians are and by what their
 configs differ in, per family, and the first pick by how many candidates of the workload sit
 within 2 % of its best.
+
+``--all-boards`` learns every board of the export's device model (pairs within a board);
+``--score-on OTHER`` also scores each point on OTHER's workloads alone; ``--grow-from BASE``
+keeps BASE's workloads in every fold's training and draws the fraction from the others only
+(fraction 0: BASE alone), the curve of adding new workloads to a dataset:
+
+    python benchmarks/costmodel_diagnose.py --export COMBINED --all-boards \
+        --grow-from data/fusion_h200_v2 --score-on data/fusion_h200_v2 --fractions 1 0.5 0
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from costmodel_variants import load
+from costmodel_variants import load, workload_hashes
 
 from tunedb.bench.provenance import provenance
 from tunedb.costmodel.evaluate import SPLITS, Labels, hide_measured, out_of_fold, score, split_folds
@@ -34,16 +42,29 @@ from tunedb.costmodel.workload import WORKLOAD_FEATURES
 GAPS = (0.02, 0.05, 0.10, 0.20, 0.50, float("inf"))
 
 
+def training_rows(tr: np.ndarray, workload: np.ndarray, fraction: float, seed: int,
+                  base: np.ndarray | None = None) -> np.ndarray:
+    """The rows of ``tr`` a fold trains on: whole workloads, ``fraction`` of them drawn at random
+    (at least 3); with ``base`` (a per-row mask), every base row and ``fraction`` of the other
+    workloads (none at fraction 0)."""
+    if fraction >= 1.0:
+        return tr
+    always = np.zeros(len(tr), dtype=bool) if base is None else base[tr]
+    wl = np.unique(workload[tr[~always]])
+    n = min(len(wl), round(fraction * len(wl)) if base is not None else max(3, round(fraction * len(wl))))
+    keep = np.random.default_rng(seed).choice(wl, n, replace=False)
+    return tr[always | np.isin(workload[tr], keep)]
+
+
 def held_out(X: np.ndarray, y: np.ndarray, labels: Labels, params: TrainParams, fraction: float,
-             rep: int, split: str = "by_workload") -> np.ndarray:
-    """Out-of-fold predictions of ``split``, each fold trained on ``fraction`` of its workloads."""
+             rep: int, split: str = "by_workload", base: np.ndarray | None = None) -> np.ndarray:
+    """Out-of-fold predictions of ``split``, each fold trained on ``fraction`` of its workloads
+    (with ``base``, a per-row mask: all of the base rows' workloads, ``fraction`` of the rest)."""
     def predict(i: int, tr: np.ndarray, te: np.ndarray) -> tuple[np.ndarray]:
-        if fraction < 1.0:
-            wl = np.unique(labels.workload[tr])
-            rng = np.random.default_rng(100 * rep + i)
-            keep = rng.choice(wl, max(3, round(fraction * len(wl))), replace=False)
-            tr = tr[np.isin(labels.workload[tr], keep)]
-        r = train_booster(X[tr], y[tr], labels.workload[tr], replace(params, seed=params.seed + i))
+        tr = training_rows(tr, labels.workload, fraction, 100 * rep + i, base)
+        query = None if labels.compare is None else labels.compare[tr]
+        r = train_booster(X[tr], y[tr], labels.workload[tr], replace(params, seed=params.seed + i),
+                          query=query)
         return (predict_us(r.booster, hide_measured(X[te]), r.objective, r.calibration, r.calibration_floor),)
     (pred,) = out_of_fold(len(y), split_folds(labels, split, 5), predict, workers=2)
     return pred
@@ -115,20 +136,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--split", default="by_workload", choices=list(SPLITS), help="the curve's held-out split")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--all-boards", action="store_true",
+                    help="every board of the export's device model, pairs compared within a board")
+    ap.add_argument("--score-on", type=Path, default=None,
+                    help="an export whose workloads alone are also scored at every point")
+    ap.add_argument("--grow-from", type=Path, default=None,
+                    help="an export whose workloads every fold keeps; fractions draw from the others")
     args = ap.parse_args(argv)
-    X, y, labels, board, _ = load(args.export)
+    X, y, labels, board, hashes = load(args.export, args.all_boards)
+
+    def rows_of(export: Path | None) -> np.ndarray | None:
+        if export is None:
+            return None
+        keep = workload_hashes(export)
+        return np.asarray([w in keep for w in hashes], dtype=bool)
+
+    base, subset = rows_of(args.grow_from), rows_of(args.score_on)
+    if (base is not None and not base.any()) or (subset is not None and not subset.any()):
+        print("--grow-from / --score-on: none of that export's workloads is in --export", file=sys.stderr)
+        return 2
     # Regression, as every fold of the shipped card chose ("auto" may pick ranking on a fold).
     params = replace(TrainParams(), nthread=args.threads, objective="reg:squarederror")
     out: dict[str, Any] = {**provenance(), "export": str(args.export), "board": board, "split": args.split,
-                           "curve": []}
+                           "grow_from": str(args.grow_from) if args.grow_from else None,
+                           "score_on": str(args.score_on) if args.score_on else None, "curve": []}
     for f in args.fractions:
-        for rep in range(1 if f >= 1.0 else args.reps):
+        for rep in range(1 if f >= 1.0 or (f <= 0.0 and base is not None) else args.reps):
             cpu = time.process_time()
-            pred = held_out(X, y, labels, params, f, rep, args.split)
+            pred = held_out(X, y, labels, params, f, rep, args.split, base)
             m = score(y, pred, labels)
-            out["curve"].append({"fraction": f, "rep": rep, **{k: m[k] for k in METRIC_KEYS},
-                                 "cpu_s": time.process_time() - cpu})
+            point: dict[str, Any] = {"fraction": f, "rep": rep, **{k: m[k] for k in METRIC_KEYS},
+                                     "cpu_s": time.process_time() - cpu}
             print(f"fraction {f} draw {rep}: " + " ".join(f"{k} {m[k]:.4f}" for k in METRIC_KEYS), flush=True)
+            if subset is not None:
+                rows = np.flatnonzero(subset)
+                sm = score(y[rows], pred[rows], labels.take(rows))
+                point["score_on"] = {k: sm[k] for k in METRIC_KEYS}
+                print("  on --score-on: " + " ".join(f"{k} {sm[k]:.4f}" for k in METRIC_KEYS), flush=True)
+            out["curve"].append(point)
             if f >= 1.0 and "errors" not in out:
                 out["errors"] = errors(X, y, pred, labels)
     print(json.dumps(out.get("errors", {}), indent=1))
