@@ -16,13 +16,7 @@ from typing import Any
 
 from tunedb.collect import Collector, Job
 from tunedb.kernels.packing import Candidate as PackCandidate
-from tunedb.kernels.packing import (
-    PackingWorkload,
-    candidate_waste,
-    candidates,
-    chunk_candidates,
-    splitk_candidates,
-)
+from tunedb.kernels.packing import PackingWorkload, all_candidates, candidate_waste, candidates
 from tunedb.kernels.packing_suites import interleave, suite
 from tunedb.records import Workload, canonical_json
 from tunedb.runtime.pack_device import PackingDevice
@@ -30,11 +24,6 @@ from tunedb.runtime.pack_device import PackingDevice
 
 def workload_record(w: PackingWorkload) -> Workload:
     return Workload(w.hash, w.family, w.name, canonical_json(w.to_json()))
-
-
-def all_candidates(w: PackingWorkload) -> list[PackCandidate]:
-    """The model's candidates, then the split-K and chunked ones (slices, rows per chunk)."""
-    return candidates(w) + splitk_candidates(w) + chunk_candidates(w)
 
 
 def candidate_config(w: PackingWorkload, cand: PackCandidate) -> dict:

@@ -170,7 +170,9 @@ def test_traffic_and_relative_features_see_what_padding_reads():
     assert moved_bytes(ms, "serial") == sum(x.bytes() for x in ms)
     pad, cat = (traffic_features(w, by_name[n]) for n in ("whole:padded", "k:concat"))
     assert pad["est_moved_us"] > cat["est_moved_us"] and pad["moved_over_bytes"] > 1.5
-    rel = [features(w, c) for c in candidates(w)]
+    from tunedb.kernels.packing import all_candidates
+
+    rel = [features(w, c) for c in all_candidates(w)]  # packing/6: over every kind of candidate
     for k in REL_KEYS:
         assert min(r[f"rel_{k}"] for r in rel) == 0.0
         assert all(r[f"rel_{k}"] >= 0.0 for r in rel)
@@ -204,3 +206,31 @@ def test_board_labels_judge_a_workload_on_one_board_basis():
     assert "e" not in labels and labels["f"][1] == pytest.approx(7.0)
     # one board alone: its own times
     assert board_labels({"x": {"b": [band(3.0), band(5.0), band(4.0)]}}, {"x": "w"})["x"][1] == 4.0
+
+
+def test_splitk_and_chunks_features_carry_their_parameters():
+    """packing/6: the split-K and chunked candidates' slices, rows, partials and launches enter
+    the features, and two candidates that differ only there differ in them."""
+    from tunedb.costmodel.packing import FEATURE_SCHEMA, launch_tiles, moved_bytes
+    from tunedb.costmodel.packing_features import partial_bytes
+    from tunedb.kernels.packing import Cluster, Member, PackingWorkload, all_candidates
+
+    assert FEATURE_SCHEMA == "packing/6"
+    ms = tuple(Member(256, 128, 1152) for _ in range(20))
+    w = PackingWorkload("r20", "replicas", ms)
+    assert launch_tiles(ms, "splitk", split=3) == [(40 * 3, 384)]
+    assert launch_tiles(ms, "padded") == [(40, 1152)]
+    assert partial_bytes(ms, Cluster(tuple(range(20)), "splitk", split=3)) == 2 * 4 * 3 * 20 * 256 * 128
+    assert moved_bytes(ms, "splitk", 3) == moved_bytes(ms, "padded") + 2 * 4 * 3 * 20 * 256 * 128
+    by = {c.name: features(w, c) for c in all_candidates(w)}
+    s3, s8, pad = by["whole:splitk3"], by["whole:splitk8"], by["whole:padded"]
+    assert s3["share_splitk"] == 1.0 and s3["split_max"] == 3 and s3["launches"] == 2
+    assert s3["est_wave_us"] < pad["est_wave_us"] and s3 != s8
+    tenants = PackingWorkload("bert", "t", tuple(Member(m, 768, 768, dtype="bfloat16", layout="nt")
+                                               for m in (16, 48, 128, 384)))
+    ch = {c.name: features(tenants, c) for c in all_candidates(tenants)}
+    c64, c128 = ch["whole:chunks64"], ch["whole:chunks128"]
+    assert c64["share_chunks"] == 1.0 and c64["log_chunk_rows"] == 6.0 and c128["log_chunk_rows"] == 7.0
+    # chunks pad each member to whole chunks; padded pads all to 384 rows
+    assert c64["waste"] < c128["waste"] < ch["whole:padded"]["waste"]
+    assert moved_bytes(tenants.members, "chunks", rows=64) < moved_bytes(tenants.members, "padded")

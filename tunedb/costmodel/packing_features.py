@@ -14,17 +14,20 @@ import numpy as np
 from tunedb.kernels.packing import (
     BACKENDS,
     DTYPES,
+    EXTRA_BACKENDS,
     Candidate,
     Cluster,
     Member,
     PackingWorkload,
+    all_candidates,
     candidate_waste,
-    candidates,
     done_macs,
     padded_shape,
+    splitk_depth,
 )
 
-FEATURE_SCHEMA = "packing/5"  # 2: padded_t; 3: waves per launch; 4: layout, split-K; 5: traffic, relative
+# 2: padded_t; 3: waves per launch; 4: layout, split-K; 5: traffic, relative; 6: splitk, chunks
+FEATURE_SCHEMA = "packing/6"
 SMS, TILE = 132, 128
 PEAK_FLOPS = {"float32": 60e12, "bfloat16": 800e12, "float16": 800e12}  # attainable, not datasheet
 PEAK_BYTES = 4.0e12
@@ -61,9 +64,19 @@ def _tiles(m: int, n: int, batch: int = 1) -> int:
     return batch * math.ceil(m / TILE) * math.ceil(n / TILE)
 
 
-def launch_tiles(mem: Sequence[Member], backend: str) -> list[tuple[int, int]]:
+def launch_tiles(mem: Sequence[Member], backend: str, split: int = 1, rows: int = 0
+                 ) -> list[tuple[int, int]]:
     """(output tiles, depth k) of each launch a backend makes for ``mem``: one per member for
-    serial and streams, one padded or concatenated problem set for the batched backends."""
+    serial and streams, one padded or concatenated problem set for the batched backends; for
+    ``splitk`` and ``chunks`` every (slice, problem or chunk) is a tile set of one slice's depth."""
+    if backend == "splitk":
+        M, N, K = padded_shape(mem)
+        return [(_tiles(M, N, sum(x.batch for x in mem)) * split, splitk_depth(K, split))]
+    if backend == "chunks":
+        _, N, K = padded_shape(mem)
+        chunks = sum(x.batch * -(-x.m // rows) for x in mem)
+        depth = splitk_depth(K, split) if split > 1 else K
+        return [(chunks * _tiles(rows, N) * split, depth)]
     if backend in ("serial", "streams"):
         return [(_tiles(x.m, x.n, x.batch), x.k) for x in mem]
     if backend in ("padded", "padded_t", "pointer"):
@@ -83,7 +96,7 @@ def candidate_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
     tile_us = 1e6 * 2 * TILE * TILE * SMS / PEAK_FLOPS[w.members[0].dtype]  # per unit of k
     for cl in c.clusters:
         mem = [w.members[i] for i in cl.members]
-        ts = launch_tiles(mem, cl.backend)
+        ts = launch_tiles(mem, cl.backend, cl.split, cl.rows)
         s = sum(math.ceil(t / SMS) for t, _ in ts)
         u = sum(math.ceil(t / SMS) * k for t, k in ts)
         if cl.streams > 1:
@@ -94,14 +107,15 @@ def candidate_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
         wave_us += u * tile_us
         count[cl.backend] += len(mem)
         per_call = cl.backend in ("serial", "streams")
-        launches += len(mem) if per_call else 1
-        done = done_macs(mem, cl.backend)
-        nbytes = sum(x.bytes() for x in mem)
+        calls = 1 + (cl.split > 1)  # split-K partials: a second launch sums them
+        launches += len(mem) if per_call else calls
+        done = done_macs(mem, cl.backend, cl.split, cl.rows)
+        nbytes = sum(x.bytes() for x in mem) + partial_bytes(mem, cl)
         cluster_us.append(_roofline_us(2 * done, nbytes, mem[0].dtype)
-                          + (LAUNCH_US * len(mem) / max(1, cl.streams) if per_call else LAUNCH_US))
+                          + (LAUNCH_US * len(mem) / max(1, cl.streams) if per_call else LAUNCH_US * calls))
         biggest = max(biggest, len(mem))
     lanes = max(c.concurrent, max(cl.streams for cl in c.clusters))
-    out = {f"share_{b}": count[b] / len(w.members) for b in BACKENDS}
+    out = {f"share_{b}": count[b] / len(w.members) for b in BACKENDS + EXTRA_BACKENDS}
     out.update({"clusters": len(c.clusters), "concurrent": c.concurrent, "lanes": lanes,
                 "launches": launches, "waste": candidate_waste(w, c), "biggest_cluster": biggest,
                 "est_sum_us": float(sum(cluster_us)), "est_max_us": float(max(cluster_us)),
@@ -123,10 +137,30 @@ def layout_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
     out = {"trans_b_share": trans / len(ms)}
     out.update({f"part_{p}": float(c.partition == p) for p in ("whole", "shape", "nk", "bins", "k")})
     big = [_tiles(*padded_shape([ms[i] for i in cl.members])[:2]) for cl in c.clusters
-           if cl.backend in ("padded", "padded_t", "pointer")]
+           if cl.backend in ("padded", "padded_t", "pointer", "splitk")]
+    big += [_tiles(cl.rows, padded_shape([ms[i] for i in cl.members])[1]) for cl in c.clusters
+            if cl.backend == "chunks"]
     out["log_batched_tiles_max"] = float(np.log2(max(big))) if big else -1.0
     out["streams_max"] = float(max(cl.streams for cl in c.clusters))
+    # packing/6: the parameters of splitk and chunks (slices of the depth, rows per chunk)
+    out["split_max"] = float(max(cl.split for cl in c.clusters))
+    rows = [cl.rows for cl in c.clusters if cl.backend == "chunks"]
+    out["log_chunk_rows"] = float(np.log2(min(rows))) if rows else 0.0
+    part = sum(partial_bytes([ms[i] for i in cl.members], cl) for cl in c.clusters)
+    out["partial_over_bytes"] = part / w.bytes()
     return out
+
+
+def partial_bytes(mem: Sequence[Member], cl: Cluster) -> int:
+    """Bytes of float32 partial sums a split depth writes and its summing kernel reads back."""
+    if cl.split <= 1:
+        return 0
+    if cl.backend == "chunks":
+        _, N, _ = padded_shape(mem)
+        rows = sum(x.batch * -(-x.m // cl.rows) * cl.rows for x in mem)
+        return 2 * 4 * cl.split * rows * N
+    M, N, _ = padded_shape(mem)
+    return 2 * 4 * cl.split * sum(x.batch for x in mem) * M * N
 
 
 def splitk_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
@@ -137,10 +171,11 @@ def splitk_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
     tile_us = 1e6 * 2 * TILE * TILE * SMS / PEAK_FLOPS[ms[0].dtype]
     total, splits = 0.0, []
     for cl in c.clusters:
-        ts = launch_tiles([ms[i] for i in cl.members], cl.backend)
+        ts = launch_tiles([ms[i] for i in cl.members], cl.backend, cl.split, cl.rows)
         single = cl.backend in ("serial", "streams")
         us, ctas, sp_cl = [], 0, []
         for t, k in ts:
+            # splitk and chunks: the slices are in the tiles already (launch_tiles)
             sp = max(1, min(SMS // max(1, t), k // 256)) if single else 1
             sp_cl.append(sp)
             us.append(math.ceil(t * sp / SMS) * k / sp)
@@ -149,17 +184,27 @@ def splitk_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
         if cl.streams > 1:
             u = max(u / cl.streams, math.ceil(ctas / SMS) * max(k for _, k in ts) / max(sp_cl), max(us))
         total += u * tile_us
-        splits += sp_cl
+        splits += [cl.split] if cl.split > 1 else sp_cl
     return {"est_splitk_us": total / max(1, c.concurrent), "mean_split": float(np.mean(splits))}
 
 
-def moved_bytes(mem: Sequence[Member], backend: str) -> int:
-    """Bytes a backend reads and writes for ``mem``: the padded stacks of the batched backends,
-    ``concat``'s stacked rows and whole output, each member's own operands otherwise."""
+def moved_bytes(mem: Sequence[Member], backend: str, split: int = 1, rows: int = 0) -> int:
+    """Bytes a backend reads and writes for ``mem``: the padded stacks of the batched backends
+    (``splitk``: depth padded to its slices, plus the partials), ``chunks``' rows padded to
+    whole chunks, ``concat``'s stacked rows and whole output, each member's own operands
+    otherwise."""
     isz = DTYPES[mem[0].dtype]
-    if backend in ("padded", "padded_t", "pointer"):
+    if backend in ("padded", "padded_t", "pointer", "splitk"):
         M, N, K = padded_shape(mem)
-        return isz * sum(x.batch for x in mem) * (M * K + K * N + M * N)
+        K = split * splitk_depth(K, split) if backend == "splitk" else K
+        part = partial_bytes(mem, Cluster((0,), backend, split=split, rows=rows)) if split > 1 else 0
+        return isz * sum(x.batch for x in mem) * (M * K + K * N + M * N) + part
+    if backend == "chunks":
+        _, N, K = padded_shape(mem)
+        K = split * splitk_depth(K, split) if split > 1 else K
+        r = sum(x.batch * -(-x.m // rows) * rows for x in mem)
+        part = partial_bytes(mem, Cluster((0,), backend, split=split, rows=rows)) if split > 1 else 0
+        return isz * (r * K + sum(x.batch for x in mem) * K * N + r * N) + part
     if backend == "concat":
         rows, cols = sum(x.batch * x.m for x in mem), sum(x.n for x in mem)
         return isz * (rows * mem[0].k + mem[0].k * cols + rows * cols)
@@ -171,9 +216,10 @@ def traffic_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
     total, us = 0, 0.0
     for cl in c.clusters:
         mem = [w.members[i] for i in cl.members]
-        b = moved_bytes(mem, cl.backend)
+        b = moved_bytes(mem, cl.backend, cl.split, cl.rows)
         total += b
-        us += _roofline_us(2 * done_macs(mem, cl.backend), b, mem[0].dtype) / max(1, cl.streams)
+        done = done_macs(mem, cl.backend, cl.split, cl.rows)
+        us += _roofline_us(2 * done, b, mem[0].dtype) / max(1, cl.streams)
     return {"log_moved_bytes": math.log2(total), "moved_over_bytes": total / w.bytes(),
             "est_moved_us": us / max(1, c.concurrent)}
 
@@ -194,7 +240,7 @@ def relative_features(w: PackingWorkload, c: Candidate) -> dict[str, float]:
     scales and families where the absolute time does not (docs/packing.md, ``packing/5``)."""
     best = _best_estimates.get(w.hash)
     if best is None:
-        ests = [_estimates(w, x) for x in candidates(w)]
+        ests = [_estimates(w, x) for x in all_candidates(w)]
         best = {k: min(e[k] for e in ests) for k in REL_KEYS}
         if len(_best_estimates) > 4096:
             _best_estimates.clear()

@@ -22,10 +22,10 @@ A ``Candidate`` partitions the members into clusters and gives each cluster a ba
 * ``concat``: members of one ``k`` as ONE GEMM: their rows stacked (as a segmented batch of
   tokens lies in memory), their weights side by side; each member's output is its diagonal block
   (the off-diagonal blocks are the waste; pays for thin outputs, e.g. LoRA shrink GEMMs);
-* ``splitk`` (``splitk_candidates`` only: not in the cost model's feature schema): the padded
+* ``splitk`` (``splitk_candidates``; ``all_candidates`` holds every kind): the padded
   problems each cut into ``split`` slices of their depth, ONE pointer-array batched GEMM of all
   slices into float32 partial sums, then one kernel summing the slices (few output tiles, deep k);
-* ``chunks`` (``chunk_candidates`` only, likewise): every problem cut into chunks of ``rows``
+* ``chunks`` (``chunk_candidates``): every problem cut into chunks of ``rows``
   rows (its last chunk zero-padded), ONE pointer-array batched GEMM of all chunks, each chunk
   pointing at its member's weight: members of one ``n, k`` but different ``m`` (tenants'
   sequence lengths, MoE experts' token counts) in one launch, padding under ``rows`` rows each.
@@ -47,7 +47,7 @@ DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LAYOUTS = ("nn", "nt")
 KINDS = ("gemm", "bgemm", "conv")
 BACKENDS = ("serial", "streams", "padded", "pointer", "grouped", "concat", "padded_t")
-EXTRA_BACKENDS = ("splitk", "chunks")  # measured by the bench, unknown to the cost model's features
+EXTRA_BACKENDS = ("splitk", "chunks")  # with parameters (slices, rows); since feature schema packing/6
 SPLITK_DTYPES = ("float32", "bfloat16")
 SPLITK_ALIGN = 8  # slice depth in elements: every slice's first element stays 16-byte aligned
 SPLITK_MIN_DEPTH = 128
@@ -383,7 +383,7 @@ def splitk_ok(members: Sequence[Member], split: int, max_waste: float = 0.92) ->
 
 def splitk_candidates(w: PackingWorkload, splits: Iterable[int] = (2, 3, 4, 8),
                       max_waste: float = 0.92) -> list[Candidate]:
-    """Split-K candidates (not in ``candidates``: the cost model has no features for them):
+    """Split-K candidates (not in ``candidates``, which keeps the set of feature schema <= 5):
     per partition and slice count, every cluster that can split does (the others run serial),
     alone and with the clusters on up to 8 forked streams."""
     out: dict[str, Candidate] = {}
@@ -427,7 +427,7 @@ def chunks_ok(members: Sequence[Member], rows: int, split: int = 1, max_waste: f
 
 def chunk_candidates(w: PackingWorkload, rows: Iterable[int] = (64, 128, 256),
                      splits: Iterable[int] = (1, 2, 4, 8), max_waste: float = 0.92) -> list[Candidate]:
-    """Chunked candidates (not in ``candidates``: the cost model has no features for them): per
+    """Chunked candidates (not in ``candidates``, likewise): per
     partition, chunk height and slices of the depth, every cluster that can be chunked is (the
     others run serial), alone and with the clusters on up to 8 forked streams."""
     out: dict[str, Candidate] = {}
@@ -444,6 +444,12 @@ def chunk_candidates(w: PackingWorkload, rows: Iterable[int] = (64, 128, 256),
                 c = Candidate(pname, clusters, k)
                 out.setdefault(canonical_json(c.to_json()), c)
     return list(out.values())
+
+
+def all_candidates(w: PackingWorkload) -> list[Candidate]:
+    """``candidates``, then the split-K and the chunked ones: what the collector measures and the
+    cost model (feature schema ``packing/6``) ranks."""
+    return candidates(w) + splitk_candidates(w) + chunk_candidates(w)
 
 
 def with_dtype(w: PackingWorkload, dtype: str, suffix: str = "") -> PackingWorkload:
