@@ -98,8 +98,10 @@ def _graph_us(cp: Any, stream: Any, fns: list, reps: int) -> float:
     return statistics.median(times)
 
 
-def time_model(model: Path, reps: int, target_s: float, lock: Path | None) -> dict:
-    """The plan of ``model``: verified, whole-plan µs, and µs of every step alone."""
+def time_model(model: Path, reps: int, target_s: float, lock: Path | None,
+               variants: bool = False) -> dict:
+    """The plan of ``model``: verified, whole-plan µs, and µs of every step alone (``variants``:
+    and of each window step's other kernels)."""
     import cupy as cp
 
     from tunedb.bench.peers import throughput_us
@@ -144,7 +146,75 @@ def time_model(model: Path, reps: int, target_s: float, lock: Path | None) -> di
         rec["whole_again_us"] = throughput_us(ex.replay, ex.synchronize, target_s=target_s)
     rec["steps_sum_us"] = round(sum(r.get("us", 0.0) for r in steps), 1)
     rec["steps"] = steps
+    if variants:
+        for row, step, (a, b) in zip(steps, plan.steps, ex.step_ranges):
+            if row["path"] == "generated":
+                row.update(window_variants(cp, ex, step, ex._launch_fns[a:b], reps, lock))
     return rec
+
+
+def _floats(cp: Any, a: Any, dtype: str) -> Any:
+    """Stored values as float32 (bfloat16 bits widened)."""
+    if dtype == "bfloat16":
+        return (a.astype(cp.uint32) << 16).view(cp.float32)
+    return a.astype(cp.float32)
+
+
+def window_variants(cp: Any, ex: Any, step: Any, planned: list, reps: int, lock: Path | None) -> dict:
+    """A window step's other kernels (``benchmarks/step_variants.py``'s strips of 1/2/4, the row
+    branch, planes), each on the step's own buffers, checked against the planned kernel's
+    outputs (float32 rtol 1e-3, bfloat16 1.6e-2), then timed like the steps."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from step_variants import _window_variants
+
+    from tunedb.kernels.gen_window import has_window_op
+    from tunedb.runtime.launch import kernel_function, launcher
+
+    sub = step.graph
+    if not has_window_op(sub):
+        return {}
+    try:
+        kps, chosen = _window_variants(sub)
+    except Exception as e:  # noqa: BLE001 - no variants: a result
+        return {"variants_error": str(e)[:120]}
+    named = {**{s: ex.env[v] for s, v in zip(sub.inputs, step.inputs)},
+             **{s: ex.env[v] for s, v in zip(sub.outputs, step.outputs)}}
+    dtypes = {s: sub.type_of(s).dtype for s in sub.outputs}
+    for fn in planned:
+        fn()
+    ex.stream.synchronize()
+    want = {s: _floats(cp, named[s], dtypes[s]).copy() for s in sub.outputs}
+    modules: dict = {}
+    out: dict[str, Any] = {}
+    runs = {}
+    for label, kp in kps.items():
+        try:
+            funcs = [kernel_function(cp, modules, k) for k in kp.kernels]
+            runs[label] = launcher(funcs, kp.kernels, named, (), ex.stream)
+        except Exception as e:  # noqa: BLE001
+            out[label] = {"error": str(e).splitlines()[0][:120]}
+    with gpu_lock(lock):
+        for label, run in runs.items():
+            r: dict[str, Any] = {}
+            try:
+                for s in sub.outputs:
+                    named[s].fill(0)
+                run()
+                ex.stream.synchronize()
+                rtol, atol = (1.6e-2, 1e-3) if "bfloat16" in dtypes.values() else (1e-3, 1e-5)
+                bad = [s for s in sub.outputs if not bool(cp.allclose(
+                    _floats(cp, named[s], dtypes[s]), want[s], rtol=rtol, atol=atol))]
+                if bad:
+                    r["error"] = f"differs from the planned kernel on {bad[0]}"
+                else:
+                    r["us"] = round(_graph_us(cp, ex.stream, [run], reps), 2)
+            except Exception as e:  # noqa: BLE001
+                r["error"] = str(e).splitlines()[0][:120]
+            out[label] = r
+        for fn in planned:  # the planned outputs back in place
+            fn()
+        ex.stream.synchronize()
+    return {"chosen": chosen, "variants": out}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan-only", action="store_true", help="steps and paths from the plan, no GPU")
     p.add_argument("--reps", type=int, default=20, help="repetitions of a step per captured graph")
     p.add_argument("--target-s", type=float, default=0.05)
+    p.add_argument("--variants", action="store_true",
+                   help="also each window step's other kernels (benchmarks/step_variants.py)")
     p.add_argument("--lock", type=Path, default=None, help="hold this file's lock while timing")
     args = p.parse_args(argv)
     for m in args.models:
@@ -174,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 graph, _ = load_entry(collect_entries([m])[0])
                 rec = {"model": m.name, "steps": plan_steps(compile_plan(graph, device="generic"))}
             else:
-                rec = time_model(m, args.reps, args.target_s, args.lock)
+                rec = time_model(m, args.reps, args.target_s, args.lock, args.variants)
         except Exception as e:  # noqa: BLE001 - a failing model is a result
             rec = {"model": m.name, "error": str(e).splitlines()[0][:300] if str(e) else type(e).__name__}
         result["models"].append(rec)
