@@ -8,6 +8,11 @@ is a fork (an event on the main stream that the branch streams wait on) and a jo
 stream waits on one event per branch); captured once, that is one graph with parallel branches.
 A plan without stages runs as ``PlanExecutor`` does.
 
+``joins="dataflow"`` drops the barrier between stages: each group waits only on the earlier
+groups it reads from or whose bytes it reuses (``stage_flow.flow_schedule``), on a lane chosen so
+that the stream order adds no wait; ``joins="stage"`` is the fork and join per stage above. The
+default is ``DEFAULT_JOINS`` (``TUNEDB_STAGE_JOINS`` overrides it).
+
 ``StagedExecutor(plan, stage_streams=W)`` is the measurement harness: every step is built once
 per stream index ``0..W-1``, so that ``time_stage(groups)`` can run any candidate stage (at most
 ``W`` groups) with its groups on distinct streams. Give it a plan whose buffers keep every value
@@ -16,6 +21,7 @@ apart (no reuse), so that members of any candidate stage can run at once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,9 +30,12 @@ import numpy as np
 from tunedb.runtime.device import current_stream, import_cupy
 from tunedb.runtime.executor import ExecutorError, executor_for
 from tunedb.runtime.lanes import LaneExecutor
+from tunedb.runtime.stage_flow import FlowSchedule, flow_schedule
 from tunedb.runtime.streams import gc_paused
 
 Groups = Sequence[Sequence[int]]
+JOINS = ("stage", "dataflow")
+DEFAULT_JOINS = "stage"
 
 
 class StagedExecutor(LaneExecutor):
@@ -34,15 +43,25 @@ class StagedExecutor(LaneExecutor):
     more than one group) are added to ``summary()``."""
 
     def __init__(self, plan: Any, *, capture: bool = True, verify_capture: bool = True,
-                 sm_count: int | None = None, stage_streams: int = 0) -> None:
+                 sm_count: int | None = None, stage_streams: int = 0, joins: str | None = None) -> None:
         if not hasattr(plan, "stages"):
             raise ExecutorError("StagedExecutor takes a Plan (load JSON with Plan.from_json first)")
+        joins = joins or os.environ.get("TUNEDB_STAGE_JOINS") or DEFAULT_JOINS
+        if joins not in JOINS:
+            raise ExecutorError(f"joins must be one of {', '.join(JOINS)}, got {joins!r}")
         stages = tuple(plan.stages)
         self._ios_stages = stages
         self._ios_harness = stage_streams > 0
         width = max([len(st) for st in stages] + [1, stage_streams])
-        self._ios_width = width
         self._ios_stream_of = {i: gi for st in stages for gi, g in enumerate(st) for i in g}
+        self._flow: FlowSchedule | None = None
+        if joins == "dataflow" and not self._ios_harness and width > 1:
+            # one lane more than the widest stage, so that a group rarely waits on a stranger
+            self._flow = flow_schedule(plan, width + 1)
+            width = max(width, self._flow.lanes)
+            self._ios_stream_of = {i: fg.lane for fg in self._flow.groups for i in fg.steps}
+        self.joins = joins if self._flow is not None else "stage"
+        self._ios_width = width
         self._init_lanes(width - 1)
         self._ios_fns: dict[tuple[int, int], list[Any]] = {}
         self._ios_events: dict[tuple[int, int], Any] = {}
@@ -108,10 +127,33 @@ class StagedExecutor(LaneExecutor):
         for done in joins:
             main.wait_event(done)
 
+    def _enqueue_flow(self, flow: FlowSchedule) -> None:
+        """Every group on its lane after the groups it waits on; lanes fork from the main
+        stream at the start and all join it at the end."""
+        main = self.stream
+        start = self._event(-2, 0)
+        start.record(main)
+        joined = {0}
+        for i, fg in enumerate(flow.groups):
+            s = self._stream(fg.lane)
+            if fg.lane not in joined:
+                s.wait_event(start)
+                joined.add(fg.lane)
+            for j in fg.waits:
+                s.wait_event(self._event(-3, j))
+            with current_stream(self.cp, s):
+                self._run_group(fg.lane, fg.steps)
+            self._event(-3, i).record(s)
+        for j in flow.end_waits:
+            main.wait_event(self._event(-3, j))
+
     def _enqueue(self) -> None:
         if not self._ios_stages:
             for k in range(len(self.plan.steps)):
                 self._run_group(0, (k,))
+            return
+        if self._flow is not None:
+            self._enqueue_flow(self._flow)
             return
         for si, st in enumerate(self._ios_stages):
             self._enqueue_stage(si, st)
@@ -149,6 +191,10 @@ class StagedExecutor(LaneExecutor):
         out = super().summary()
         out["streams"] = max([len(st) for st in self._ios_stages] + [1])
         out["stages"] = sum(1 for st in self._ios_stages if len(st) > 1)
+        out["joins"] = self.joins
+        if self._flow is not None:
+            out["lanes"] = self._flow.lanes
+            out["waits"] = sum(len(fg.waits) for fg in self._flow.groups) + len(self._flow.end_waits)
         return out
 
 
