@@ -162,15 +162,21 @@ class Frame:
             if v in imaps:
                 r = row if row.isidentifier() else f"({row})"
                 m = imaps[v]
+                at = row_index_expr(m, r, col, self.R, self.C, V)
                 if V > 1 and V * DTYPE_BYTES[self.dtype(v)] <= 16 and _vector_map(m, V):
                     # V consecutive elements stay consecutive and aligned in the source: one load
-                    at = index_expr(m, f"{r} * {self.C}LL + {col}", self.R * self.C)
                     load = self.vec_load(v, at, V)
                     lines.append(f"const tdb_vec<{self.st(v)}, {V}> il_{self.n(v)} = {load};")
                     env[v] = self.conv(v, f"il_{self.n(v)}.v[k]")
                     continue
-                flat = f"{r} * {self.C}LL + {col} + k"
-                env[v] = self.conv(v, f"{self.param[v]}[{index_expr(m, flat, self.R * self.C)}]")
+                if V > 1 and self.C % V == 0 and all(t[0] % V == 0 for t in m):
+                    # the map steps only every V elements (GroupNorm's per-channel affine): one
+                    # element serves the whole vector
+                    lines.append(f"const {self.st(v)} iu_{self.n(v)} = {self.param[v]}[{at}];")
+                    env[v] = self.conv(v, f"iu_{self.n(v)}")
+                    continue
+                at = row_index_expr(m, r, f"{col} + k", self.R, self.C, V)
+                env[v] = self.conv(v, f"{self.param[v]}[{at}]")
                 continue
             idx = self.bcol_index(v, row, col)
             if V * DTYPE_BYTES[self.dtype(v)] > 16:
@@ -234,6 +240,34 @@ class Frame:
 
     def conv(self, v: str, raw: str) -> str:
         return load_conv(self.dtype(v), raw)
+
+
+def row_index_expr(m: tuple[tuple[int, ...], ...], row: str, col: str, R: int, C: int, V: int) -> str:
+    """``index_expr(m, row * C + col)`` over an [R, C] domain for a ``col`` < C (V divides C): a
+    term's quotient split into its row and column parts where its divisor divides C or C
+    divides it, in 32-bit arithmetic where every offset fits. A 64-bit division by a constant
+    costs tens of instructions an element (GroupNorm's affine behind a reshape had two)."""
+    numel = R * C
+    span = sum(((t[4] if len(t) == 5 else t[1]) - 1) * t[2] for t in m)
+    if C % V or numel >= 1 << 31 or span >= 1 << 31:
+        return index_expr(m, f"{row} * {C}LL + {col}", numel)
+    r, c = f"(unsigned)({row})", f"(unsigned)({col})"
+    parts = []
+    for div, mod, st, *shift in m:
+        if div % C == 0:
+            x = r if div == C else f"{r} / {div // C}u"
+        elif C % div == 0:
+            x = f"{r} * {C // div}u + {c} / {div}u" if div > 1 else f"{r} * {C}u + {c}"
+        else:
+            x = f"({r} * {C}u + {c}) / {div}u"
+        if div * mod < numel:
+            x = f"({x}) % {mod}u"
+        if shift and shift[0]:
+            x = f"(({x}) + {shift[0]}u) % {shift[1]}u"
+        elif shift and shift[1] < mod:
+            x = f"({x}) % {shift[1]}u"
+        parts.append(x if st == 1 else f"({x}) * {st}u")
+    return " + ".join(parts) or "0u"
 
 
 def _vector_map(m: tuple[tuple[int, ...], ...], V: int) -> bool:
