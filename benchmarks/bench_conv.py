@@ -33,16 +33,28 @@ from tunedb.bench.fusion import _one_line
 from tunedb.bench.provenance import provenance
 from tunedb.graph.builder import GraphBuilder
 from tunedb.graph.ops import check_node
-from tunedb.runtime import executor_conv
+from tunedb.runtime import conv_cudnn, executor_conv
 
-# CONV_BATCH_MERGE values (per-sample GEMMs, batch merged), "+tiled": with the tiled im2col kernel
-FORMS = ("never", "always", "never+tiled", "always+tiled")
+# CONV_BATCH_MERGE values (per-sample GEMMs, batch merged), "+tiled": with the tiled im2col kernel,
+# "+cudnn": conv_cudnn.CONV_CUDNN "auto" (its rule), "+cudnn-all": "always" (every im2col conv)
+FORMS = ("never", "always", "never+tiled", "always+tiled", "never+cudnn-all")
+FLAGS = ("tiled", "cudnn", "cudnn-all")
+
+
+DEFAULTS = (executor_conv.CONV_BATCH_MERGE, executor_conv.IM2COL_KERNEL, conv_cudnn.CONV_CUDNN)
+
+
+def reset_policy() -> None:
+    """The switches as the modules set them."""
+    executor_conv.CONV_BATCH_MERGE, executor_conv.IM2COL_KERNEL, conv_cudnn.CONV_CUDNN = DEFAULTS
 
 
 def set_policy(policy: str) -> None:
-    """``executor_conv``'s switches from ``MERGE[+tiled]``."""
-    merge, _, kernel = policy.partition("+")
-    executor_conv.CONV_BATCH_MERGE, executor_conv.IM2COL_KERNEL = merge, kernel or "rows"
+    """``executor_conv``'s and ``conv_cudnn``'s switches from ``MERGE[+FLAG...]``."""
+    merge, *flags = policy.split("+")
+    executor_conv.CONV_BATCH_MERGE = merge
+    executor_conv.IM2COL_KERNEL = "tiled" if "tiled" in flags else "rows"
+    conv_cudnn.CONV_CUDNN = "always" if "cudnn-all" in flags else "auto" if "cudnn" in flags else "off"
 
 
 def conv_cases(plan: Any) -> list[dict]:
@@ -238,13 +250,15 @@ def gpu_case(case: dict, reps: int) -> dict:
             got = torch.as_tensor(out.view(cp.int16) if bf16 else out, device="cuda")
             err = _rel(got.view(torch.bfloat16) if bf16 else got, want)
             r = {"path": path, "kernels": kernels, "rel_err": err, "ok": err < (1e-2 if bf16 else 1e-5)}
+            if ops.dnn is not None:  # cuDNN's algorithm, workspace bytes and its own time (ms)
+                r["cudnn_algo"] = ops.dnn.chosen
             if r["ok"]:
                 r["us"] = _graph_us(cp, stream, launches, reps)
                 r["parts_us"] = [_graph_us(cp, stream, [f], reps) for f in launches]
         except Exception as e:  # noqa: BLE001 - a failing form is a result
             r = {"error": _one_line(e)}
         finally:
-            set_policy("auto")
+            reset_policy()
         res[form] = r
         del ops, blas
     if bf16 and res["never"].get("path") == "im2col + cublas":
@@ -288,6 +302,7 @@ def whole(model: Path, policies: tuple[str, ...], target_s: float) -> dict:
             got = {k: cp.asnumpy(v) for k, v in ex.run(dev).items()}
             r = {"launches": ex.launches, "graph_capture": ex.graph_capture,
                  "merged_convs": sum("batch merged" in p for p in ex.paths),
+                 "cudnn_convs": len(ex.ops.dnn.chosen) if ex.ops.dnn is not None else 0,
                  "verify": verify(graph, got, refs, exp_span=span)}
             if r["verify"]["ok"]:
                 r["us"] = throughput_us(ex.replay, ex.synchronize, target_s=target_s)
@@ -295,7 +310,7 @@ def whole(model: Path, policies: tuple[str, ...], target_s: float) -> dict:
         except Exception as e:  # noqa: BLE001
             r = {"error": _one_line(e)}
         finally:
-            set_policy("auto")
+            reset_policy()
         out[policy] = r
         print(f"  whole {model.name} [{policy}]: {r.get('us', r.get('error', 'not verified'))}", flush=True)
     return out
@@ -334,14 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--whole", action="store_true", help="also the whole plan under each policy")
     p.add_argument("--policies", default="never,auto,auto-im2col",
                    help="CONV_BATCH_MERGE values the whole plan runs under (with --whole); "
-                        "a '+tiled' suffix: with the tiled im2col kernel")
+                        "suffixes: '+tiled' (the tiled im2col kernel), '+cudnn' / '+cudnn-all' "
+                        "(conv_cudnn.CONV_CUDNN auto / always)")
     p.add_argument("--no-convs", action="store_true", help="skip the per-convolution table")
     p.add_argument("--reps", type=int, default=20, help="repetitions per captured graph")
     p.add_argument("--target-s", type=float, default=0.05)
     args = p.parse_args(argv)
     known = ("never", "auto", "auto-unaligned", "auto-im2col", "always")
-    bad = [x for x in args.policies.split(",") if x.partition("+")[0] not in known
-           or x.partition("+")[2] not in ("", "tiled")]
+    bad = [x for x in args.policies.split(",") if x.split("+")[0] not in known
+           or any(f not in FLAGS for f in x.split("+")[1:])]
     if bad:
         print(f"error: unknown policy {bad[0]!r}; expected one of {', '.join(known)}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ import numpy as np
 
 from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node, TensorType
 from tunedb.graph.ops import check_node, slice_bounds
+from tunedb.runtime.conv_cudnn import Cudnn, cudnn_wanted
 from tunedb.runtime.copykernel import strided_copy
 from tunedb.runtime.executor_conv import conv_form, im2col_gemm
 from tunedb.runtime.executor_kernels import KERNEL_SOURCE
@@ -404,6 +405,7 @@ class ComputeOps:
         self.cp, self.k, self.blas = cp, kernels, blas
         self.lt = lt  # a tunedb.runtime.executor_lt.BlasLt: gemm bias vectors as its epilogue
         self.scratch = scratch  # nbytes -> getter of a uint8 device buffer of at least that size
+        self.dnn: Any = None  # a conv_cudnn.Cudnn, made at the first convolution sent to cuDNN
 
     def build(self, node: Node, a: dict, ins: list[Any], outs: list[Any]) -> tuple[list[Launch], int, str]:
         op = node.op
@@ -481,6 +483,11 @@ class ComputeOps:
             name = "tdbx_dwconv2d_bf16" if bf16 else "tdbx_dwconv2d_f32"
             launch = self.k.launch(name, tail[0], (x, w, bias, out) + tail)
             return [launch], 1, "depthwise kernel"
+        elif cudnn_wanted(x.shape, w.shape, out.shape, a, out.dtype.itemsize):
+            if self.dnn is None:  # one handle per builder, on the stream of its cuBLAS handle
+                self.dnn = Cudnn(cp, self.blas.stream)
+            steps.append(self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch))
+            path = "cudnn"
         else:
             steps += im2col_gemm(self, x, w, out, a, merged=form == "im2col merged")
             path = "im2col + cublas, batch merged" if form == "im2col merged" else "im2col + cublas"

@@ -1,0 +1,129 @@
+"""The cuDNN convolution path (``tunedb.runtime.conv_cudnn``): which convolutions the policy sends
+there, that a missing library is one clear error, and on the GPU that cuDNN's convolutions give
+the reference inside captured plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunedb.graph.builder import GraphBuilder
+from tunedb.runtime import conv_cudnn
+from tunedb.runtime.conv_cudnn import CudnnError, conv_params, cudnn_wanted
+
+
+def _attrs(k: int, stride: int = 1, pads: tuple | None = None) -> dict:
+    return {"strides": (stride, stride), "pads": pads or (k // 2,) * 4, "dilations": (1, 1), "groups": 1}
+
+
+@pytest.fixture
+def cudnn_policy():
+    def set_(value: str) -> None:
+        conv_cudnn.CONV_CUDNN = value
+    yield set_
+    conv_cudnn.CONV_CUDNN = "off"
+
+
+def test_off_by_default_sends_nothing():
+    assert conv_cudnn.CONV_CUDNN == "off"
+    assert not cudnn_wanted((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 56, 56), _attrs(3), 2)
+
+
+@pytest.mark.parametrize("x,w,out,a,itemsize,want", [
+    # ResNet-50 bf16 b8: the 3x3 convs at 56x56, 28x28 and 14x14 outputs (through torch, cuDNN
+    # NCHW beat im2col + GEMM there), not the 7x7-output ones, the 7x7 stem or the 1x1s
+    ((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 56, 56), _attrs(3), 2, True),
+    ((8, 256, 28, 28), (256, 256, 3, 3), (8, 256, 14, 14), _attrs(3, 2), 2, True),
+    ((8, 512, 7, 7), (512, 512, 3, 3), (8, 512, 7, 7), _attrs(3), 2, False),
+    ((8, 512, 14, 14), (512, 512, 3, 3), (8, 512, 7, 7), _attrs(3, 2), 2, False),
+    ((8, 3, 224, 224), (64, 3, 7, 7), (8, 64, 112, 112), _attrs(7, 2), 2, False),
+    ((8, 1024, 14, 14), (2048, 1024, 1, 1), (8, 2048, 7, 7), _attrs(1, 2), 2, False),
+    # float32 stays on the SIMT GEMMs; asymmetric pads have no cuDNN descriptor
+    ((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 56, 56), _attrs(3), 4, False),
+    ((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 55, 55), _attrs(3, 1, (0, 0, 1, 1)), 2, False),
+])
+def test_auto_takes_the_wide_windows_on_long_rows(cudnn_policy, x, w, out, a, itemsize, want):
+    cudnn_policy("auto")
+    assert cudnn_wanted(x, w, out, a, itemsize) is want
+
+
+def test_always_takes_every_symmetric_conv_and_pads_map_to_the_descriptor(cudnn_policy):
+    cudnn_policy("always")
+    assert cudnn_wanted((8, 3, 224, 224), (64, 3, 7, 7), (8, 64, 112, 112), _attrs(7, 2), 4)
+    assert not cudnn_wanted((1, 8, 9, 9), (8, 8, 2, 2), (1, 8, 9, 9), _attrs(2, 1, (0, 0, 1, 1)), 2)
+    assert conv_params((8, 64, 56, 56), (64, 64, 3, 3), {**_attrs(3, 2), "dilations": (2, 2)}) \
+        == (1, 1, 2, 2, 2, 2, 1)
+    assert conv_params((1, 8, 9, 9), (8, 8, 2, 2), _attrs(2, 1, (0, 1, 1, 1))) is None
+
+
+def test_a_missing_library_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(conv_cudnn, "_LIB", [])
+    monkeypatch.setattr(conv_cudnn, "_candidates", lambda: ["/nonexistent/libcudnn.so.9"])
+    with pytest.raises(CudnnError, match="cannot load cuDNN") as e:
+        conv_cudnn.library()
+    assert "\n" not in str(e.value)
+
+
+def test_the_library_search_looks_in_the_nvidia_wheels_folder(monkeypatch, tmp_path):
+    lib = tmp_path / "nvidia" / "cudnn" / "lib" / "libcudnn.so.9"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    monkeypatch.setattr("sys.path", [str(tmp_path)])
+    monkeypatch.setenv("TUNEDB_CUDNN", "/opt/x/libcudnn.so.9")
+    found = conv_cudnn._candidates()
+    assert found[:2] == ["/opt/x/libcudnn.so.9", str(lib)]
+
+
+# -- the GPU --------------------------------------------------------------------------------------
+def _net(dtype: str):
+    b = GraphBuilder(f"cudnn_{dtype}")
+    y = b.input("x", (4, 16, 14, 14), dtype)
+    w1, b1 = b.input("w1", (32, 16, 3, 3), dtype), b.input("b1", (32,), dtype)
+    y = b.relu(b.conv2d(y, w1, b1, strides=(1, 1), pads=(1,) * 4, dilations=(1, 1), groups=1))
+    w2 = b.input("w2", (24, 32, 3, 3), dtype)
+    y = b.conv2d(y, w2, strides=(2, 2), pads=(1,) * 4, dilations=(1, 1), groups=1)
+    return b.build([y])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_cudnn_convolutions_match_the_reference_captured(cudnn_policy, dtype):
+    from plan_checks import check_outputs
+
+    from tunedb.plan import compile
+    from tunedb.runtime.executor import PlanExecutor
+    from tunedb.runtime.inputs import make_inputs
+
+    try:
+        conv_cudnn.library()
+    except CudnnError as e:
+        pytest.skip(str(e))
+    cudnn_policy("always")
+    plan = compile(_net(dtype), device="cuda")
+    ex = PlanExecutor(plan)
+    assert ex.ops.dnn is not None and len(ex.ops.dnn.chosen) == 2
+    dev, ref_in = make_inputs(plan.graph, 5)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+
+
+def test_the_conv_bench_sets_and_restores_the_switches():
+    import importlib.util
+    from pathlib import Path
+
+    from tunedb.runtime import executor_conv
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_conv.py"
+    spec = importlib.util.spec_from_file_location("bench_conv_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    before = (executor_conv.CONV_BATCH_MERGE, executor_conv.IM2COL_KERNEL, conv_cudnn.CONV_CUDNN)
+    try:
+        bench.set_policy("never+tiled+cudnn")
+        assert (executor_conv.CONV_BATCH_MERGE, executor_conv.IM2COL_KERNEL, conv_cudnn.CONV_CUDNN) \
+            == ("never", "tiled", "auto")
+        bench.set_policy("always+cudnn-all")
+        assert (executor_conv.IM2COL_KERNEL, conv_cudnn.CONV_CUDNN) == ("rows", "always")
+        bench.reset_policy()
+        assert (executor_conv.CONV_BATCH_MERGE, executor_conv.IM2COL_KERNEL, conv_cudnn.CONV_CUDNN) == before
+    finally:
+        executor_conv.CONV_BATCH_MERGE, executor_conv.IM2COL_KERNEL, conv_cudnn.CONV_CUDNN = before

@@ -1,0 +1,208 @@
+"""cuDNN convolutions (NCHW) that a CUDA graph can capture, where a cuDNN library loads.
+
+CuPy 14 has no cuDNN, so this module calls cuDNN's C API through ``ctypes`` (the legacy
+convolution API, still in cuDNN 9), as ``tunedb.runtime.blas`` does for cuBLAS: a handle bound
+to the executor's stream, descriptors made once per convolution, the fastest algorithm found
+by ``cudnnFindConvolutionForwardAlgorithmEx`` when the step is built (before any capture), then
+one ``cudnnConvolutionForward`` a run with a fixed workspace (the executor's shared scratch).
+The library is looked up in ``$TUNEDB_CUDNN``, the ``nvidia/cudnn/lib`` folder of the NVIDIA
+wheels (which torch installs) on ``sys.path``, then the dynamic loader's search.
+
+Which convolutions go to cuDNN is ``CONV_CUDNN`` (``executor_conv`` decides the im2col forms):
+``off`` (the default until measured), ``auto`` (``cudnn_wanted``), ``always`` (every conv
+that would take an im2col). Nothing here imports CuPy; the caller hands it in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+CONV_CUDNN = "off"
+DATA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 9}  # cudnnDataType_t
+NCHW, CROSS_CORRELATION = 0, 1
+DEFAULT_MATH, FMA_MATH = 0, 3  # float32: FMA only (cuDNN's default would allow TF32)
+ALGO_COUNT = 8
+FIND_WORKSPACE = 64 << 20  # the largest workspace an algorithm may ask for
+# Loaded before libcudnn so its dlopen calls by soname find them (wheels keep them side by side).
+SUBLIBS = ("libcudnn_graph", "libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled",
+           "libcudnn_heuristic", "libcudnn_ops", "libcudnn_cnn")
+_LIB: list[Any] = []
+_RETIRED: list[int] = []  # handles of collected ``Cudnn`` objects, destroyed by the next one
+
+
+class CudnnError(RuntimeError):
+    """cuDNN could not be loaded or a call failed (one-line message)."""
+
+
+class AlgoPerf(ctypes.Structure):
+    _fields_ = [("algo", ctypes.c_int), ("status", ctypes.c_int), ("time", ctypes.c_float),
+                ("memory", ctypes.c_size_t), ("determinism", ctypes.c_int), ("mathType", ctypes.c_int),
+                ("reserved", ctypes.c_int * 3)]
+
+
+def conv_params(x_shape: Sequence[int], w_shape: Sequence[int], a: dict) -> tuple[int, ...] | None:
+    """``(pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, groups)`` of cuDNN's 2-D convolution
+    descriptor, or None where it has none (asymmetric pads)."""
+    pt, pl, pb, pr = (int(p) for p in a["pads"])
+    if (pt, pl) != (pb, pr):
+        return None
+    (sh, sw), (dh, dw) = a["strides"], a["dilations"]
+    return pt, pl, int(sh), int(sw), int(dh), int(dw), int(a["groups"])
+
+
+def cudnn_wanted(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int], a: dict,
+                 itemsize: int) -> bool:
+    """Whether ``CONV_CUDNN`` sends an im2col convolution to cuDNN. ``auto``: 16-bit data, a
+    window wider than 1x1 on 16+ channels, 196+ output pixels a sample (H200, ResNet-50 bf16 b8,
+    through torch: cuDNN NCHW 18.6-19.9 µs against 27-33 for im2col + GEMM on those 3x3 convs;
+    slower on the 7x7 and 14->7 ones, the 7x7 stem and the strided 1x1s)."""
+    if CONV_CUDNN == "off" or conv_params(x_shape, w_shape, a) is None:
+        return False
+    if CONV_CUDNN == "always":
+        return True
+    _, c, _, _ = x_shape
+    o, _, kh, kw = w_shape
+    return itemsize == 2 and kh * kw > 1 and c >= 16 and int(a["groups"]) == 1 \
+        and int(out_shape[2]) * int(out_shape[3]) >= 196
+
+
+def _candidates() -> list[str]:
+    env = os.environ.get("TUNEDB_CUDNN", "")
+    found = [env] if env else []
+    for d in sys.path:
+        found += sorted(glob.glob(os.path.join(d or ".", "nvidia", "cudnn", "lib", "libcudnn.so.*")))
+    lib = ctypes.util.find_library("cudnn")
+    return found + ([lib] if lib else []) + ["libcudnn.so.9"]
+
+
+def library() -> Any:
+    """The cuDNN shared library with the prototypes used here (loaded once)."""
+    if _LIB:
+        return _LIB[0]
+    errors = []
+    lib = None
+    for path in _candidates():
+        folder = os.path.dirname(path)
+        for sub in SUBLIBS if folder else ():
+            for p in glob.glob(os.path.join(folder, sub + ".so*"))[:1]:
+                try:
+                    ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
+                except OSError as e:
+                    errors.append(f"{os.path.basename(p)}: {e}")
+        try:
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            break
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    if lib is None:
+        raise CudnnError("cannot load cuDNN: " + "; ".join(errors)[:300])
+    vp, i, pi = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)
+    protos = {
+        "cudnnCreate": [ctypes.POINTER(vp)], "cudnnDestroy": [vp], "cudnnSetStream": [vp, vp],
+        "cudnnCreateTensorDescriptor": [ctypes.POINTER(vp)],
+        "cudnnSetTensor4dDescriptor": [vp, i, i, i, i, i, i],
+        "cudnnCreateFilterDescriptor": [ctypes.POINTER(vp)],
+        "cudnnSetFilter4dDescriptor": [vp, i, i, i, i, i, i],
+        "cudnnCreateConvolutionDescriptor": [ctypes.POINTER(vp)],
+        "cudnnSetConvolution2dDescriptor": [vp, i, i, i, i, i, i, i, i],
+        "cudnnSetConvolutionGroupCount": [vp, i], "cudnnSetConvolutionMathType": [vp, i],
+        "cudnnGetConvolution2dForwardOutputDim": [vp, vp, vp, pi, pi, pi, pi],
+        "cudnnFindConvolutionForwardAlgorithmEx": [vp, vp, vp, vp, vp, vp, vp, vp, i, pi,
+                                                   ctypes.POINTER(AlgoPerf), vp, ctypes.c_size_t],
+        "cudnnConvolutionForward": [vp, vp, vp, vp, vp, vp, vp, i, vp, ctypes.c_size_t, vp, vp, vp],
+    }
+    for name, args in protos.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise CudnnError(f"cuDNN library lacks {name}") from None
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    lib.cudnnGetErrorString.argtypes, lib.cudnnGetErrorString.restype = [i], ctypes.c_char_p
+    lib.cudnnGetVersion.argtypes, lib.cudnnGetVersion.restype = [], ctypes.c_size_t
+    _LIB.append(lib)
+    return lib
+
+
+def _check(lib: Any, status: int, what: str) -> None:
+    if status != 0:
+        raise CudnnError(f"{what} failed: {lib.cudnnGetErrorString(status).decode(errors='replace')}")
+
+
+class Cudnn:
+    """A cuDNN handle bound to ``stream``; ``conv`` builds one convolution's launch. Keep it alive
+    as long as a CUDA graph replays its calls."""
+
+    def __init__(self, cp: Any, stream: Any) -> None:
+        lib = self.lib = library()
+        while _RETIRED:
+            lib.cudnnDestroy(_RETIRED.pop())
+        self.cp, self.version = cp, int(lib.cudnnGetVersion())
+        h = ctypes.c_void_p()
+        _check(lib, lib.cudnnCreate(ctypes.byref(h)), "cudnnCreate")
+        self.handle = h.value
+        self._final = weakref.finalize(self, _RETIRED.append, self.handle)
+        self._final.atexit = False
+        _check(lib, lib.cudnnSetStream(self.handle, int(stream.ptr) or None), "cudnnSetStream")
+
+    def _desc(self, kind: str, setter: str, *args: int) -> ctypes.c_void_p:
+        d = ctypes.c_void_p()
+        _check(self.lib, getattr(self.lib, f"cudnnCreate{kind}Descriptor")(ctypes.byref(d)), kind)
+        _check(self.lib, getattr(self.lib, setter)(d, *args), setter)
+        return d
+
+    def conv(self, x: Any, w: Any, out: Any, a: dict, dtype: str,
+             scratch: Callable[[int], Callable[[], Any]]) -> Callable[[], None]:
+        """The launch of ``out = conv2d(x, w)`` (NCHW, contiguous, no bias) on stored arrays of
+        ``dtype``; its workspace comes from ``scratch`` (the executor's shared buffer)."""
+        lib, cp = self.lib, self.cp
+        params = conv_params(x.shape, w.shape, a)
+        if params is None or dtype not in DATA_TYPES:
+            raise CudnnError(f"no cuDNN convolution for pads {a['pads']} / {dtype}")
+        if not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous):
+            raise CudnnError("cuDNN convolution on strided arrays")
+        t = DATA_TYPES[dtype]
+        xd = self._desc("Tensor", "cudnnSetTensor4dDescriptor", NCHW, t, *map(int, x.shape))
+        yd = self._desc("Tensor", "cudnnSetTensor4dDescriptor", NCHW, t, *map(int, out.shape))
+        wd = self._desc("Filter", "cudnnSetFilter4dDescriptor", t, NCHW, *map(int, w.shape))
+        cd = self._desc("Convolution", "cudnnSetConvolution2dDescriptor", *params[:6], CROSS_CORRELATION,
+                        DATA_TYPES["float32"])
+        _check(lib, lib.cudnnSetConvolutionGroupCount(cd, params[6]), "cudnnSetConvolutionGroupCount")
+        _check(lib, lib.cudnnSetConvolutionMathType(cd, FMA_MATH if dtype == "float32" else DEFAULT_MATH),
+               "cudnnSetConvolutionMathType")
+        dims = [ctypes.c_int() for _ in range(4)]
+        _check(lib, lib.cudnnGetConvolution2dForwardOutputDim(cd, xd, wd, *map(ctypes.byref, dims)),
+               "cudnnGetConvolution2dForwardOutputDim")
+        if tuple(d.value for d in dims) != tuple(out.shape):
+            raise CudnnError(f"cuDNN output {tuple(d.value for d in dims)} is not {tuple(out.shape)}")
+        perf, got = (AlgoPerf * ALGO_COUNT)(), ctypes.c_int()
+        ws = cp.empty(FIND_WORKSPACE, dtype=cp.uint8)
+        _check(lib, lib.cudnnFindConvolutionForwardAlgorithmEx(
+            self.handle, xd, x.data.ptr, wd, w.data.ptr, cd, yd, out.data.ptr, ALGO_COUNT,
+            ctypes.byref(got), perf, ws.data.ptr, FIND_WORKSPACE), "cudnnFindConvolutionForwardAlgorithmEx")
+        cp.cuda.Device().synchronize()
+        del ws
+        ok = [p for p in perf[:got.value] if p.status == 0 and p.memory <= FIND_WORKSPACE]
+        if not ok:
+            raise CudnnError("cuDNN found no forward algorithm")
+        best = min(ok, key=lambda p: p.time)
+        algo, nbytes = int(best.algo), int(best.memory)
+        self.chosen = getattr(self, "chosen", []) + [(algo, nbytes, float(best.time))]
+        get = scratch(max(1, nbytes))
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        keep = (xd, yd, wd, cd, one, zero, x, w, out)
+        px, pw, po = x.data.ptr, w.data.ptr, out.data.ptr
+
+        def run() -> None:
+            _check(lib, lib.cudnnConvolutionForward(
+                self.handle, ctypes.byref(one), xd, px, wd, pw, cd, algo, get().data.ptr, nbytes,
+                ctypes.byref(zero), yd, po), "cudnnConvolutionForward")
+
+        run.keep = keep  # type: ignore[attr-defined]  # what the call's pointers point into
+        return run
