@@ -6,10 +6,12 @@ Inception V3 batch 1 (GPU). The schedules are the stored v6 run's (``stages_h200
 the refined and the full oracle's stages, applied to today's IOS plan, whose steps are the same)
 and today's predicted IOS schedule. Each staged plan is run two ways by ``StagedExecutor``:
 ``joins="stage"`` (a fork and a join per wide stage) and ``joins="dataflow"`` (no barrier: each
-group waits only on the groups it conflicts with). ``refined_serial`` is the refined plan with
-each stage's groups run one after another on one stream: the same kernels in the same stage
-order without concurrency. Every plan is verified against the float64 reference and
-onnxruntime before it is timed; all are timed in interleaved rounds (throughput mode, median µs).
+group waits only on the groups it conflicts with), and ``dataflow+priority`` (the longest
+predicted path on a stream of the highest priority, the graph instantiated to honour it).
+``refined_serial`` is the refined plan with each stage's groups run one after another on one
+stream: the same kernels in the same stage order without concurrency. Every plan is verified
+against the float64 reference and onnxruntime before it is timed; all are timed in interleaved
+rounds (throughput mode, median µs).
 ``--auto``: ``tunedb.compile(model, schedule="auto")`` as a user calls it too (merge choice
 included; timed once if its plan is one of the others).
 The harness part times each refined stage as the refinement does (``time_stage``, values kept
@@ -125,7 +127,8 @@ def run(out: Path, budget_s: float, rounds: int, want_auto: bool, harness: bool)
     say(f"planned in {res['plan_s']} s (+ auto {res.get('auto_plan_s')})")
     variants = [("sequential", "stage"), ("ios", "stage"), ("ios", "dataflow"), ("refined", "stage"),
                 ("refined", "dataflow"), ("oracle", "stage"), ("oracle", "dataflow"),
-                ("refined_serial", "stage")]
+                ("refined_serial", "stage"), ("refined", "dataflow+priority"),
+                ("ios", "dataflow+priority")]
     if "auto" in plans:
         res["auto_same_plan_as"] = next((k for k in ("ios", "sequential")
                                          if plan_digest(plans[k]) == plan_digest(plans["auto"])), None)
@@ -140,7 +143,7 @@ def run(out: Path, budget_s: float, rounds: int, want_auto: bool, harness: bool)
                                    "wide_stages": sum(1 for st in plans[name].stages if len(st) > 1)}
             res["variants"][key] = rec
             try:
-                ex = StagedExecutor(plans[name], joins=joins)
+                ex = StagedExecutor(plans[name], joins=joins.split("+")[0], priority="+priority" in joins)
                 rec["executor"] = {k: v for k, v in ex.summary().items() if k != "paths"}
                 got = _host(ex.run({v: dev[v] for v in graph.inputs}))
                 rec["verify"] = {"reference": verify(graph, got, refs),

@@ -17,7 +17,7 @@ from tunedb.graph.multibranch import nasnet_a_graph, randwire_graph
 from tunedb.graph.reference import run_reference
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.runtime.inputs import make_inputs
-from tunedb.runtime.stage_flow import FlowSchedule, flow_schedule, group_conflicts
+from tunedb.runtime.stage_flow import FlowSchedule, critical_groups, flow_schedule, group_conflicts
 
 
 @pytest.fixture(scope="module", params=["randwire", pytest.param("nasnet", marks=pytest.mark.slow)])
@@ -71,9 +71,11 @@ def _correct(plan, order, inputs, ref) -> bool:
     return all(np.allclose(got[v], ref[v], rtol=1e-4, atol=1e-4) for v in ref)
 
 
-def test_every_order_the_waits_allow_computes_the_graph(staged) -> None:
+@pytest.mark.parametrize("critical", [False, True])
+def test_every_order_the_waits_allow_computes_the_graph(staged, critical) -> None:
     plan, inputs, ref = staged
-    flow = flow_schedule(plan, max(len(st) for st in plan.stages) + 1)
+    flow = flow_schedule(plan, max(len(st) for st in plan.stages) + 1,
+                         critical_groups(plan) if critical else None)
     assert sorted(k for fg in flow.groups for k in fg.steps) == list(range(len(plan.steps)))
     assert flow.lanes > 1
     rng = np.random.default_rng(0)
@@ -97,3 +99,14 @@ def test_groups_of_one_stage_never_wait_on_each_other(staged) -> None:
     before = flow.happens_before()
     for i, g in enumerate(flow.groups):
         assert not [j for j in before[i] if flow.groups[j].stage == g.stage]
+
+
+def test_the_longest_path_runs_on_lane_one_alone(staged) -> None:
+    """With ``critical``, the groups of the longest predicted path take lane 1 (the stream that
+    may get a higher priority) and no other group does, on these graphs."""
+    plan, _, _ = staged
+    path = critical_groups(plan)
+    preds = [sum(plan.steps[k].predicted_us for k in g) for st in plan.stages for g in st]
+    assert len(path) >= len(plan.stages) // 2 and sum(preds[i] for i in path) < sum(preds)
+    flow = flow_schedule(plan, max(len(st) for st in plan.stages) + 1, path)
+    assert {i for i, fg in enumerate(flow.groups) if fg.lane == 1} == path

@@ -19,8 +19,10 @@ class LaneExecutor(PlanExecutor):
     """A ``PlanExecutor`` that builds steps on lanes; subclasses call ``_init_lanes`` before
     ``PlanExecutor.__init__`` (which builds the steps)."""
 
-    def _init_lanes(self, streams: int) -> None:
-        self._lane_pool = StreamPool(max(1, streams), tf32=os.environ.get("CUPY_TF32", "0") not in ("", "0"))
+    def _init_lanes(self, streams: int, priorities: dict[int, int] | None = None) -> None:
+        """``priorities``: lane -> CUDA stream priority (lanes > 0 only)."""
+        self._lane_pool = StreamPool(max(1, streams), tf32=os.environ.get("CUPY_TF32", "0") not in ("", "0"),
+                                     priorities={g - 1: p for g, p in (priorities or {}).items() if g > 0})
         self._lane_ops: dict[int, tuple[ComputeOps, ComputeOps]] = {}
         self._lane_cur = 0
         self._lane_need: dict[int, int] = {}

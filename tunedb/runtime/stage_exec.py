@@ -11,7 +11,9 @@ A plan without stages runs as ``PlanExecutor`` does.
 ``joins="dataflow"`` drops the barrier between stages: each group waits only on the earlier
 groups it reads from or whose bytes it reuses (``stage_flow.flow_schedule``), on a lane chosen so
 that the stream order adds no wait; ``joins="stage"`` is the fork and join per stage above. The
-default is ``DEFAULT_JOINS`` (``TUNEDB_STAGE_JOINS`` overrides it).
+default is ``DEFAULT_JOINS`` (``TUNEDB_STAGE_JOINS`` overrides it). With ``priority=True`` the
+dataflow schedule puts the groups of the longest predicted path on lane 1, whose stream gets the
+device's highest priority, and the graph is instantiated to honour it (``graph_priority``).
 
 ``StagedExecutor(plan, stage_streams=W)`` is the measurement harness: every step is built once
 per stream index ``0..W-1``, so that ``time_stage(groups)`` can run any candidate stage (at most
@@ -29,8 +31,9 @@ import numpy as np
 
 from tunedb.runtime.device import current_stream, import_cupy
 from tunedb.runtime.executor import ExecutorError, executor_for
+from tunedb.runtime.graph_priority import capture_with_priorities
 from tunedb.runtime.lanes import LaneExecutor
-from tunedb.runtime.stage_flow import FlowSchedule, flow_schedule
+from tunedb.runtime.stage_flow import FlowSchedule, critical_groups, flow_schedule
 from tunedb.runtime.streams import gc_paused
 
 Groups = Sequence[Sequence[int]]
@@ -43,7 +46,8 @@ class StagedExecutor(LaneExecutor):
     more than one group) are added to ``summary()``."""
 
     def __init__(self, plan: Any, *, capture: bool = True, verify_capture: bool = True,
-                 sm_count: int | None = None, stage_streams: int = 0, joins: str | None = None) -> None:
+                 sm_count: int | None = None, stage_streams: int = 0, joins: str | None = None,
+                 priority: bool = False) -> None:
         if not hasattr(plan, "stages"):
             raise ExecutorError("StagedExecutor takes a Plan (load JSON with Plan.from_json first)")
         joins = joins or os.environ.get("TUNEDB_STAGE_JOINS") or DEFAULT_JOINS
@@ -55,14 +59,18 @@ class StagedExecutor(LaneExecutor):
         width = max([len(st) for st in stages] + [1, stage_streams])
         self._ios_stream_of = {i: gi for st in stages for gi, g in enumerate(st) for i in g}
         self._flow: FlowSchedule | None = None
+        lane_priority: dict[int, int] = {}
         if joins == "dataflow" and not self._ios_harness and width > 1:
             # one lane more than the widest stage, so that a group rarely waits on a stranger
-            self._flow = flow_schedule(plan, width + 1)
+            self._flow = flow_schedule(plan, width + 1, critical_groups(plan) if priority else None)
             width = max(width, self._flow.lanes)
             self._ios_stream_of = {i: fg.lane for fg in self._flow.groups for i in fg.steps}
+            if priority:
+                lane_priority = {1: int(import_cupy().cuda.runtime.deviceGetStreamPriorityRange()[1])}
         self.joins = joins if self._flow is not None else "stage"
+        self.priority = bool(lane_priority)
         self._ios_width = width
-        self._init_lanes(width - 1)
+        self._init_lanes(width - 1, lane_priority)
         self._ios_fns: dict[tuple[int, int], list[Any]] = {}
         self._ios_events: dict[tuple[int, int], Any] = {}
         super().__init__(plan, capture=capture, verify_capture=verify_capture, sm_count=sm_count)
@@ -147,6 +155,19 @@ class StagedExecutor(LaneExecutor):
         for j in flow.end_waits:
             main.wait_event(self._event(-3, j))
 
+    def _record(self) -> tuple[Any, Any, BaseException | None]:
+        if not self.priority:
+            return super()._record()
+        cp = self.cp
+        pool = cp.cuda.MemoryPool()
+        graph, err = None, None
+        with gc_paused(), current_stream(cp, self.stream), cp.cuda.using_allocator(pool.malloc):
+            try:
+                graph = capture_with_priorities(self.stream, self._enqueue)
+            except Exception as e:  # noqa: BLE001 - the executor launches eagerly and says why
+                err = e
+        return graph, pool, err
+
     def _enqueue(self) -> None:
         if not self._ios_stages:
             for k in range(len(self.plan.steps)):
@@ -192,6 +213,7 @@ class StagedExecutor(LaneExecutor):
         out["streams"] = max([len(st) for st in self._ios_stages] + [1])
         out["stages"] = sum(1 for st in self._ios_stages if len(st) > 1)
         out["joins"] = self.joins
+        out["priority"] = self.priority
         if self._flow is not None:
             out["lanes"] = self._flow.lanes
             out["waits"] = sum(len(fg.waits) for fg in self._flow.groups) + len(self._flow.end_waits)

@@ -112,8 +112,32 @@ def group_conflicts(plan: Any) -> list[tuple[tuple[int, int], set[tuple[int, int
     return out
 
 
-def flow_schedule(plan: Any, lanes: int) -> FlowSchedule:
-    """The dataflow schedule of ``plan``'s stages on at most ``lanes`` streams (module doc)."""
+def critical_groups(plan: Any, conflicts: list | None = None) -> set[int]:
+    """Indices (in stage order) of the groups on the longest path by the steps' predicted
+    times: the chain that a concurrent group should not slow down."""
+    conflicts = group_conflicts(plan) if conflicts is None else conflicts
+    index = {key: i for i, (key, _) in enumerate(conflicts)}
+    cost = [sum(plan.steps[k].predicted_us + plan.launch_us * plan.steps[k].launches
+                for k in plan.stages[si][gi]) for (si, gi), _ in conflicts]
+    after: list[list[int]] = [[] for _ in conflicts]
+    for i, (_, deps) in enumerate(conflicts):
+        for d in deps:
+            after[index[d]].append(i)
+    rank = [0.0] * len(conflicts)
+    for i in reversed(range(len(conflicts))):
+        rank[i] = cost[i] + max((rank[j] for j in after[i]), default=0.0)
+    path: set[int] = set()
+    cur = max(range(len(conflicts)), key=lambda i: rank[i], default=None)
+    while cur is not None:
+        path.add(cur)
+        cur = max(after[cur], key=lambda j: rank[j], default=None)
+    return path
+
+
+def flow_schedule(plan: Any, lanes: int, critical: set[int] | None = None) -> FlowSchedule:
+    """The dataflow schedule of ``plan``'s stages on at most ``lanes`` streams (module doc).
+    ``critical``: groups (``critical_groups``) to put on lane 1 where that adds no wait, and
+    the others off it where they can go elsewhere (lane 1 may then run at a higher priority)."""
     lanes = max(1, int(lanes))
     conflicts = group_conflicts(plan)
     index = {key: i for i, (key, _) in enumerate(conflicts)}
@@ -124,13 +148,18 @@ def flow_schedule(plan: Any, lanes: int) -> FlowSchedule:
     pos: list[int] = []               # position of each group on its lane
     out: list[FlowGroup] = []
     last_stage = [-1] * lanes
-    for (si, gi), deps in conflicts:
+    for i, ((si, gi), deps) in enumerate(conflicts):
         direct = sorted(index[d] for d in deps)
         need = [0] * lanes            # done counts the group needs on each lane, transitively
         for j in direct:
             need = [max(a, b) for a, b in zip(need, done_clock[j])]
         # a lane whose groups so far are all needed anyway: its stream order costs nothing
         free = [L for L in range(lanes) if need[L] >= count[L] and last_stage[L] < si]
+        if critical is not None and lanes > 2:
+            if i in critical and 1 in free:
+                free = [1]
+            elif i not in critical:
+                free = [L for L in free if L != 1] or free
         if free:
             lane = max(free, key=lambda L: (count[L] > 0 and need[L] == count[L], -L))
         else:  # every lane would add a wait: take the one whose last group is oldest

@@ -34,10 +34,12 @@ class StreamPool:
     Keep the pool alive while any graph captured with it replays: the graphs use its handles'
     workspaces and temporaries from ``memory_pool``."""
 
-    def __init__(self, n: int, *, tf32: bool = False, cp: Any = None) -> None:
+    def __init__(self, n: int, *, tf32: bool = False, cp: Any = None,
+                 priorities: dict[int, int] | None = None) -> None:
         if n < 1:
             raise ValueError(f"a stream pool needs at least one stream, got {n}")
         self.n, self.tf32 = int(n), tf32
+        self.priorities = dict(priorities or {})  # stream index -> CUDA priority (lower: sooner)
         self.cp = cp if cp is not None else _cupy()
         self._streams: list[Any] = [None] * self.n
         self._blas: list[Blas | None] = [None] * self.n
@@ -52,7 +54,9 @@ class StreamPool:
         """The ``i``-th stream (non-blocking: no implicit sync with the legacy null stream)."""
         i = self._index(i)
         if self._streams[i] is None:
-            self._streams[i] = self.cp.cuda.Stream(non_blocking=True)
+            p = self.priorities.get(i)
+            self._streams[i] = (self.cp.cuda.Stream(non_blocking=True) if p is None
+                                else self.cp.cuda.Stream(non_blocking=True, priority=p))
         return self._streams[i]
 
     def blas(self, i: int) -> Blas:
