@@ -5,7 +5,8 @@ the protocol the packing collector uses (``collectors/packing.py``). Its tunedb 
 a collection's would be: the packing workload as a ``Workload`` (canonical hash; ``graph_json``
 holds the packing record's JSON, scheme ``tunedb.packing/1``), each candidate as a ``Candidate``
 of kind ``packing``, each timing (or failure) as a ``Measurement`` of one ``Run``; the peers'
-rows (and the split-K candidates, which the cost model has no features for) stay bench data.
+rows stay bench data (the split-K and chunked candidates are stored since feature schema
+``packing/6``).
 ``python -m collectors.packing_ingest --db DB sweep.json``.
 """
 
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from tunedb._version import __version__
-from tunedb.kernels.packing import BACKENDS, PackingWorkload, candidate_waste
 from tunedb.kernels.packing import Candidate as PackCandidate
+from tunedb.kernels.packing import PackingWorkload, candidate_waste
 from tunedb.records import Candidate, DeviceInfo, Measurement, Protocol, Run, Workload, canonical_json
 from tunedb.store.core import TuningStore
 
@@ -58,8 +59,6 @@ def records_of(results: Iterable[dict[str, Any]], device_id: str, run_id: str, p
             if row.get("system") != "tunedb":
                 continue
             pc = PackCandidate.from_json(row["candidate"])
-            if any(cl.backend not in BACKENDS for cl in pc.clusters):
-                continue  # split-K: the cost model has no features for it (bench data only)
             c = candidate_record(w, pc)
             cs.append(c)
             status = _status(row)

@@ -213,19 +213,20 @@ def test_extra_candidates_on_the_gpu(dtype: str) -> None:
     pool.close()
 
 
-def test_ingest_leaves_the_extra_backends_out() -> None:
-    """Bench rows of split-K / chunked candidates stay bench data: the cost model has no features
-    for them, so they never reach a store that training reads."""
+def test_ingest_stores_the_extra_backends_with_their_parameters() -> None:
+    """Since feature schema packing/6, bench rows of split-K / chunked candidates are stored like
+    the rest (slices and rows in the config, which hashes them apart); peers stay bench data."""
     from collectors.packing_ingest import records_of
     from tunedb.records import Protocol
 
     w = PackingWorkload("r4", "replicas", tuple(Member(256, 128, 1152) for _ in range(4)))
     rows = [{"system": "tunedb", "variant": c.name, "candidate": c.to_json(), "status": "ok",
-             "samples_us": [1.0, 1.1]} for c in candidates(w)[:2] + splitk_candidates(w)[:1]
+             "samples_us": [1.0, 1.1]} for c in candidates(w)[:2] + splitk_candidates(w)[:2]
             + chunk_candidates(w)[:1]]
     rows.append({"system": "torch", "variant": "graph loop", "status": "ok", "samples_us": [2.0]})
     ws, cs, ms = records_of([{"workload": w.to_json(), "rows": rows}], "dev", "run",
                             Protocol(warmup=3, samples=2, flush_l2=False, batch=10))
-    assert len(ws) == 1 and len(cs) == 2 and len(ms) == 2
-    assert all("splitk" not in c.config_dict["backends"] and "chunks" not in c.config_dict["backends"]
-               for c in cs)
+    assert len(ws) == 1 and len(cs) == 5 and len(ms) == 5 and len({c.hash for c in cs}) == 5
+    backends = [c.config_dict["backends"] for c in cs]
+    assert sum(b.startswith("splitk") for b in backends) == 2
+    assert sum(b.startswith("chunks") for b in backends) == 1

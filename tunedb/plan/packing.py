@@ -30,7 +30,15 @@ import numpy as np
 from tunedb.costmodel.packing import board_labels
 from tunedb.graph.ir import Graph, Node
 from tunedb.graph.ops import canonical_attrs, infer_graph
-from tunedb.kernels.packing import Candidate, Cluster, Member, PackingWorkload, candidate_waste, candidates
+from tunedb.kernels.packing import (
+    Candidate,
+    Cluster,
+    Member,
+    PackingWorkload,
+    all_candidates,
+    candidate_waste,
+)
+from tunedb.kernels.packing_inplace import INPLACE_BACKENDS, inplace_ok
 from tunedb.records import Candidate as Record
 from tunedb.records import Workload, canonical_json
 from tunedb.runtime.device import import_cupy
@@ -128,8 +136,9 @@ def choose(w: PackingWorkload, model: Any = None, min_gain: float = 0.05
 
     With ``model`` (a booster of ``tunedb.costmodel.packing``, passed in by the caller so that
     planning does not depend on the cost-model layer) the fastest prediction wins unless it beats
-    serial by less than ``min_gain``; without, the rule."""
-    cands = candidates(w)
+    serial by less than ``min_gain``; without, the rule. Every kind of candidate
+    (``all_candidates``): a tenants' pack runs any backend (``PackedRun``)."""
+    cands = all_candidates(w)
     serial = next(c for c in cands if c.name == "whole:serial")
     if model is None:
         names = [c.name for c in cands]
@@ -150,8 +159,10 @@ def choose(w: PackingWorkload, model: Any = None, min_gain: float = 0.05
 # -- packs inside a plan ---------------------------------------------------------------------------
 # Backends a plan runs with the plan's own buffers (tunedb.runtime.pack_exec): one call per member,
 # on one stream or on forked streams, or one grouped call over plain GEMM members' own arrays. The
-# padded/pointer/concat backends need operands restacked, copies the database did not time.
-PLAN_BACKENDS = ("serial", "streams", "grouped")
+# padded/pointer/concat backends need operands restacked, copies the database did not time;
+# splitk and chunks run when their problems fall on the members' own arrays (inplace_ok).
+PLAN_BACKENDS = ("serial", "streams", "grouped", "splitk", "chunks")
+PLAIN_BACKENDS = ("grouped",) + INPLACE_BACKENDS  # pointers into the members' own arrays
 PACK_STEP_KINDS = ("matmul", "gemm", "conv2d")
 PACK_SOURCES = ("model", "db", "measured")
 
@@ -182,7 +193,7 @@ class PlanPack:
     @property
     def clusters(self) -> tuple[Cluster, ...]:
         """The clusters with plan step indices as members (what the executor runs)."""
-        return tuple(Cluster(tuple(self.steps[i] for i in c.members), c.backend, c.streams)
+        return tuple(Cluster(tuple(self.steps[i] for i in c.members), c.backend, c.streams, c.split, c.rows)
                      for c in self.cand.clusters)
 
     @property
@@ -243,9 +254,12 @@ def check_packs(plan: Any) -> None:
         got = sorted(i for c in cand.clusters for i in c.members)
         if got != list(range(len(st))):
             raise ValueError(f"pack {p}: its clusters do not partition its {len(st)} members")
-        g = plan.graph if any(c.backend == "grouped" for c in cand.clusters) else None
+        g = plan.graph
+        nodes = [g.nodes[s.nodes[0]] for s in steps]
         bad = [c.backend for c in cand.clusters if c.backend not in PLAN_BACKENDS or (
-            c.backend == "grouped" and not all(plain_gemm(g, g.nodes[steps[i].nodes[0]]) for i in c.members))]
+            c.backend in PLAIN_BACKENDS and not all(plain_gemm(g, nodes[i]) for i in c.members))
+            or (c.backend in INPLACE_BACKENDS and not inplace_ok(
+                [gemm_member(g, nodes[i]) for i in c.members], c.backend, c.split, c.rows))]
         if bad or cand.concurrent != 1:
             what = (bad or ["concurrent clusters"])[0]
             raise ValueError(f"pack {p}: backend {what} does not run in a plan")
@@ -263,9 +277,12 @@ def plain_gemm(graph: Graph, node: Node) -> bool:
 
 def plan_candidates(w: PackingWorkload, grouped: bool = True) -> list[Candidate]:
     """The candidates of ``w`` a plan can run (``PLAN_BACKENDS``, clusters one after another;
-    ``grouped`` only when every member is a ``plain_gemm``)."""
-    ok = PLAN_BACKENDS if grouped else tuple(b for b in PLAN_BACKENDS if b != "grouped")
-    return [c for c in candidates(w) if c.concurrent == 1 and all(cl.backend in ok for cl in c.clusters)]
+    ``grouped``, ``splitk`` and ``chunks`` only when every member is a ``plain_gemm``, the
+    latter two where ``inplace_ok``)."""
+    ok = PLAN_BACKENDS if grouped else tuple(b for b in PLAN_BACKENDS if b not in PLAIN_BACKENDS)
+    return [c for c in all_candidates(w) if c.concurrent == 1 and all(cl.backend in ok and (
+        cl.backend not in INPLACE_BACKENDS or inplace_ok([w.members[i] for i in cl.members], cl.backend,
+                                                          cl.split, cl.rows)) for cl in c.clusters)]
 
 
 def store_times(store: Any, device_ids: Sequence[str] | None) -> Any:
@@ -421,7 +438,8 @@ def pack_plan_steps(graph: Graph, steps: Sequence[Any], *, model: Any = None, ti
         order = sorted(range(len(pos)), key=lambda i: pos[i])  # members in plan order
         back = {old: new for new, old in enumerate(order)}
         remap = Candidate(cand.partition, tuple(Cluster(tuple(sorted(back[i] for i in c.members)),
-                                                        c.backend, c.streams) for c in cand.clusters))
+                                                        c.backend, c.streams, c.split, c.rows)
+                                                for c in cand.clusters))
         packs.append(PlanPack(tuple(sorted(pos)), canonical_json(remap.to_json()), w.hash,
                               round(us, 3), round(serial_us, 3), source))
     return steps, sorted(packs, key=lambda p: p.steps)
@@ -507,7 +525,7 @@ def pack_plans(plans: Sequence[Any], *, model: Any = None, times: Any = None,
         raise ValueError("the tenants' ready layers differ in dtype; pack them per dtype")
     measured = times(w) if times is not None else {}
     if measured:
-        by_name = {c.name: c for c in candidates(w)}
+        by_name = {c.name: c for c in all_candidates(w)}
         name = min((k for k in measured if k in by_name), key=lambda k: measured[k], default=None)
         if name is not None and "whole:serial" in measured \
                 and measured[name] <= measured["whole:serial"] * (1 - min_gain):

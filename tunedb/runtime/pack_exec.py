@@ -6,7 +6,9 @@ GEMM/conv steps; ``tunedb.plan.packing.PlanPack``) by its clusters, one after an
 spread (longest predicted first) over ``k`` streams of a ``StreamPool``, forked from and joined
 back into the executor's stream, so that the captured plan is one CUDA graph with parallel
 branches; a ``grouped`` cluster as one ``cublasGemmGroupedBatchedEx`` over the members' own
-arrays (plain GEMMs only: pointers into the plan's fixed buffers). Each branch stream has its
+arrays (plain GEMMs only: pointers into the plan's fixed buffers); a ``splitk`` or ``chunks``
+cluster as one pointer-array batched GEMM over the members' own arrays (``pack_inplace``: equal
+shapes, whole slices and chunks, no padding). Each branch stream has its
 own cuBLAS handle, workspace and scratch buffer (im2col convolutions never share memory).
 Members read and write the plan's own buffers: no copies; serial and streams clusters run the
 unpacked plan's kernels, only side by side.
@@ -26,13 +28,16 @@ from typing import Any
 import numpy as np
 
 from tunedb.graph.ops import canonical_attrs
+from tunedb.kernels.packing import Member
+from tunedb.kernels.packing_inplace import inplace_ok, inplace_plan
 from tunedb.runtime.blas import DATA_TYPES, OP_N, OP_T, check, library
 from tunedb.runtime.device import import_cupy
 from tunedb.runtime.executor import ExecutorError, executor_for
 from tunedb.runtime.lanes import LaneExecutor
+from tunedb.runtime.pack_inplace import build_inplace
 from tunedb.runtime.streams import record_forked
 
-RUNNABLE = ("serial", "streams", "grouped")
+RUNNABLE = ("serial", "streams", "grouped", "splitk", "chunks")
 
 
 def _lpt(members: list[int], cost: Mapping[int, float], k: int) -> list[list[int]]:
@@ -112,6 +117,8 @@ class PackExecutor(LaneExecutor):
         self._init_lanes(width)
         self._pk_fns: dict[int, list[Any]] = {}
         self._pk_grouped: dict[tuple[int, int], Any] = {}
+        self._pk_params = {(p, c): (cl.backend, cl.split, cl.rows) for p, pack in enumerate(plan.packs)
+                           for c, cl in enumerate(pack.clusters)}
         self._pk_keep: list[Any] = []
         super().__init__(plan, capture=capture, verify_capture=verify_capture, sm_count=sm_count)
 
@@ -136,7 +143,7 @@ class PackExecutor(LaneExecutor):
         cluster forks its branches onto the pool's streams and joins them back; a grouped
         cluster is one cuBLAS grouped call over the members' own buffers."""
         for c, (backend, branches) in enumerate(self._pk_layout[p]):
-            if backend == "grouped":
+            if backend in ("grouped", "splitk", "chunks"):
                 self._grouped(p, c, branches[0])()
             elif backend == "serial":
                 self._run_steps(branches[0])
@@ -147,17 +154,27 @@ class PackExecutor(LaneExecutor):
     def _grouped(self, p: int, c: int, steps: list[int]) -> Any:
         """The launch of a grouped cluster, made on first use (the first, eager run): one
         ``cublasGemmGroupedBatchedEx`` reading and writing the plan's arrays in place, members
-        of one shape in one group. Members that are not plain row-major GEMMs over contiguous
-        arrays run one after another instead (a fallback, reported)."""
+        of one shape in one group (``splitk``/``chunks``: one pointer-array batched GEMM, made
+        the same way). Members that are not plain row-major GEMMs over contiguous arrays, or
+        whose shapes do not split in place, run one after another instead (a fallback, reported)."""
         key = (p, c)
         fn = self._pk_grouped.get(key)
         if fn is None:
             problems = [_gemm_problem(self.graph, self.plan.steps[k], self.env) for k in steps]
-            if any(x is None for x in problems) or not hasattr(library(), "cublasGemmGroupedBatchedEx"):
-                self.fallbacks.append(f"pack {p}: grouped cluster ran one member after another "
-                                      "(an operand is not a contiguous row-major GEMM operand, or "
-                                      "this cuBLAS has no grouped GEMM)")
+            backend, split, rows = self._pk_params[key]
+            members = [None if x is None else Member(x[3], x[4], x[5], x[6], x[8], "nt" if x[7] else "nn")
+                       for x in problems]
+            if any(x is None for x in members) or (backend != "grouped" and not inplace_ok(
+                    members, backend, split, rows)) or (
+                    backend == "grouped" and not hasattr(library(), "cublasGemmGroupedBatchedEx")):
+                self.fallbacks.append(f"pack {p}: {backend} cluster ran one member after another "
+                                      "(an operand is not a contiguous row-major GEMM operand, the "
+                                      "shapes do not split in place, or this cuBLAS has no grouped GEMM)")
                 fn = lambda: self._run_steps(steps)  # noqa: E731
+            elif backend != "grouped":
+                fn, keep = build_inplace(self.cp, self.blas, inplace_plan(members, backend, split, rows),
+                                         [x[:3] for x in problems], problems[0][8])
+                self._pk_keep.append(keep)
             else:
                 fn = self._grouped_call(problems)
             self._pk_grouped[key] = fn
