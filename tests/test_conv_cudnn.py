@@ -23,8 +23,17 @@ def cudnn_policy():
     conv_cudnn.CONV_CUDNN = "off"
 
 
-def test_off_by_default_sends_nothing():
-    assert conv_cudnn.CONV_CUDNN == "off"
+def test_off_by_default_sends_nothing_and_the_environment_sets_it():
+    import os
+    import subprocess
+    import sys
+
+    code = "from tunedb.runtime import conv_cudnn; print(conv_cudnn.CONV_CUDNN)"
+    env = {k: v for k, v in os.environ.items() if k != "TUNEDB_CONV_CUDNN"}
+    for given, want in ((None, "off"), ("auto", "auto")):
+        e = env if given is None else {**env, "TUNEDB_CONV_CUDNN": given}
+        got = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        assert got.stdout.strip() == want
     assert not cudnn_wanted((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 56, 56), _attrs(3), 2)
 
 

@@ -10,7 +10,8 @@ wheels (which torch installs) on ``sys.path``, then the dynamic loader's search.
 
 Which convolutions go to cuDNN is ``CONV_CUDNN`` (``executor_conv`` decides the im2col forms):
 ``off`` (the default until measured), ``auto`` (``cudnn_wanted``), ``always`` (every conv
-that would take an im2col). Nothing here imports CuPy; the caller hands it in.
+that would take an im2col); ``$TUNEDB_CONV_CUDNN`` sets it for a process (a benchmark's peers
+in the same run). Nothing here imports CuPy; the caller hands it in.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-CONV_CUDNN = "off"
+CONV_CUDNN = os.environ.get("TUNEDB_CONV_CUDNN", "off")
 DATA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 9}  # cudnnDataType_t
 NCHW, CROSS_CORRELATION = 0, 1
 DEFAULT_MATH, FMA_MATH = 0, 3  # float32: FMA only (cuDNN's default would allow TF32)
