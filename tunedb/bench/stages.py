@@ -3,7 +3,7 @@
     python -m tunedb.bench.stages OUT.json [--peers[=NAME,...]] [--refine[=NAME,...]] [--refine-all]
                                   [--oracle=block|full|none] [--concat-views] [--one-stream]
                                   [--merge[=KEY,...]] [--only=NAME,...] [--budget-s=200] [--rounds=3]
-                                  [--peers-only] [--plain]
+                                  [--peers-only] [--plain] [--both-joins]
     python -m tunedb.bench.stages [OUT.json] --replay=ROWS.json [--no-alone]
     python -m tunedb.bench.stages [OUT.json] --auto-replay=BENCH.json [--stored=ROWS.json]
     python -m tunedb.bench.stages CANDIDATES.json --candidates [--only=NAME,...]
@@ -38,6 +38,8 @@ streams). ``--merge``: the plans with sibling convolutions merged (IOS's merge s
 ``--concat-views``; on Inception ``ios_merge_exact`` too (only the merges of one kernel size: the
 1x1 heads, no zero taps); with ``--refine`` the refinement on ``ios_merge`` too where it has
 concurrent stages (``ios_merge_refined``); ``--merge=ios_merge,...`` only those variants.
+``--both-joins``: every staged plan also run with the staged executor's other ``joins`` (stage
+barriers or dataflow, ``tunedb.runtime.stage_flow``), as ``KEY@JOINS``, in the same rounds.
 ``--only``'s order is the run order.
 The JSON is rewritten after every case; ``--budget-s`` stops starting new work when spent.
 Every measured stage goes to ``OUT_rows.json`` with the plan it belongs to; ``--replay`` runs the
@@ -87,7 +89,7 @@ from tunedb.plan.stage_refine import choose_auto, choose_auto_measured
 from tunedb.plan.stages import apply_stages
 from tunedb.runtime.device import NoGPUError, device_info
 from tunedb.runtime.inputs import input_roles, make_inputs
-from tunedb.runtime.stage_exec import StagedExecutor
+from tunedb.runtime.stage_exec import DEFAULT_JOINS, JOINS, StagedExecutor
 
 __all__ = ["GRAPHS", "INPUT_SEED", "ORACLE_MAX", "auto_replay", "candidates", "cases", "main",
            "plan_digest", "refine", "replay", "run", "time_plans"]
@@ -107,16 +109,18 @@ def plan_digest(plan: Plan) -> str:
 
 
 def time_plans(plans: dict[str, Plan], dev: dict, refs: dict, ort: dict | None, graph: Any,
-               rounds: int = 3) -> dict[str, dict[str, Any]]:
+               rounds: int = 3, joins: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """One record per plan: each distinct plan (``plan_digest``) built, verified against the
     reference (and onnxruntime), and only then timed, all of them in ``rounds`` interleaved
-    rounds; a plan equal to one before it says ``same_plan_as`` and carries that plan's time."""
+    rounds; a plan equal to one before it says ``same_plan_as`` and carries that plan's time.
+    ``joins``: key -> the staged executor's ``joins`` for that plan (else its default)."""
     recs: dict[str, dict[str, Any]] = {}
     first: dict[str, str] = {}
     live: dict[str, Any] = {}
+    joins = joins or {}
     try:
         for key, plan in plans.items():
-            digest = plan_digest(plan)
+            digest = plan_digest(plan) + (f"@{joins[key]}" if key in joins else "")
             rec: dict[str, Any] = {"us": None, "kernels": plan.kernels, "stages": len(plan.stages),
                                    "wide_stages": sum(1 for st in plan.stages if len(st) > 1),
                                    "digest": digest, "search": dict(plan.search)}
@@ -126,7 +130,7 @@ def time_plans(plans: dict[str, Plan], dev: dict, refs: dict, ort: dict | None, 
                 continue
             first[digest] = key
             try:
-                ex = StagedExecutor(plan)
+                ex = StagedExecutor(plan, joins=joins.get(key))
                 rec["executor"] = {k: v for k, v in ex.summary().items() if k != "paths"}
                 got = _host(ex.run({v: dev[v] for v in plan.graph.inputs}))
                 rec["verify"] = {"reference": verify(graph, got, refs)}
@@ -259,7 +263,7 @@ def _speedups(rec: dict) -> None:
 def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], budget_s: float,
         only: list[str], oracle: str = "block", concat_views: bool = False, refine_all: bool = False,
         one_stream: bool = False, merge: bool | list[str] = False, rounds: int = 3,
-        peers_only: bool = False, plain: bool = False) -> dict:
+        peers_only: bool = False, plain: bool = False, both_joins: bool = False) -> dict:
     """The bench (module docstring); the result as written to ``out_path``."""
     t_start = time.perf_counter()
     deadline = t_start + budget_s
@@ -303,7 +307,12 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], bu
                 _refine_case(name, plans, rec, say, deadline, oracle, stage_data)
                 write_json({"device": result["device"], "device_info": asdict(info), "cases": stage_data},
                            rows_path)
-            for key, r in time_plans(plans, dev, refs, ort, graph, rounds).items():
+            other = {}
+            if both_joins:  # every staged plan also with the joins its executor does not default to
+                alt = next(j for j in JOINS if j != DEFAULT_JOINS)
+                other = {f"{k}@{alt}": alt for k, p in plans.items() if any(len(st) > 1 for st in p.stages)}
+                plans.update({k: plans[k.split("@")[0]] for k in other})
+            for key, r in time_plans(plans, dev, refs, ort, graph, rounds, other).items():
                 rec[key] = r
                 if "merge" in key:
                     r["merged_convs"] = len(dict(plans[key].search).get("merged_convs", ()))
@@ -343,7 +352,7 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], bu
 
 _FLAGS = ("--peers", "--refine", "--refine-all", "--oracle=", "--concat-views", "--one-stream", "--merge",
           "--only=", "--budget-s=", "--rounds=", "--peers-only", "--plain", "--replay=", "--no-alone",
-          "--auto-replay=", "--stored=", "--candidates")
+          "--auto-replay=", "--stored=", "--candidates", "--both-joins")
 
 
 def _value(argv: list[str], flag: str) -> str | None:
@@ -426,7 +435,7 @@ def main(argv: list[str]) -> int:
             one_stream="--one-stream" in argv,
             merge="--merge" in argv if merge_arg is None else merge_arg.split(","),
             rounds=int(_value(argv, "--rounds") or 3), peers_only="--peers-only" in argv,
-            plain="--plain" in argv)
+            plain="--plain" in argv, both_joins="--both-joins" in argv)
     except NoGPUError as e:
         print(f"error: no GPU for the stage bench: {_one_line(e)}", file=sys.stderr)
         return 1
