@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.bench.packing_choice import model_choice, summarize_choice
 from tunedb.bench.packing_duel import duel
 from tunedb.bench.packing_jax import jax_rows
 from tunedb.bench.provenance import provenance
@@ -206,7 +207,7 @@ def graph_cases(path: Path) -> list[PackingWorkload]:
 
 def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps: int, samples: int,
              peers: bool = True, log: Callable[[str], None] = print, jax_peers: bool = False,
-             extra: bool = True, duel_rounds: int = 0) -> dict[str, Any]:
+             extra: bool = True, duel_rounds: int = 0, model: Any = None) -> dict[str, Any]:
     host = make_inputs(w, seed=0)
     inputs = [(cp.asarray(x), cp.asarray(wt)) for x, wt in host]  # once per case, for all candidates
     refs = reference(w, inputs)
@@ -223,11 +224,14 @@ def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps:
     res = {"case": w.name, "family": w.family, "hash": w.hash, "members": len(w.members),
            "problems": w.problems, "flops": w.flops, "bytes": w.bytes(), "workload": w.to_json(),
            "rows": rows, "summary": summarize(rows)}
+    if model is not None:  # what a user's plan runs: the model's pick, timed in the same pass
+        res["model_choice"] = summarize_choice(res, model_choice(w, rows, model))
     if peers and duel_rounds > 0:
         tc = TorchCase(torch, cp, w, host)
         try:
             res["duel"] = duel(w, rows, cp=cp, torch=torch, pool=pool, inputs=inputs, refs=refs,
-                               tc=tc, time_torch=time_torch, reps=reps, rounds=duel_rounds, log=log)
+                               tc=tc, time_torch=time_torch, reps=reps, rounds=duel_rounds, log=log,
+                               choice=res.get("model_choice", {}).get("variant", ""))
         except Exception as e:  # noqa: BLE001 - the first pass's rows stand without the duel
             res["duel"] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
         tc.__dict__.clear()
@@ -295,13 +299,13 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def render(results: Sequence[dict[str, Any]]) -> str:
     head = ["case", "tunedb best", "us", "eager", "graph", "streams best", "pad bmm", "vmap best",
-            "jax best", "x best peer", "duel x"]
+            "jax best", "x best peer", "duel x", "model's pick", "us", "x best peer", "duel x"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
         ok = {r["variant"]: r["median_us"] for r in res["rows"] if r["system"] != "tunedb"
               and r.get("status") == "ok"}
         s = res["summary"]
-        tb = s.get("tunedb", {})
+        tb, mc = s.get("tunedb", {}), res.get("model_choice", {})
 
         def best_of(prefix: str, ok: dict = ok) -> str:
             v = [t for n, t in ok.items() if n.startswith(prefix)]
@@ -310,7 +314,10 @@ def render(results: Sequence[dict[str, Any]]) -> str:
             res["case"], tb.get("variant", "-"), f"{tb.get('median_us', math.nan):.1f}",
             best_of("eager"), best_of("graph loop"), best_of("streams"), best_of("padded"),
             best_of("vmap"), best_of("jax"), f"{s.get('speedup_vs_best_peer', math.nan):.2f}x",
-            f"{res.get('duel', {}).get('speedup_vs_best_peer', math.nan):.2f}x"]) + " |")
+            f"{res.get('duel', {}).get('speedup_vs_best_peer', math.nan):.2f}x",
+            mc.get("variant", "-"), f"{mc.get('median_us', math.nan):.1f}",
+            f"{mc.get('speedup_vs_best_peer', math.nan):.2f}x",
+            f"{res.get('duel', {}).get('choice_over_best_peer', math.nan):.2f}x"]) + " |")
     return "\n".join(lines)
 
 
@@ -331,8 +338,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duel", type=int, default=0, metavar="ROUNDS",
                     help="then tunedb's 2 fastest and the 2 fastest torch peers again, interleaved")
     ap.add_argument("--no-extra", action="store_true",
-                    help="without the split-K and chunked candidates (the cost model's set only)")
+                    help="without the split-K and chunked candidates (the packing/5 model's set)")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="a packing model folder: report its pick (what a user's plan runs) per case")
     args = ap.parse_args(argv)
+    model = None
+    if args.model is not None:
+        from tunedb.costmodel.packing import load_predictor
+        try:
+            model = load_predictor(args.model)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     try:
         if args.graph:
             cases = [w for g in args.graph for w in graph_cases(g)]
@@ -377,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["results"].append(run_case(w, cp=cp, torch=torch, pool=pool, reps=args.reps,
                                        samples=args.samples, peers=not args.no_peers,
                                        jax_peers=args.jax, extra=not args.no_extra,
-                                       duel_rounds=args.duel))
+                                       duel_rounds=args.duel, model=model))
         cp.get_default_memory_pool().free_all_blocks()
         args.out.write_text(json.dumps(doc, indent=1))
     print(render(doc["results"]))

@@ -38,12 +38,15 @@ def _graph_of(tc: Any, fn: Callable[[], None] | None) -> Callable[[], None] | No
 
 def duel(w: PackingWorkload, rows: Sequence[dict[str, Any]], *, cp: Any, torch: Any, pool: Any,
          inputs: Sequence[Any], refs: Sequence[Any], tc: Any, time_torch: Callable[..., list[float]],
-         reps: int, rounds: int = 10, top: int = 2, log: Callable[[str], None] = print
-         ) -> dict[str, Any]:
+         reps: int, rounds: int = 10, top: int = 2, log: Callable[[str], None] = print,
+         choice: str = "") -> dict[str, Any]:
     """Re-time the ``top`` fastest ok tunedb rows and torch rows of ``rows`` (one case) in
-    interleaved rounds; every item is checked first and left out (with its error) if it fails."""
+    interleaved rounds; every item is checked first and left out (with its error) if it fails.
+    ``choice``: a tunedb variant timed too (the model's pick); ``choice_over_best_peer`` is its
+    speedup over the best peer of the rounds."""
     ok = sorted((r for r in rows if r.get("status") == "ok"), key=lambda r: r["median_us"])
     mine = [r for r in ok if r["system"] == "tunedb"][:top]
+    mine += [r for r in ok if r["system"] == "tunedb" and r["variant"] == choice and r not in mine][:1]
     builders = torch_builders(tc)
     theirs = [r for r in ok if r["system"] == "torch" and r["variant"] in builders][:top]
     items: dict[str, tuple[str, Callable[[], None], Callable[[], list[float]]]] = {}
@@ -93,6 +96,8 @@ def duel(w: PackingWorkload, rows: Sequence[dict[str, Any]], *, cp: Any, torch: 
             for s in ("tunedb", "torch")}
     if best["tunedb"] and best["torch"]:
         out["speedup_vs_best_peer"] = best["torch"] / best["tunedb"]
+        if f"tunedb {choice}" in out["items"]:
+            out["choice_over_best_peer"] = best["torch"] / out["items"][f"tunedb {choice}"]["median_us"]
     for k, v in out["items"].items():
         log(f"  duel {k:36s} {v['median_us']:10.2f} us (p20 {v['p20_us']:.2f}, p80 {v['p80_us']:.2f})")
     return out
