@@ -42,9 +42,11 @@ from tunedb.plan.buffers import plan_buffers
 from tunedb.plan.driver import compile as compile_plan
 from tunedb.plan.merge import bind_constants
 from tunedb.plan.stages import apply_stages
-from tunedb.runtime.device import device_info
+from tunedb.runtime.device import current_stream, device_info
+from tunedb.runtime.graph_priority import graph_size
 from tunedb.runtime.inputs import input_roles, make_inputs
 from tunedb.runtime.stage_exec import StagedExecutor
+from tunedb.runtime.streams import gc_paused
 
 ROOT = Path(__file__).resolve().parents[1]
 V6 = ROOT / "data" / "bench" / "stages_h200_v6_b1.json"
@@ -110,6 +112,17 @@ def _harness(base: Any, stages: list, rec: dict, deadline: float) -> None:
     h.close_streams()
 
 
+def _graph_size(ex: Any) -> tuple[int | None, int | None]:
+    """Nodes and edges of the executor's launches captured once more (a diagnostic)."""
+    cp = ex.cp
+    pool = cp.cuda.MemoryPool()
+    try:
+        with gc_paused(), current_stream(cp, ex.stream), cp.cuda.using_allocator(pool.malloc):
+            return graph_size(ex.stream, ex._enqueue)
+    except Exception:  # noqa: BLE001 - no count is no harm
+        return None, None
+
+
 def run(out: Path, budget_s: float, rounds: int, want_auto: bool, harness: bool) -> dict:
     t0 = time.perf_counter()
     deadline = t0 + budget_s
@@ -145,6 +158,7 @@ def run(out: Path, budget_s: float, rounds: int, want_auto: bool, harness: bool)
             try:
                 ex = StagedExecutor(plans[name], joins=joins.split("+")[0], priority="+priority" in joins)
                 rec["executor"] = {k: v for k, v in ex.summary().items() if k != "paths"}
+                rec["graph_nodes"], rec["graph_edges"] = _graph_size(ex)
                 got = _host(ex.run({v: dev[v] for v in graph.inputs}))
                 rec["verify"] = {"reference": verify(graph, got, refs),
                                  "onnxruntime": verify(graph, got, ort, ORT_SLACK)}

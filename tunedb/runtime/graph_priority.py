@@ -68,3 +68,24 @@ def capture_with_priorities(stream: Any, enqueue: Callable[[], None]) -> Priorit
         lib.cuGraphDestroy(graph)
         _check(code, "cuGraphInstantiateWithFlags")
     return PriorityGraph(graph, exec_)
+
+
+def graph_size(stream: Any, enqueue: Callable[[], None]) -> tuple[int, int]:
+    """(nodes, edges) of the graph that ``enqueue()`` captures on ``stream`` (not instantiated):
+    how many dependencies a schedule's joins put in the graph."""
+    lib = _driver()
+    handle = ctypes.c_void_p(stream.ptr)
+    _check(lib.cuStreamBeginCapture_v2(handle, ctypes.c_int(CAPTURE_MODE_RELAXED)), "cuStreamBeginCapture")
+    graph = ctypes.c_void_p()
+    try:
+        enqueue()
+    finally:
+        code = lib.cuStreamEndCapture(handle, ctypes.byref(graph))
+    _check(code, "cuStreamEndCapture")
+    try:
+        nodes, edges = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _check(lib.cuGraphGetNodes(graph, None, ctypes.byref(nodes)), "cuGraphGetNodes")
+        _check(lib.cuGraphGetEdges(graph, None, None, ctypes.byref(edges)), "cuGraphGetEdges")
+        return int(nodes.value), int(edges.value)
+    finally:
+        lib.cuGraphDestroy(graph)
