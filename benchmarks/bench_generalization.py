@@ -8,6 +8,7 @@ reference first, throughput timing). Not run in CI; needs a GPU with CuPy.
     python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --workers 2 --plan-only  # CPU
     python benchmarks/bench_generalization.py OUT_DIR --tier bandwidth --only NAME [NAME ...]
     python benchmarks/bench_generalization.py NEW.json --table --against OLD.json [OLDER.json]  # CPU
+    python benchmarks/bench_generalization.py NEW.json --table --merge --against OLD.json ...  # CPU
 
 Writes ``OUT_DIR/anchors_plan.json`` and ``OUT_DIR/generalization_plan.json`` (the ``tunedb
 bench plan`` JSON plus ``floor_bytes``/``floor_us`` per entry and ``copy_TBps``: each input
@@ -229,6 +230,17 @@ def against_table(result: dict, olds: list[dict]) -> list[str]:
     return out
 
 
+def merged(results: list[dict]) -> dict:
+    """One tier result holding each workload's newest verified timing among ``results`` (newest
+    first): the tier as it stands when later runs re-timed only what they changed."""
+    seen: dict[str, dict] = {}
+    for r in results:
+        for e in r["entries"]:
+            if _timed(e) and e.get("floor_us") and e["name"] not in seen:
+                seen[e["name"]] = e
+    return {"entries": list(seen.values())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -249,12 +261,18 @@ def main() -> None:
     ap.add_argument("--against", nargs="+", type=Path, default=None, metavar="OLD.json",
                     help="with --table: each workload beside its time in the first of these earlier "
                          "tier JSONs that timed it (newest first)")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --table and --against: the table over each workload's newest timing "
+                         "among OUT.json and the --against JSONs (the tier as it stands)")
     args = ap.parse_args()
     t0 = time.monotonic()
     if args.table:  # OUT is the folder of a run or a tier JSON itself (data/bench/...json)
         path = args.out if args.out.suffix == ".json" else args.out / "generalization_tier.json"
         result = json.loads(path.read_text())
         olds = [json.loads(p.read_text()) for p in args.against or ()]
+        if args.merge:
+            print("\n".join(tier_table(merged([result] + olds))))
+            return
         print("\n".join(against_table(result, olds) if olds else tier_table(result)))
         return
     args.out.mkdir(parents=True, exist_ok=True)

@@ -304,6 +304,20 @@ def test_against_table_puts_each_workload_beside_its_first_earlier_timing():
     assert lines[-1].startswith("\n2 workloads timed in both: geomean of the floor 0.224 then, 0.632 now")
 
 
+def test_merged_tier_keeps_each_workloads_newest_verified_timing():
+    bench = load_script("bench_generalization")
+
+    def entry(name, us, ok=True):
+        return {"name": name, "tunedb": {"us": us}, "floor_us": 10.0, "verify": {"reference": {"ok": ok}}}
+
+    newest = {"entries": [entry("a", 20.0), entry("b", 5.0, ok=False)]}
+    older = {"entries": [entry("a", 40.0), entry("b", 25.0), entry("c", 12.5)]}
+    got = {e["name"]: e["tunedb"]["us"] for e in bench.merged([newest, older])["entries"]}
+    assert got == {"a": 20.0, "b": 25.0, "c": 12.5}  # b failed verification in the newest run
+    assert "3 of 3 workloads verified and timed: geomean 0.543" in bench.tier_table(
+        bench.merged([newest, older]))[-1]
+
+
 def test_tier_only_picks_named_workloads_and_refuses_unknown_names():
     bench = load_script("bench_generalization")
     tier = bench.suite_paths(bench.TIER_KINDS)
