@@ -24,7 +24,7 @@ from tunedb.graph.ir import Graph, Node
 from tunedb.graph.ops import canonical_attrs, is_elementwise
 from tunedb.kernels.analysis import UnsupportedFusion
 from tunedb.kernels.expr import FLOATS, RED_INIT, STORAGE, flit, literal, load_conv, op_expr, store_conv
-from tunedb.kernels.gen_window import WindowKernel
+from tunedb.kernels.gen_window import GraphView, WindowKernel
 from tunedb.kernels.prelude import PRELUDE
 from tunedb.records import sha256_hex
 
@@ -32,16 +32,6 @@ PERM = (0, 2, 3, 1)
 REDUCTIONS = {"reduce_sum": "tdb_wsum", "reduce_mean": "tdb_wsum", "reduce_max": "tdb_wmax"}
 COMB = {"reduce_sum": "{a} + {b}", "reduce_mean": "{a} + {b}", "reduce_max": "fmaxf({a}, {b})"}
 SMEM_LIMIT = 48 * 1024  # the tile in the default dynamic shared memory of a block
-
-
-class _View:
-    """What ``op_expr`` reads: the graph, no aliases."""
-
-    def __init__(self, g: Graph) -> None:
-        self.graph = g
-
-    def resolve(self, v: str) -> str:
-        return v
 
 
 @dataclass(frozen=True)
@@ -125,7 +115,7 @@ def trows_kernel(g: Graph, sm_count: int = 132, block: int = 256) -> WindowKerne
     HW, T, npl = H * W, tile_rows(C), -(-C // 32)
     if block % 32:
         raise ValueError(f"block {block}: a transposed-rows kernel needs whole warps")
-    view = _View(g)
+    view = GraphView(g)
     ids = {v: i for i, v in enumerate(sorted(g.type_map))}
     params = {v: f"p{ids[v]}" for v in list(g.inputs) + list(g.outputs)}
     consts: list[str] = []

@@ -47,8 +47,9 @@ PLANE_MAX_BYTES = 16 * 1024
 LOAD_BATCH = 8  # a plane kernel's loads a thread in flight while it fills the tiles
 
 
-class _GraphView:
-    """What ``op_expr`` reads of an Analysis: the graph and value resolution (no aliases here)."""
+class GraphView:
+    """What ``op_expr`` reads of an Analysis: the graph and value resolution (no aliases here;
+    the transposed-rows generator reads through it too)."""
 
     def __init__(self, g: Graph) -> None:
         self.graph = g
@@ -179,7 +180,7 @@ def _aligned(shape: tuple[int, ...]) -> tuple[int, ...]:
 class _Gen:
     def __init__(self, g: Graph, m: WindowMatch) -> None:
         self.g, self.m = g, m
-        self.view = _GraphView(g)
+        self.view = GraphView(g)
         self.ids = {v: i for i, v in enumerate(sorted(g.type_map))}
         self.params = {v: f"p{self.ids[v]}" for v in list(g.inputs) + list(g.outputs)}
         self.consts: list[str] = []
