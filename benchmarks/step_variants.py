@@ -16,7 +16,8 @@ and the generator takes the whole workload (EfficientNet's SiLU, conv, SiLU and
 squeeze-excitation mean), the whole as one plane kernel (strips of 1 and 4), the plan's other
 steps timed as planned for the sum; a row step (norms) with its planned schedule and the first
 legal schedule, in the fallback rules' order, of ``block_per_row`` and of ``split_row`` at
-splits 2, 4 and 8. Each variant runs on the step's own inputs (``make_inputs``), is checked
+splits 2, 4 and 8, and the planned schedule at its other legal block sizes (``planned_b512``)
+and with fast math (``planned_fast``). Each variant runs on the step's own inputs (``make_inputs``), is checked
 against the float64 reference of its subgraph (``compare_outputs``: a failing variant is
 recorded, never timed), then timed with the plan protocol's ``throughput_us``, all variants of
 a step back to back in one process. Prints one line per variant; writes ``OUT.json``.
@@ -117,6 +118,14 @@ def _row_variants(sub: Graph, config: dict, others: bool = True) -> tuple[dict[s
         kp = generate(a, hit, SM_COUNT) if hit is not None else None
         if kp is not None and all(kp.source_hash != p.source_hash for p in out.values()):
             out[f"{mapping}" + (f"_s{split}" if mapping == "split_row" else "")] = kp
+    # the planned schedule at the other legal block sizes, and with fast math (GroupNorm's SiLU)
+    plan_s = Schedule.from_config(config)
+    for s in legal:
+        same = replace(s, block=plan_s.block, fast_math=plan_s.fast_math, stitch=plan_s.stitch) == plan_s
+        if same and (s.block != plan_s.block) != (s.fast_math != plan_s.fast_math):
+            kp = generate(a, s, SM_COUNT)
+            if all(kp.source_hash != p.source_hash for p in out.values()):
+                out[f"planned_b{s.block}" if s.block != plan_s.block else "planned_fast"] = kp
     return out, "planned"
 
 
