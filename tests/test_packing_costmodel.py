@@ -134,6 +134,14 @@ def test_measure_top_replay_spends_at_most_the_budget_beyond_first_picks():
     pred[g == 2] = [1.01, 1.0, 3, 4, 5, 6, 7, 8, 9, 10]  # a close call: its second pick is measured
     half = measure_top_replay(y, pred, g, share=0.125)
     assert half["reaches_best"] == 1.0 and half["measured_share"] == 0.125
+    # over a candidate space of 20 per workload (10 stored): 10 % is two picks each
+    space = {k: 20 for k in range(4)}
+    wide = measure_top_replay(y, pred, g, space={str(k): v for k, v in space.items()})
+    assert wide["measured_share"] == 8 / 80 and wide["reaches_best"] == 1.0
+    second = y.copy()
+    second[g == 1] = [2.0, 1, 3, 4, 5, 6, 7, 8, 9, 10]  # the best is the model's second pick
+    assert measure_top_replay(y, second, g)["reaches_best"] == 0.75
+    assert measure_top_replay(y, second, g, space={str(k): 20 for k in range(4)})["reaches_best"] == 1.0
 
 
 def test_layout_and_split_k_features_follow_the_candidate():

@@ -49,7 +49,7 @@ from tunedb.costmodel.packing_features import (  # noqa: F401 - the kind's publi
     traffic_features,
     workload_features,
 )
-from tunedb.kernels.packing import Candidate, PackingWorkload
+from tunedb.kernels.packing import Candidate, PackingWorkload, all_candidates
 from tunedb.records import canonical_json, sha256_hex
 from tunedb.store import BUSY_WAIT_S, TuningStore
 
@@ -128,7 +128,8 @@ def load_frame(data: Path, device_ids: Sequence[str] | None = None) -> dict[str,
     lo, hi = np.asarray(spread).T
     return {"X": np.asarray(X, np.float32), "y": np.asarray(y), "groups": np.asarray(groups),
             "families": np.asarray(fams), "names": np.asarray(names),
-            "workload_names": np.asarray([ws[g]["name"] for g in groups]), "lo": lo, "hi": hi}
+            "workload_names": np.asarray([ws[g]["name"] for g in groups]), "lo": lo, "hi": hi,
+            "space": {h: len(all_candidates(w)) for h, w in parsed.items()}}
 
 
 # -- model -----------------------------------------------------------------------------------------
@@ -227,16 +228,19 @@ def _summary(r: dict[str, list[float]]) -> dict[str, float]:
             "rule_geomean_ratio": float(np.exp(np.log(rr).mean()))}
 
 
-def measure_top_replay(y: np.ndarray, pred: np.ndarray, groups: np.ndarray, share: float = 0.10
-                       ) -> dict[str, float]:
+def measure_top_replay(y: np.ndarray, pred: np.ndarray, groups: np.ndarray, share: float = 0.10,
+                       space: dict[str, int] | None = None) -> dict[str, float]:
     """``--measure-top`` replayed from stored times: measure at most ``share`` of all candidates,
     every workload's first pick, then further picks (each workload's next in the model's order)
     to the workloads whose two next predictions are closest, round by round, until the budget is
     spent; the best measured candidate is the choice. Returns the share of workloads whose choice
-    is the best measured candidate, and within 5 % of it, and the share of candidates measured."""
+    is the best measured candidate, and within 5 % of it, and the share of candidates measured.
+    ``space`` (workload -> its candidate count, ``all_candidates``): the budget and the share are
+    of the candidates each workload has, not only of those stored."""
     idx_of = {g: np.flatnonzero(groups == g) for g in np.unique(groups)}
     order = {g: idx[np.argsort(pred[idx], kind="stable")] for g, idx in idx_of.items()}
-    budget = int(share * len(y))
+    total = len(y) if space is None else sum(max(space[str(g)], len(idx)) for g, idx in idx_of.items())
+    budget = int(share * total)
     taken = dict.fromkeys(order, 1)
     spent = len(order)
     while spent < budget:
@@ -250,7 +254,7 @@ def measure_top_replay(y: np.ndarray, pred: np.ndarray, groups: np.ndarray, shar
             spent += 1
     ratios = np.array([y[order[g][:taken[g]]].min() / y[idx_of[g]].min() for g in order])
     return {"reaches_best": float(np.mean(ratios <= 1.0 + 1e-9)),
-            "within_5pct": float(np.mean(ratios <= 1.05)), "measured_share": spent / len(y)}
+            "within_5pct": float(np.mean(ratios <= 1.05)), "measured_share": spent / total}
 
 
 def labels_of(frame: dict[str, Any]) -> Labels:
@@ -281,7 +285,10 @@ def evaluate(frame: dict[str, Any], folds: int = 5, seed: int = 0, splits: Seque
         pred = m.pop("pred")
         rows = np.flatnonzero(np.isfinite(pred))
         res[split] = {**m, **_summary(_score(y, pred, groups, names, rows)),
-                      "measure_top_10pct": measure_top_replay(y[rows], pred[rows], groups[rows])}
+                      "measure_top_10pct": measure_top_replay(y[rows], pred[rows], groups[rows]),
+                      # 10 % of every candidate the workloads have (all_candidates), stored or not
+                      "measure_top_10pct_space": measure_top_replay(y[rows], pred[rows], groups[rows],
+                                                                    space=frame.get("space"))}
         if keep_predictions:
             res[split]["predicted_us"] = pred
     return res
