@@ -45,6 +45,14 @@ def gpu_lock(path: Path | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it is under it (no machine paths)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
+
+
 def step_source_digest(step: Any, sm_count: int) -> str:
     """sha256 (10 hex) of a generated step's kernel sources: which steps two trees build alike."""
     from tunedb.kernels.codegen import generate
@@ -236,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     from tunedb.bench.provenance import provenance
 
     result: dict[str, Any] = {"benchmark": "conv_steps", **provenance(), "reps": args.reps,
-                              "tunedb": str(Path(tunedb.__file__).parent), "models": []}
+                              "tunedb": _shown(Path(tunedb.__file__).parent), "models": []}
     for m in args.models:
         try:
             if args.plan_only:

@@ -84,7 +84,7 @@ def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize:
         return "depthwise"
     oh = (x_shape[2] + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (x_shape[3] + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    if pointwise and oh * ow == 1:  # [N, C, 1, 1]: one GEMM over the batch as it stands
+    if pointwise and oh * ow == 1:  # [N, C, 1, 1] (squeeze-excitation): never merged
         return "1x1"
     flop = 2.0 * x_shape[0] * oh * ow * c * o if pointwise else 0.0
     if groups == 1 and merges_batch(int(x_shape[0]), oh * ow, itemsize, flop) \

@@ -470,10 +470,7 @@ class ComputeOps:
         steps: list[Launch] = []
         bf16 = out.dtype == np.uint16  # bfloat16 bits: GEMMs on cuBLAS, kernels on the bits
         form = conv_form(x.shape, w.shape, a, out.dtype.itemsize)
-        if form == "1x1" and h * wd == 1 and n > 1:  # squeeze-excitation: x[N, C] @ W^T, one GEMM
-            steps.append(self._matmul(x.reshape(n, c), w.reshape(o, c).T, out.reshape(n, o)))
-            path = "cublas (1x1 conv as GEMM)"
-        elif form == "1x1":
+        if form == "1x1":  # on [N, C, 1, 1] too: x[N, C] @ W^T ran fp32 SE convs 3.7 -> 54 µs (H200)
             w2, x3, y3 = w.reshape(o, c), x.reshape(n, c, h * wd), out.reshape(n, o, oh * ow)
             steps.append(self._matmul(w2, x3, y3))
             path = "cublas (1x1 conv as GEMM)"
