@@ -28,7 +28,10 @@ from typing import Any
 CONV_CUDNN = os.environ.get("TUNEDB_CONV_CUDNN", "off")
 DATA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 9}  # cudnnDataType_t
 NCHW, CROSS_CORRELATION = 0, 1
-DEFAULT_MATH, FMA_MATH = 0, 3  # float32: FMA only (cuDNN's default would allow TF32)
+# 16-bit data: tensor ops must be asked for (the default math gave bf16 ResNet-50 convs
+# non-tensor-core algorithms on the H200: 3x3 at 56x56 61 µs, torch's cuDNN 20); float32: FMA
+# only (cuDNN's default would allow TF32).
+TENSOR_OP_MATH, FMA_MATH = 1, 3
 ALGO_COUNT = 8
 FIND_WORKSPACE = 64 << 20  # the largest workspace an algorithm may ask for
 # Loaded before libcudnn so its dlopen calls by soname find them (wheels keep them side by side).
@@ -175,7 +178,7 @@ class Cudnn:
         cd = self._desc("Convolution", "cudnnSetConvolution2dDescriptor", *params[:6], CROSS_CORRELATION,
                         DATA_TYPES["float32"])
         _check(lib, lib.cudnnSetConvolutionGroupCount(cd, params[6]), "cudnnSetConvolutionGroupCount")
-        _check(lib, lib.cudnnSetConvolutionMathType(cd, FMA_MATH if dtype == "float32" else DEFAULT_MATH),
+        _check(lib, lib.cudnnSetConvolutionMathType(cd, FMA_MATH if dtype == "float32" else TENSOR_OP_MATH),
                "cudnnSetConvolutionMathType")
         dims = [ctypes.c_int() for _ in range(4)]
         _check(lib, lib.cudnnGetConvolution2dForwardOutputDim(cd, xd, wd, *map(ctypes.byref, dims)),
