@@ -485,16 +485,16 @@ def window_width(g: Graph, m: WindowMatch) -> int:
 
 
 def costly_prologue(g: Graph, m: WindowMatch) -> bool:
-    """Whether ``m``'s prologue runs an SFU-bound op at over ``MAX_TAPS_AN_ELEMENT`` taps an input
-    element (a plane runs it once an element). 3x3 stride 2 (2.25): EfficientNet's SiLU is ~20 µs
-    of SFU on 16x96x112x112, under the 77 MB write and read it saves (~36 µs); stride 1: 4x."""
+    """Whether ``m``'s prologue runs an SFU-bound op at over ``MAX_TAPS_AN_ELEMENT`` taps a float32
+    input element, half that for 16-bit (a plane: once an element). 3x3 stride 2 (2.25): fused,
+    EfficientNet's SiLU saves ~36 µs for ~20 of SFU in fp32; bf16 b8: 18.4 apart, 22.7-26.1 fused."""
     w = m.node
     if w.op == "gather" or default_layout(m, window_stride(g, m), window_width(g, m)) == "plane":
         return False
-    a = canonical_attrs(w, [g.type_of(v) for v in w.inputs])
+    a, x = canonical_attrs(w, [g.type_of(v) for v in w.inputs]), g.type_of(w.inputs[0])
     taps = math.prod(g.type_of(w.inputs[1]).shape[2:]) if w.op == "conv2d" else math.prod(a["kernel"])
-    costly = any(n.op in TAP_COSTLY_OPS for n in m.prologue)
-    return costly and taps / math.prod(a["strides"]) > MAX_TAPS_AN_ELEMENT
+    limit = MAX_TAPS_AN_ELEMENT * min(4, x.nbytes // max(1, x.numel)) / 4
+    return any(n.op in TAP_COSTLY_OPS for n in m.prologue) and taps / math.prod(a["strides"]) > limit
 
 
 def has_window_op(g: Graph) -> bool:
