@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from tunedb.kernels.packing import Member, padded_shape, splitk_depth
-from tunedb.runtime.blas import CUDA_R_32F, DATA_TYPES, GEMM_DEFAULT, OP_N, OP_T, BlasError, check, library
-from tunedb.runtime.pack_splitk import PARTIAL_LIMIT_BYTES, launch_sum
+from tunedb.runtime.blas import CUDA_R_32F, DATA_TYPES, GEMM_DEFAULT, OP_N, BlasError, check, library
+from tunedb.runtime.pack_splitk import PARTIAL_LIMIT_BYTES, WeightOperand, launch_sum
 
 
 @dataclass(frozen=True)
-class ChunkPlan:
+class ChunkPlan(WeightOperand):
     """The batched call in cuBLAS's column-major terms (``C^T = W^T X^T`` per chunk and slice).
     Member ``i`` has its own activation ``[batch, mp, Kp]`` and weight ``[batch, Kp, N]`` (or
     ``[batch, N, Kp]`` read transposed), ``mp`` its rows padded to a multiple of ``rows``, ``Kp``
@@ -49,12 +49,8 @@ class ChunkPlan:
     chunks: tuple[tuple[int, int, int, int], ...]
 
     @property
-    def transa(self) -> int:
-        return OP_T if self.nt else OP_N
-
-    @property
-    def lda(self) -> int:
-        return self.K if self.nt else self.N
+    def weight_depth(self) -> int:
+        return self.K
 
 
 def chunk_plan(members: Sequence[Member], rows: int, split: int = 1) -> ChunkPlan:

@@ -26,8 +26,29 @@ from tunedb.runtime.device import current_stream
 PARTIAL_LIMIT_BYTES = 4 << 30
 
 
+class WeightOperand:
+    """The weight as cuBLAS's ``A`` operand of ``C^T = W^T X^T`` (column-major): ``[.., k, n]``
+    row-major read as is (``lda`` = n), or with ``nt`` ``[.., n, k]`` read transposed (``lda`` =
+    the depth it is stored with, ``weight_depth``). Shared by the split-K and chunked plans."""
+
+    nt: bool
+    N: int
+
+    @property
+    def weight_depth(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def transa(self) -> int:
+        return OP_T if self.nt else OP_N
+
+    @property
+    def lda(self) -> int:
+        return self.weight_depth if self.nt else self.N
+
+
 @dataclass(frozen=True)
-class SplitKPlan:
+class SplitKPlan(WeightOperand):
     """The batched call in cuBLAS's column-major terms (``C^T = W^T X^T`` per slice): ``A`` the
     weight slice, ``B`` the activation slice, ``C`` the slice's float32 partial; offsets in
     elements from the start of the weight stack, the activation stack and the partials."""
@@ -46,12 +67,8 @@ class SplitKPlan:
         return self.depth * self.split
 
     @property
-    def transa(self) -> int:
-        return OP_T if self.nt else OP_N
-
-    @property
-    def lda(self) -> int:
-        return self.padded_k if self.nt else self.N
+    def weight_depth(self) -> int:
+        return self.padded_k
 
     @property
     def ldb(self) -> int:
