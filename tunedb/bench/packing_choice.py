@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.bench.provenance import provenance
 from tunedb.kernels.packing import Candidate, PackingWorkload
 from tunedb.plan.packing import choose
 from tunedb.records import canonical_json
@@ -102,8 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{tb.get('variant', '-')} | {tb.get('median_us', math.nan):.1f} | {pe.get('variant', '-')} | "
               f"{pe.get('median_us', math.nan):.1f} | {ch.get('speedup_vs_best_peer', math.nan):.2f}x |")
     if args.out:
-        args.out.write_text(json.dumps({"bench": str(args.bench.name), "hold_out": args.hold_out,
-                                        "cases": table}, indent=1) + "\n")
+        args.out.write_text(json.dumps({**provenance(argv), "bench": str(args.bench.name),
+                                        "hold_out": args.hold_out, "cases": table}, indent=1) + "\n")
     return 0
 
 
