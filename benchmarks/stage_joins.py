@@ -1,6 +1,7 @@
 """Where a staged plan's time goes beyond its stage sum: barriers, concurrency and the harness.
 
     python benchmarks/stage_joins.py OUT.json [--budget-s=120] [--rounds=3] [--auto] [--no-harness]
+                                     [--refine]
 
 Inception V3 batch 1 (GPU). The schedules are the stored v6 run's (``stages_h200_v6_b1.json``:
 the refined and the full oracle's stages, applied to today's IOS plan, whose steps are the same)
@@ -14,6 +15,10 @@ against the float64 reference and onnxruntime before it is timed; all are timed 
 rounds (throughput mode, median µs).
 ``--auto``: ``tunedb.compile(model, schedule="auto")`` as a user calls it too (merge choice
 included; timed once if its plan is one of the others).
+``--refine``: the refinement loop and the full-profiling oracle run again here
+(``stage_cases.refine``, as the stage bench does); their schedules (``refined_now``,
+``oracle_now``) join the others, with stage and dataflow joins, with and without priority.
+``+priority`` on stage joins: each wide stage's longest predicted group on the priority stream.
 The harness part times each refined stage as the refinement does (``time_stage``, values kept
 apart, 5 copies x 4 replays): concurrent, with its groups serial, and each step alone; the sums
 set against the end-to-end times say how much of the gap is the stage barriers and how much the
@@ -35,7 +40,7 @@ from tunedb.bench.fusion import _one_line, write_json
 from tunedb.bench.peers import interleaved_rounds
 from tunedb.bench.plan import ORT_SLACK, _free, _host, onnxruntime_outputs, verify
 from tunedb.bench.provenance import provenance
-from tunedb.bench.stage_cases import INPUT_SEED, cases
+from tunedb.bench.stage_cases import INPUT_SEED, cases, refine
 from tunedb.bench.stages import ROUND_S, plan_digest
 from tunedb.graph.reference import run_reference
 from tunedb.plan.buffers import plan_buffers
@@ -123,7 +128,8 @@ def _graph_size(ex: Any) -> tuple[int | None, int | None]:
         return None, None
 
 
-def run(out: Path, budget_s: float, rounds: int, want_auto: bool, harness: bool) -> dict:
+def run(out: Path, budget_s: float, rounds: int, want_auto: bool, harness: bool,
+        fresh: bool = False) -> dict:
     t0 = time.perf_counter()
     deadline = t0 + budget_s
     info = device_info()
@@ -140,8 +146,24 @@ def run(out: Path, budget_s: float, rounds: int, want_auto: bool, harness: bool)
     say(f"planned in {res['plan_s']} s (+ auto {res.get('auto_plan_s')})")
     variants = [("sequential", "stage"), ("ios", "stage"), ("ios", "dataflow"), ("refined", "stage"),
                 ("refined", "dataflow"), ("oracle", "stage"), ("oracle", "dataflow"),
-                ("refined_serial", "stage"), ("refined", "dataflow+priority"),
-                ("ios", "dataflow+priority")]
+                ("refined", "dataflow+priority"),
+                ("ios", "dataflow+priority"), ("refined", "stage+priority"), ("oracle", "stage+priority"),
+                ("oracle", "dataflow+priority")]
+    if fresh:
+        base = replace(plans["ios"], stages=())
+        ref = refine(base, say, deadline - 45, "full")
+        ref.pop("all_rows", None)
+        ref.pop("stage_rows", None)
+        ref.pop("rounds", None)
+        res["refine"] = ref
+        plans["refined_now"] = apply_stages(base, _stages(ref["stages"]), {"schedule": "ios (measured)"})
+        variants += [("refined_now", j) for j in ("stage", "stage+priority", "dataflow", "dataflow+priority")]
+        full = ref.get("oracle_full") or {}
+        if full.get("complete"):
+            plans["oracle_now"] = apply_stages(base, _stages(full["oracle_stages"]),
+                                               {"schedule": "ios (oracle)"})
+            variants += [("oracle_now", j) for j in ("stage", "stage+priority", "dataflow+priority")]
+        write_json(res, out)
     if "auto" in plans:
         res["auto_same_plan_as"] = next((k for k in ("ios", "sequential")
                                          if plan_digest(plans[k]) == plan_digest(plans["auto"])), None)
@@ -204,13 +226,13 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     val = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv[1:] if "=" in a}
-    flags = ("--budget-s", "--rounds", "--auto", "--no-harness")
+    flags = ("--budget-s", "--rounds", "--auto", "--no-harness", "--refine")
     bad = [a for a in argv[1:] if a.split("=", 1)[0] not in flags]
     if bad:
         print(f"error: unknown argument {bad[0]!r}", file=sys.stderr)
         return 2
     run(Path(argv[0]), float(val.get("--budget-s", 120)), int(val.get("--rounds", 3)),
-        "--auto" in argv, "--no-harness" not in argv)
+        "--auto" in argv, "--no-harness" not in argv, "--refine" in argv)
     return 0
 
 

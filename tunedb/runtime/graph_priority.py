@@ -11,12 +11,14 @@ priority than the groups beside it. Nothing here is imported without a GPU.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 CAPTURE_MODE_RELAXED = 2          # CU_STREAM_CAPTURE_MODE_RELAXED, as CuPy captures
 USE_NODE_PRIORITY = 8             # CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
 _LIB: list[Any] = []
+_KEPT: list[Any] = []
 
 
 def _driver() -> Any:
@@ -30,6 +32,29 @@ def _check(code: int, what: str) -> None:
         name = ctypes.c_char_p()
         _driver().cuGetErrorName(code, ctypes.byref(name))
         raise RuntimeError(f"{what} failed: {(name.value or b'?').decode()} ({code})")
+
+
+def greatest_priority() -> int:
+    """The device's highest stream priority (the most negative number)."""
+    least, greatest = ctypes.c_int(0), ctypes.c_int(0)
+    _check(_driver().cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
+           "cuCtxGetStreamPriorityRange")
+    return int(greatest.value)
+
+
+def priority_stream(cp: Any, priority: int) -> Any:
+    """A non-blocking stream of ``priority`` as a CuPy ``ExternalStream`` (CuPy's own streams
+    take no priority); the stream is destroyed with the object."""
+    lib = _driver()
+    handle = ctypes.c_void_p()
+    _check(lib.cuStreamCreateWithPriority(ctypes.byref(handle), ctypes.c_uint(1), ctypes.c_int(priority)),
+           "cuStreamCreateWithPriority")  # 1: CU_STREAM_NON_BLOCKING
+    stream = cp.cuda.ExternalStream(int(handle.value))
+    try:
+        weakref.finalize(stream, lib.cuStreamDestroy_v2, handle)
+    except TypeError:  # a stream class without weak references: the handle lives on
+        _KEPT.append(handle)
+    return stream
 
 
 class PriorityGraph:

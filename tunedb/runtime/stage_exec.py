@@ -12,8 +12,9 @@ A plan without stages runs as ``PlanExecutor`` does.
 groups it reads from or whose bytes it reuses (``stage_flow.flow_schedule``), on a lane chosen so
 that the stream order adds no wait; ``joins="stage"`` is the fork and join per stage above. The
 default is ``DEFAULT_JOINS`` (``TUNEDB_STAGE_JOINS`` overrides it). With ``priority=True`` the
-dataflow schedule puts the groups of the longest predicted path on lane 1, whose stream gets the
-device's highest priority, and the graph is instantiated to honour it (``graph_priority``).
+dataflow schedule puts the groups of the longest predicted path on lane 1 (with stage joins:
+each wide stage's longest predicted group), whose stream gets the device's highest priority,
+and the graph is instantiated to honour it (``graph_priority``).
 
 ``StagedExecutor(plan, stage_streams=W)`` is the measurement harness: every step is built once
 per stream index ``0..W-1``, so that ``time_stage(groups)`` can run any candidate stage (at most
@@ -31,7 +32,7 @@ import numpy as np
 
 from tunedb.runtime.device import current_stream, import_cupy
 from tunedb.runtime.executor import ExecutorError, executor_for
-from tunedb.runtime.graph_priority import capture_with_priorities
+from tunedb.runtime.graph_priority import capture_with_priorities, greatest_priority
 from tunedb.runtime.lanes import LaneExecutor
 from tunedb.runtime.stage_flow import FlowSchedule, critical_groups, flow_schedule
 from tunedb.runtime.streams import gc_paused
@@ -39,6 +40,17 @@ from tunedb.runtime.streams import gc_paused
 Groups = Sequence[Sequence[int]]
 JOINS = ("stage", "dataflow")
 DEFAULT_JOINS = "stage"
+
+
+def _longest_second(plan: Any, stage: Groups) -> tuple[tuple[int, ...], ...]:
+    """A wide stage's groups with its longest by the steps' predictions second (on lane 1)."""
+    groups = [tuple(g) for g in stage]
+    if len(groups) < 2:
+        return tuple(groups)
+    cost = [sum(plan.steps[k].predicted_us + plan.launch_us * plan.steps[k].launches for k in g)
+            for g in groups]
+    top = groups.pop(max(range(len(groups)), key=lambda i: cost[i]))
+    return (groups[0], top, *groups[1:])
 
 
 class StagedExecutor(LaneExecutor):
@@ -66,7 +78,13 @@ class StagedExecutor(LaneExecutor):
             width = max(width, self._flow.lanes)
             self._ios_stream_of = {i: fg.lane for fg in self._flow.groups for i in fg.steps}
             if priority:
-                lane_priority = {1: int(import_cupy().cuda.runtime.deviceGetStreamPriorityRange()[1])}
+                lane_priority = {1: greatest_priority()}
+        elif priority and not self._ios_harness and width > 1:
+            # stage barriers: each wide stage's longest predicted group on lane 1
+            stages = tuple(_longest_second(plan, st) for st in stages)
+            self._ios_stages = stages
+            self._ios_stream_of = {i: gi for st in stages for gi, g in enumerate(st) for i in g}
+            lane_priority = {1: greatest_priority()}
         self.joins = joins if self._flow is not None else "stage"
         self.priority = bool(lane_priority)
         self._ios_width = width

@@ -20,6 +20,7 @@ from typing import Any
 
 from tunedb.runtime.blas import Blas
 from tunedb.runtime.device import current_stream
+from tunedb.runtime.graph_priority import priority_stream
 
 
 def _cupy() -> Any:
@@ -56,7 +57,7 @@ class StreamPool:
         if self._streams[i] is None:
             p = self.priorities.get(i)
             self._streams[i] = (self.cp.cuda.Stream(non_blocking=True) if p is None
-                                else self.cp.cuda.Stream(non_blocking=True, priority=p))
+                                else priority_stream(self.cp, p))
         return self._streams[i]
 
     def blas(self, i: int) -> Blas:
