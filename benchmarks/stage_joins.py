@@ -144,11 +144,12 @@ def run(out: Path, budget_s: float, rounds: int, want_auto: bool, harness: bool,
     ort = onnxruntime_outputs(model, graph, dev)
     plans = _plans(graph, dev, want_auto, res)
     say(f"planned in {res['plan_s']} s (+ auto {res.get('auto_plan_s')})")
-    variants = [("sequential", "stage"), ("ios", "stage"), ("ios", "dataflow"), ("refined", "stage"),
-                ("refined", "dataflow"), ("oracle", "stage"), ("oracle", "dataflow"),
-                ("refined", "dataflow+priority"),
-                ("ios", "dataflow+priority"), ("refined", "stage+priority"), ("oracle", "stage+priority"),
-                ("oracle", "dataflow+priority")]
+    variants = [("sequential", "stage"), ("ios", "stage"), ("ios", "dataflow+priority"),
+                ("refined", "stage"), ("refined", "stage+priority"), ("refined", "dataflow+priority"),
+                ("oracle", "stage"), ("oracle", "stage+priority"), ("oracle", "dataflow+priority")]
+    if not fresh:  # call 2's set: the plain dataflow joins and the refined groups run serially
+        variants += [("ios", "dataflow"), ("refined", "dataflow"), ("oracle", "dataflow"),
+                     ("refined_serial", "stage")]
     if fresh:
         base = replace(plans["ios"], stages=())
         ref = refine(base, say, deadline - 45, "full")
