@@ -143,3 +143,22 @@ def test_inception_ios_plan_in_dataflow_order_computes_the_graph() -> None:
     rng = np.random.default_rng(1)
     for pick in (lambda r: r[-1], lambda r: r[rng.integers(len(r))]):
         assert _correct(plan, _order(flow, pick), inputs, ref)
+
+
+def test_measured_schedules_keep_their_barriers_by_default(staged, monkeypatch) -> None:
+    """``resolve_joins``: a predicted schedule runs as a dataflow graph, one chosen on stage
+    times measured under barriers keeps them; an explicit setting or the environment wins, and
+    a wrong word is refused."""
+    from tunedb.plan.stages import apply_stages
+    from tunedb.runtime.executor import ExecutorError
+    from tunedb.runtime.stage_exec import resolve_joins
+
+    plan, _, _ = staged
+    monkeypatch.delenv("TUNEDB_STAGE_JOINS", raising=False)
+    measured = apply_stages(replace(plan, stages=()), plan.stages, {"schedule": "ios (measured)"})
+    assert resolve_joins(plan) == "dataflow" and resolve_joins(measured) == "stage"
+    assert resolve_joins(measured, "dataflow") == "dataflow"
+    monkeypatch.setenv("TUNEDB_STAGE_JOINS", "stage")
+    assert resolve_joins(plan) == "stage"
+    with pytest.raises(ExecutorError, match="joins must be one of"):
+        resolve_joins(plan, "barrier")

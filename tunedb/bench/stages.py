@@ -89,7 +89,7 @@ from tunedb.plan.stage_refine import choose_auto, choose_auto_measured
 from tunedb.plan.stages import apply_stages
 from tunedb.runtime.device import NoGPUError, device_info
 from tunedb.runtime.inputs import input_roles, make_inputs
-from tunedb.runtime.stage_exec import DEFAULT_JOINS, JOINS, StagedExecutor
+from tunedb.runtime.stage_exec import JOINS, StagedExecutor, resolve_joins
 
 __all__ = ["GRAPHS", "INPUT_SEED", "ORACLE_MAX", "auto_replay", "candidates", "cases", "main",
            "plan_digest", "refine", "replay", "run", "time_plans"]
@@ -307,11 +307,13 @@ def run(out_path: Path, peers: bool | list[str], do_refine: bool | list[str], bu
                 _refine_case(name, plans, rec, say, deadline, oracle, stage_data)
                 write_json({"device": result["device"], "device_info": asdict(info), "cases": stage_data},
                            rows_path)
-            other = {}
+            other: dict[str, str] = {}
             if both_joins:  # every staged plan also with the joins its executor does not default to
-                alt = next(j for j in JOINS if j != DEFAULT_JOINS)
-                other = {f"{k}@{alt}": alt for k, p in plans.items() if any(len(st) > 1 for st in p.stages)}
-                plans.update({k: plans[k.split("@")[0]] for k in other})
+                for k, p in list(plans.items()):
+                    if any(len(st) > 1 for st in p.stages):
+                        alt = next(j for j in JOINS if j != resolve_joins(p))
+                        other[f"{k}@{alt}"] = alt
+                        plans[f"{k}@{alt}"] = p
             for key, r in time_plans(plans, dev, refs, ort, graph, rounds, other).items():
                 rec[key] = r
                 if "merge" in key:
