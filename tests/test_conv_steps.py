@@ -50,3 +50,19 @@ def test_plan_only_writes_the_steps_and_a_missing_model_is_refused(bench, tmp_pa
     assert bench.main([str(out), str(tmp_path / "missing.onnx"), "--plan-only"]) == 2
     assert "is not a file" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_compare_puts_the_se_convs_first_in_the_stored_call(capsys):
+    spec = importlib.util.spec_from_file_location("bench_conv_compare_under_test",
+                                                  BENCH.parent / "bench_conv_compare.py")
+    cmp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cmp)
+    runs = BENCH.parent.parent / "data" / "bench" / "conv_steps_b8_h200.json"
+    assert cmp.main([str(runs), "e5983d8", "head", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    block = out[out.index("mobilenet_v3_dynamo_fp32_b8"):]
+    assert "whole 565 -> 960" in block and "by path: conv 1x1 (cublas) +296.6" in block
+    # a fused pair shows as one replaced pair of steps
+    assert "sigmoid+mul|conv2d+sigmoid+mul => sigmoid+mul+conv2d" in out
+    assert cmp.main([str(runs), "e5983d8", "nope"]) == 2
+    assert "no model run by both" in capsys.readouterr().err
