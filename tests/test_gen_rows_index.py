@@ -116,3 +116,16 @@ def test_index_mapped_norms_match_reference_in_emulation(tmp_path):
     lib = build(srcs, str(tmp_path))
     failures = mismatches(lib, jobs)
     assert not failures, "\n".join(failures[:20])
+
+
+def test_few_long_rows_take_a_block_of_512_threads():
+    """The roofline fallback schedules GroupNorms (index-mapped, unseen by the model): 256-512
+    rows of 16 KB or more a block of 512 threads, as timed on the H200; many rows keep 256."""
+    import tunedb
+
+    def picked(g):
+        (step,) = [s for s in tunedb.compile(g, device=None).steps if s.kind == "fused"]
+        return step.cost_source, step.config_dict["mapping"], step.config_dict["block"]
+
+    assert picked(groupnorm(16, 64, 32, 56, 56)) == ("roofline", "block_per_row", 512)  # 512 x 25 KB
+    assert picked(groupnorm(64, 320, 32, 32, 32)) == ("roofline", "block_per_row", 256)  # 2048 rows

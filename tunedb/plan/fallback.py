@@ -41,6 +41,12 @@ MIN_ROWS_PER_SM = 2
 SPLIT_ROW_MIN_BYTES = 128 << 10  # of one row
 SPLIT_ROW_BLOCKS_PER_SM = 4  # the split that gives each SM this many blocks (best: s4-s8 there)
 ESTIMATE_BIN = 1.05  # estimates within 5 % count as equal, so the rules after them decide
+# A block per row over at most 4 rows an SM, each of 16 KB or more (the GroupNorms of UNet and GN
+# ResNet-18, 256-512 rows of 20-40 KB): 512 threads ran 3-23 % faster than 256, 1024 slower
+# (generalization_steps3_h200.json); elsewhere 256, the shipped data's choice.
+FEW_ROWS_PER_SM = 4
+FEW_ROWS_MIN_BYTES = 16 << 10
+FEW_ROWS_BLOCK = 512
 
 
 def _mapping_order(a: Analysis, elem_bytes: int, sm_count: int) -> tuple[str, ...]:
@@ -58,6 +64,8 @@ def fallback_order(a: Analysis, legal: Sequence[Schedule], roofline_us: np.ndarr
     """Indices of ``legal``, best first; ties keep the schedule space's order."""
     eb = full_bytes(a)  # the element width the space's vector widths are checked against
     order = _mapping_order(a, eb, sm_count)
+    few = (a.pattern in ("row_reduce", "multi") and a.R <= FEW_ROWS_PER_SM * sm_count
+           and a.C * eb >= FEW_ROWS_MIN_BYTES)
 
     def key(i: int) -> tuple:
         s, column = legal[i], legal[i].mapping in COLUMN_MAPPINGS
@@ -70,7 +78,8 @@ def fallback_order(a: Analysis, legal: Sequence[Schedule], roofline_us: np.ndarr
                 -min(s.vec * eb, 16),                                # 16-byte accesses
                 s.row_cache != "registers",
                 -s.unroll if hoisting else s.unroll,
-                abs(s.block - (512 if column else 256)),
+                abs(s.block - (512 if column else FEW_ROWS_BLOCK if few and s.mapping == "block_per_row"
+                               else 256)),
                 i)
 
     return sorted(range(len(legal)), key=key)
