@@ -129,3 +129,33 @@ def test_few_long_rows_take_a_block_of_512_threads():
 
     assert picked(groupnorm(16, 64, 32, 56, 56)) == ("roofline", "block_per_row", 512)  # 512 x 25 KB
     assert picked(groupnorm(64, 320, 32, 32, 32)) == ("roofline", "block_per_row", 256)  # 2048 rows
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_group_norm_row_kernel_fits_its_registers_under_nvcc(tmp_path):
+    """The old per-element 64-bit offsets took UNet's GroupNorm kernel (time embedding added,
+    affine, SiLU) to 175-222 registers at 256 threads (one block an SM: 256 rows in two waves)
+    and 89 at 512; at both it must build for sm_90 without spilling, two blocks an SM."""
+    import subprocess
+
+    b = GraphBuilder("gn_temb_silu_8x320x32x32x32")
+    x, t = b.input("x", (8, 320, 32, 32)), b.input("t", (8, 320, 1, 1))
+    gamma, beta = b.input("g", (320, 1, 1)), b.input("bb", (320, 1, 1))
+    y = b.reshape(b.add(x, t), shape=(8, 32, 10240))
+    d = b.sub(y, b.reduce_mean(y, axes=(2,), keepdims=1))
+    v = b.reduce_mean(b.mul(d, d), axes=(2,), keepdims=1)
+    n = b.reshape(b.div(d, b.sqrt(b.add(v, b.scalar(1e-5, v)))), shape=(8, 320, 32, 32))
+    a = b.add(b.mul(n, gamma), beta)
+    g = b.build([b.mul(a, b.sigmoid(a))])
+    for block in (256, 512):
+        s = next(s for s in schedule_space(g, sm_count=132)[0] if s.mapping == "block_per_row"
+                 and s.block == block and s.vec == 4 and s.row_cache == "registers" and not s.stream
+                 and not s.evict_last and not s.fast_math)
+        cu = tmp_path / f"gn{block}.cu"
+        cu.write_text(generate(g, s, sm_count=132).kernels[0].source)
+        r = subprocess.run([shutil.which("nvcc"), "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
+                            str(tmp_path / f"gn{block}.cubin"), str(cu)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        regs = int(re.search(r"Used (\d+) registers", r.stderr).group(1))
+        assert "0 bytes spill stores" in r.stderr and regs * block * 2 <= 65536, r.stderr
