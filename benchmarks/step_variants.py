@@ -5,22 +5,22 @@ kernel choices the planner makes by rule, next to the alternatives, so a rule re
     python benchmarks/step_variants.py OUT.json NAME [NAME ...] --plan-only   # CPU: variants only
     python benchmarks/step_variants.py OUT.json NAME:window NAME:rows ...      # those steps only
 
-For each workload (``data/graphs/generalization/NAME.onnx``) the CPU plan's generated steps:
-a window step (depthwise conv / pool) with strips of 1, 2 and 4 outputs a thread
-(``gen_window.strip_width`` picks one), strips of 2 with e5983d8's branch around each kernel
-row (``strip2_rowbranch``: what the row predicate replaced), and as "plane" kernels (a block
-an input plane in shared memory, its threads strips of 1 or 4 outputs from it; stride-1
+For each workload (``data/graphs/generalization/NAME.onnx``) the CPU plan's generated steps: a
+window step (depthwise conv / pool) with strips of 1, 2 and 4 outputs a thread
+(``gen_window.strip_width`` picks one), strips of 2 with e5983d8's branch around each kernel row
+(``strip2_rowbranch``: what the row predicate replaced), and as "plane" kernels (a block an
+input plane in shared memory, its threads strips of 1 or 4 outputs from it; stride-1
 convolutions also strips of 8, and 4 or 8 with the weights in registers: ``plane4w``,
-``plane8w``); where the plan has several steps
-and the generator takes the whole workload (EfficientNet's SiLU, conv, SiLU and
-squeeze-excitation mean), the whole as one plane kernel (strips of 1 and 4), the plan's other
-steps timed as planned for the sum; a row step (norms) with its planned schedule and the first
-legal schedule, in the fallback rules' order, of ``block_per_row`` and of ``split_row`` at
-splits 2, 4 and 8, and the planned schedule at its other legal block sizes (``planned_b512``)
-and with fast math (``planned_fast``). Each variant runs on the step's own inputs (``make_inputs``), is checked
-against the float64 reference of its subgraph (``compare_outputs``: a failing variant is
-recorded, never timed), then timed with the plan protocol's ``throughput_us``, all variants of
-a step back to back in one process. Prints one line per variant; writes ``OUT.json``.
+``plane8w``); where the plan has several steps and the generator takes the whole workload
+(EfficientNet's SiLU, conv, SiLU and squeeze-excitation mean), the whole as one plane kernel
+(strips of 1 and 4), the plan's other steps timed as planned for the sum; a row step (norms)
+with its planned schedule and the first legal schedule, in the fallback rules' order, of
+``block_per_row`` and of ``split_row`` at splits 2, 4 and 8, and the planned schedule at its
+other legal block sizes (``planned_b512``) and with fast math (``planned_fast``). Each variant
+runs on the step's own inputs (``make_inputs``), is checked against the float64 reference of its
+subgraph (``compare_outputs``: a failing variant is recorded, never timed), then timed with the
+plan protocol's ``throughput_us``, all variants of a step back to back in one process. Prints
+one line per variant; writes ``OUT.json``.
 """
 
 from __future__ import annotations
