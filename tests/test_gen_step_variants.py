@@ -36,9 +36,12 @@ def test_a_groupnorm_step_gets_distinct_row_schedules():
     assert "block_per_row" in labels or st["config"]["mapping"] == "block_per_row"
     assert any(lbl.startswith("split_row") for lbl in labels) or st["config"]["mapping"] == "split_row"
     assert len({p.source_hash for p in st["variants"].values()}) == len(labels)
-    # the planned kernel at other block sizes: the same code but its block
-    b512 = st["variants"]["planned_b512"].kernels[0]
-    assert b512.block == (512, 1, 1) and "__launch_bounds__(512)" in b512.source
+    # the planned kernel at other block sizes (it takes 512 threads since 4a9b89a): its block
+    others = {lbl: p.kernels[0] for lbl, p in st["variants"].items() if lbl.startswith("planned_b")}
+    assert st["config"]["block"] == 512 and "planned_b256" in others
+    for lbl, k in others.items():
+        b = int(lbl[len("planned_b"):])
+        assert k.block == (b, 1, 1) and f"__launch_bounds__({b})" in k.source
 
 
 @pytest.mark.parametrize("arg,why", [("no_such_workload", "no such workload"),
