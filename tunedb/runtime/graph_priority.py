@@ -75,10 +75,8 @@ class PriorityGraph:
             pass
 
 
-def capture_with_priorities(stream: Any, enqueue: Callable[[], None]) -> PriorityGraph:
-    """``enqueue()`` captured on ``stream`` (a CuPy stream, current for the call) and
-    instantiated so that each kernel runs at its capturing stream's priority."""
-    lib = _driver()
+def _capture(lib: Any, stream: Any, enqueue: Callable[[], None]) -> ctypes.c_void_p:
+    """The graph ``enqueue()`` captures on ``stream`` (relaxed mode), not instantiated."""
     handle = ctypes.c_void_p(stream.ptr)
     _check(lib.cuStreamBeginCapture_v2(handle, ctypes.c_int(CAPTURE_MODE_RELAXED)), "cuStreamBeginCapture")
     graph = ctypes.c_void_p()
@@ -87,6 +85,14 @@ def capture_with_priorities(stream: Any, enqueue: Callable[[], None]) -> Priorit
     finally:
         code = lib.cuStreamEndCapture(handle, ctypes.byref(graph))
     _check(code, "cuStreamEndCapture")
+    return graph
+
+
+def capture_with_priorities(stream: Any, enqueue: Callable[[], None]) -> PriorityGraph:
+    """``enqueue()`` captured on ``stream`` (a CuPy stream, current for the call) and
+    instantiated so that each kernel runs at its capturing stream's priority."""
+    lib = _driver()
+    graph = _capture(lib, stream, enqueue)
     exec_ = ctypes.c_void_p()
     code = lib.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, ctypes.c_ulonglong(USE_NODE_PRIORITY))
     if code != 0:
@@ -99,14 +105,7 @@ def graph_size(stream: Any, enqueue: Callable[[], None]) -> tuple[int, int]:
     """(nodes, edges) of the graph that ``enqueue()`` captures on ``stream`` (not instantiated):
     how many dependencies a schedule's joins put in the graph."""
     lib = _driver()
-    handle = ctypes.c_void_p(stream.ptr)
-    _check(lib.cuStreamBeginCapture_v2(handle, ctypes.c_int(CAPTURE_MODE_RELAXED)), "cuStreamBeginCapture")
-    graph = ctypes.c_void_p()
-    try:
-        enqueue()
-    finally:
-        code = lib.cuStreamEndCapture(handle, ctypes.byref(graph))
-    _check(code, "cuStreamEndCapture")
+    graph = _capture(lib, stream, enqueue)
     try:
         nodes, edges = ctypes.c_size_t(0), ctypes.c_size_t(0)
         _check(lib.cuGraphGetNodes(graph, None, ctypes.byref(nodes)), "cuGraphGetNodes")
