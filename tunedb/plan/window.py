@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from tunedb.graph.ops import is_elementwise
 from tunedb.kernels.gen_resample import gather_axis, is_resample
-from tunedb.kernels.gen_window import is_window_node, plane_mean
+from tunedb.kernels.gen_window_match import is_window_node, plane_mean
 from tunedb.plan.cost import Coster, GroupCost
 from tunedb.plan.subgraph import GraphIndex
 
