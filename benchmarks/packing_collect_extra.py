@@ -8,8 +8,11 @@ workload's reference board by the candidates both measured (at least ``MIN_COMMO
 workload gets its anchors first (``whole:serial`` and the stored best ``--anchors - 1``), then a
 sample of its split-K and chunked candidates (``--per-workload``, both backends alternating, a
 fixed shuffle per workload; 0 = all). Workloads come round-robin over families (a time limit cuts
-every family), the stored ones first. ``--device replay:PATH`` replays stored rows (a CPU check of
-the path; the new candidates are then ``missing``). Prints the engine's summary as JSON;
+every family), the stored ones first; ``--first FAM,..`` puts those families' workloads before the
+rest. ``--skip-stored`` leaves out the split-K / chunked candidates ``--known`` already holds (the
+anchors are still re-measured; a workload with nothing new gets no job), so a later Run continues
+the same shuffle where the last stopped. ``--device replay:PATH`` replays stored rows (a CPU check
+of the path; the new candidates are then ``missing``). Prints the engine's summary as JSON;
 afterwards ``tunedb db import`` the export of ``--db`` next to ``--known``.
 """
 
@@ -53,6 +56,18 @@ def stored_best(known: Path) -> dict[str, list[Candidate]]:
     return {wh: [c for _, c in sorted(v, key=lambda t: t[0])] for wh, v in per.items()}
 
 
+def stored_keys(known: Path) -> dict[str, set[str]]:
+    """Per workload hash, the canonical cluster JSON of every candidate measured ``ok``."""
+    ok = {r["candidate_hash"] for r in pq.read_table(
+        known / "measurements.parquet", columns=["candidate_hash", "status"]).to_pylist()
+        if r["status"] == "ok"}
+    out: dict[str, set[str]] = defaultdict(set)
+    for r in pq.read_table(known / "candidates.parquet").to_pylist():
+        if r["kind"] == "packing" and r["hash"] in ok:
+            out[r["workload_hash"]].add(canonical_json(json.loads(json.loads(r["config_json"])["clusters"])))
+    return out
+
+
 def extra_sample(w: PackingWorkload, n: int) -> list[Candidate]:
     """Up to ``n`` (0: all) split-K and chunked candidates of ``w``, the two kinds alternating,
     each kind in a fixed shuffle seeded by the workload's hash."""
@@ -73,12 +88,15 @@ class ExtraCollector(PackingCollector):
 
     extra = True
 
-    def __init__(self, best: dict[str, list[Candidate]], per_workload: int, anchors: int) -> None:
+    def __init__(self, best: dict[str, list[Candidate]], per_workload: int, anchors: int,
+                 stored: dict[str, set[str]] | None = None, first: tuple[str, ...] = ()) -> None:
         self.best, self.per_workload, self.anchors = best, per_workload, anchors
+        self.stored, self.first = stored, first
 
     def jobs(self, suite_name: str) -> Iterator[Job]:
         ws = list({w.hash: w for w in interleave(suite(suite_name))}.values())
-        ws.sort(key=lambda w: w.hash not in self.best)  # stable: stored first, families interleaved
+        # stable: the --first families, then stored workloads first, families interleaved
+        ws.sort(key=lambda w: (w.family not in self.first, w.hash not in self.best))
         for w in ws:
             serial = Candidate.from_json({"partition": "whole", "clusters": [
                 {"members": list(range(len(w.members))), "backend": "serial"}]})
@@ -87,7 +105,14 @@ class ExtraCollector(PackingCollector):
                 if len(picks) >= self.anchors:
                     break
                 picks.setdefault(canonical_json(c.to_json()), c)
-            for c in extra_sample(w, self.per_workload):
+            new = extra_sample(w, 0 if self.stored is not None else self.per_workload)
+            if self.stored is not None:
+                done = self.stored.get(w.hash, set())
+                new = [c for c in new if canonical_json(c.to_json()["clusters"]) not in done]
+                new = new[:self.per_workload] if self.per_workload > 0 else new
+                if not new:
+                    continue  # nothing left to learn here: spend no anchors on it
+            for c in new:
                 picks.setdefault(canonical_json(c.to_json()), c)
             yield Job(workload_record(w), [(candidate_config(w, c), c) for c in picks.values()])
 
@@ -102,16 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anchors", type=int, default=MIN_COMMON + 1,
                     help="stored candidates re-measured per workload (serial and the best)")
     ap.add_argument("--time", type=float, default=None, help="stop after S seconds")
+    ap.add_argument("--skip-stored", action="store_true",
+                    help="leave out the split-K / chunked candidates --known already holds")
+    ap.add_argument("--first", default="", help="families (comma-separated) measured before the rest")
     args = ap.parse_args(argv)
     if args.anchors < MIN_COMMON:
         print(f"--anchors {args.anchors}: at least {MIN_COMMON} (board_labels needs them)", file=sys.stderr)
         return 2
     try:
         best = stored_best(args.known)
+        stored = stored_keys(args.known) if args.skip_stored else None
     except (OSError, KeyError) as e:
         print(f"--known {args.known}: no readable packing export ({e})", file=sys.stderr)
         return 2
-    coll = ExtraCollector(best, args.per_workload, args.anchors)
+    first = tuple(f for f in args.first.split(",") if f)
+    coll = ExtraCollector(best, args.per_workload, args.anchors, stored, first)
     jobs = list(coll.jobs(args.suite))
     print(f"{len(jobs)} workloads, {sum(len(j.specs) for j in jobs)} candidates to measure",
           file=sys.stderr)
