@@ -15,12 +15,19 @@ def _attrs(k: int, stride: int = 1, pads: tuple | None = None) -> dict:
     return {"strides": (stride, stride), "pads": pads or (k // 2,) * 4, "dilations": (1, 1), "groups": 1}
 
 
+SWITCHES = ("CONV_CUDNN", "ALGO_PICK", "SHARED_WORKSPACE")
+
+
 @pytest.fixture
 def cudnn_policy():
-    def set_(value: str) -> None:
-        conv_cudnn.CONV_CUDNN = value
+    before = {k: getattr(conv_cudnn, k) for k in SWITCHES}
+
+    def set_(value: str, pick: str | None = None, shared: bool = True) -> None:
+        conv_cudnn.CONV_CUDNN, conv_cudnn.SHARED_WORKSPACE = value, shared
+        conv_cudnn.ALGO_PICK = pick or before["ALGO_PICK"]
     yield set_
-    conv_cudnn.CONV_CUDNN = "off"
+    for k, v in before.items():
+        setattr(conv_cudnn, k, v)
 
 
 def test_off_by_default_sends_nothing_and_the_environment_sets_it():
@@ -113,6 +120,68 @@ def test_cudnn_convolutions_match_the_reference_captured(cudnn_policy, dtype):
     dev, ref_in = make_inputs(plan.graph, 5)
     check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
     assert ex.graph_capture, ex.capture_error
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pick,shared", [("graph", True), ("heuristic", True), ("find", False)])
+def test_each_algorithm_pick_and_workspace_match_the_reference(cudnn_policy, pick, shared):
+    from plan_checks import check_outputs
+
+    from tunedb.plan import compile
+    from tunedb.runtime.executor import PlanExecutor
+    from tunedb.runtime.inputs import make_inputs
+
+    try:
+        conv_cudnn.library()
+    except CudnnError as e:
+        pytest.skip(str(e))
+    cudnn_policy("always", pick, shared)
+    plan = compile(_net("bfloat16"), device="cuda")
+    ex = PlanExecutor(plan)
+    found = ex.ops.dnn.found
+    assert len(found) == 2 and all(f["pick"] in [c["algo"] for c in f["find"]] for f in found)
+    if pick == "graph":  # every candidate re-timed, the fastest taken
+        for f in found:
+            assert all(c["graph_us"] > 0 for c in f["find"])
+            assert f["pick"] == min(f["find"], key=lambda c: c["graph_us"])["algo"]
+    dev, ref_in = make_inputs(plan.graph, 5)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+
+
+def _bench(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_in_plan_bench_parses_policies_and_restores_the_switches(cudnn_policy):
+    bench = _bench("bench_conv_inplan")
+    before = tuple(getattr(conv_cudnn, k) for k in SWITCHES)
+    assert bench.set_policy("auto:graph:own") == before
+    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("auto", "graph", False)
+    bench.set_policy("always:own")  # the pick stays
+    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("always", "graph", False)
+    bench.restore(before)
+    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == before
+    for bad in ("sometimes", "auto:fastest", "auto:graph:find", "off:own:own"):
+        with pytest.raises(ValueError, match="bad policy"):
+            bench.set_policy(bad)
+        bench.restore(before)
+
+
+def test_the_in_plan_bench_refuses_a_bad_policy_before_any_work(tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    argv = [str(tmp_path / "o.json"), str(model), "--policies", "auto:x"]
+    assert _bench("bench_conv_inplan").main(argv) == 2
+    assert "bad policy 'auto:x'" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
 
 
 def test_the_conv_bench_sets_and_restores_the_switches():

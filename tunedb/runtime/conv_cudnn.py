@@ -2,9 +2,10 @@
 
 CuPy 14 has no cuDNN, so this module calls cuDNN's C API through ``ctypes`` (the legacy
 convolution API, still in cuDNN 9), as ``tunedb.runtime.blas`` does for cuBLAS: a handle bound
-to the executor's stream, descriptors made once per convolution, the fastest algorithm found
-by ``cudnnFindConvolutionForwardAlgorithmEx`` when the step is built (before any capture), then
-one ``cudnnConvolutionForward`` a run with a fixed workspace (the executor's shared scratch).
+to the executor's stream, descriptors made once per convolution, an algorithm chosen among
+those ``cudnnFindConvolutionForwardAlgorithmEx`` can run when the step is built (before any
+capture; ``ALGO_PICK``), then one ``cudnnConvolutionForward`` a run with a fixed workspace (the
+executor's shared scratch).
 The library is looked up in ``$TUNEDB_CUDNN``, the ``nvidia/cudnn/lib`` folder of the NVIDIA
 wheels (which torch installs) on ``sys.path``, then the dynamic loader's search.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import glob
 import os
 import sys
@@ -26,6 +28,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 CONV_CUDNN = os.environ.get("TUNEDB_CONV_CUDNN", "off")
+# How a convolution's algorithm is chosen among those Find can run: "find" (Find's own times:
+# one call each, host launch cost included), "graph" (each re-timed as a CUDA graph of
+# GRAPH_RUNS calls after a warm-up: GPU time alone, what a captured plan pays), "heuristic"
+# (cudnnGetConvolutionForwardAlgorithm_v7's first, untimed).
+ALGO_PICK = os.environ.get("TUNEDB_CUDNN_PICK", "find")
+GRAPH_RUNS, GRAPH_REPLAYS = 10, 3
+# False: each convolution keeps a workspace of its own instead of the executor's shared scratch
+# (a benchmark's control; the shared one costs no memory per convolution).
+SHARED_WORKSPACE = True
 DATA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 9}  # cudnnDataType_t
 NCHW, CROSS_CORRELATION = 0, 1
 # 16-bit data: tensor ops must be asked for (the default math gave bf16 ResNet-50 convs
@@ -121,6 +132,7 @@ def library() -> Any:
         "cudnnFindConvolutionForwardAlgorithmEx": [vp, vp, vp, vp, vp, vp, vp, vp, i, pi,
                                                    ctypes.POINTER(AlgoPerf), vp, ctypes.c_size_t],
         "cudnnConvolutionForward": [vp, vp, vp, vp, vp, vp, vp, i, vp, ctypes.c_size_t, vp, vp, vp],
+        "cudnnGetConvolutionForwardAlgorithm_v7": [vp, vp, vp, vp, vp, i, pi, ctypes.POINTER(AlgoPerf)],
     }
     for name, args in protos.items():
         try:
@@ -147,7 +159,9 @@ class Cudnn:
         lib = self.lib = library()
         while _RETIRED:
             lib.cudnnDestroy(_RETIRED.pop())
-        self.cp, self.version = cp, int(lib.cudnnGetVersion())
+        self.cp, self.stream, self.version = cp, stream, int(lib.cudnnGetVersion())
+        self.chosen: list[tuple[int, int, float]] = []  # (algo, workspace bytes, Find's ms) a conv
+        self.found: list[dict] = []  # a conv's shapes and every candidate's times
         h = ctypes.c_void_p()
         _check(lib, lib.cudnnCreate(ctypes.byref(h)), "cudnnCreate")
         self.handle = h.value
@@ -191,22 +205,86 @@ class Cudnn:
             self.handle, xd, x.data.ptr, wd, w.data.ptr, cd, yd, out.data.ptr, ALGO_COUNT,
             ctypes.byref(got), perf, ws.data.ptr, FIND_WORKSPACE), "cudnnFindConvolutionForwardAlgorithmEx")
         cp.cuda.Device().synchronize()
-        del ws
         ok = [p for p in perf[:got.value] if p.status == 0 and p.memory <= FIND_WORKSPACE]
         if not ok:
             raise CudnnError("cuDNN found no forward algorithm")
-        best = min(ok, key=lambda p: p.time)
-        algo, nbytes = int(best.algo), int(best.memory)
-        self.chosen = getattr(self, "chosen", []) + [(algo, nbytes, float(best.time))]
-        get = scratch(max(1, nbytes))
         one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        keep = (xd, yd, wd, cd, one, zero, x, w, out)
         px, pw, po = x.data.ptr, w.data.ptr, out.data.ptr
 
-        def run() -> None:
-            _check(lib, lib.cudnnConvolutionForward(
-                self.handle, ctypes.byref(one), xd, px, wd, pw, cd, algo, get().data.ptr, nbytes,
-                ctypes.byref(zero), yd, po), "cudnnConvolutionForward")
+        def launch(algo: int, ws_ptr: Callable[[], int], nbytes: int) -> Callable[[], None]:
+            def run() -> None:
+                _check(lib, lib.cudnnConvolutionForward(
+                    self.handle, ctypes.byref(one), xd, px, wd, pw, cd, algo, ws_ptr(), nbytes,
+                    ctypes.byref(zero), yd, po), "cudnnConvolutionForward")
+            return run
 
+        record = {"x": list(x.shape), "w": list(w.shape), "dtype": dtype,
+                  "find": [{"algo": int(p.algo), "bytes": int(p.memory), "find_us": round(p.time * 1e3, 2)}
+                           for p in ok]}
+        if ALGO_PICK == "graph":
+            find_ws = ws.data.ptr
+            for c in record["find"]:
+                try:
+                    c["graph_us"] = self._graph_us(launch(c["algo"], lambda: find_ws, c["bytes"]))
+                except Exception as e:  # noqa: BLE001 - one that does not capture is not picked
+                    c["graph_us"], c["error"] = float("inf"), str(e).splitlines()[0][:100] if str(e) else "?"
+            cp.cuda.Device().synchronize()
+            pick = min(record["find"], key=lambda c: c["graph_us"])
+        elif ALGO_PICK == "heuristic":
+            pick = self._heuristic(xd, wd, cd, yd, record["find"])
+        else:
+            pick = min(record["find"], key=lambda c: c["find_us"])
+        del ws
+        algo, nbytes = pick["algo"], pick["bytes"]
+        record["pick"] = algo
+        self.found.append(record)
+        self.chosen.append((algo, nbytes, pick["find_us"] / 1e3))
+        if SHARED_WORKSPACE:
+            get = scratch(max(1, nbytes))
+        else:
+            own = cp.empty(max(1, nbytes), dtype=cp.uint8)
+            get = lambda: own  # noqa: E731
+        run = launch(algo, lambda: get().data.ptr, nbytes)
+        keep = (xd, yd, wd, cd, one, zero, x, w, out, get)
         run.keep = keep  # type: ignore[attr-defined]  # what the call's pointers point into
         return run
+
+    def _graph_us(self, run: Callable[[], None]) -> float:
+        """GPU µs of one ``run``: a CUDA graph of ``GRAPH_RUNS`` calls on the handle's stream
+        after an eager warm-up (lazily loaded kernels load there), best of ``GRAPH_REPLAYS``."""
+        cp, stream = self.cp, self.stream
+        with stream:
+            run()
+            stream.synchronize()
+            gc.disable()  # a finalizer freeing device memory would break the capture
+            try:
+                stream.begin_capture()
+                try:
+                    for _ in range(GRAPH_RUNS):
+                        run()
+                finally:
+                    graph = stream.end_capture()
+            finally:
+                gc.enable()
+            graph.launch(stream)
+            times = []
+            for _ in range(GRAPH_REPLAYS):
+                t0, t1 = cp.cuda.Event(), cp.cuda.Event()
+                t0.record(stream)
+                graph.launch(stream)
+                t1.record(stream)
+                t1.synchronize()
+                times.append(cp.cuda.get_elapsed_time(t0, t1) * 1e3 / GRAPH_RUNS)
+        return round(min(times), 2)
+
+    def _heuristic(self, xd: Any, wd: Any, cd: Any, yd: Any, found: list[dict]) -> dict:
+        """The first of cuDNN's heuristic ranking that Find could run."""
+        perf, got = (AlgoPerf * ALGO_COUNT)(), ctypes.c_int()
+        _check(self.lib, self.lib.cudnnGetConvolutionForwardAlgorithm_v7(
+            self.handle, xd, wd, cd, yd, ALGO_COUNT, ctypes.byref(got), perf),
+            "cudnnGetConvolutionForwardAlgorithm_v7")
+        by_algo = {c["algo"]: c for c in found}
+        for p in perf[:got.value]:
+            if p.status == 0 and int(p.algo) in by_algo:
+                return by_algo[int(p.algo)]
+        return min(found, key=lambda c: c["find_us"])
