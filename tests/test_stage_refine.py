@@ -96,3 +96,29 @@ def test_bench_refine_bookkeeping_with_synthetic_times(oracle):
     if oracle == "full":
         oracle_us, _, _ = ios_search(plan.steps, truth)
         assert res["oracle_us"] == pytest.approx(oracle_us, abs=0.01)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_top_schedules_are_the_loops_best_distinct_schedules_measured_in_full(seed):
+    from tunedb.plan.stage_refine import top_schedules
+
+    steps = random_steps(16, seed)
+    truth = random_cost(seed)
+    keys = StageKeys(steps)
+
+    def estimate(groups):  # off by x0.5 to x1.3, so the loop wanders through several schedules
+        h = int(hashlib.sha256(keys(groups).encode()).hexdigest()[:8], 16)
+        return truth(groups) * (0.5 + 0.8 * (h % 1000) / 1000)
+
+    r = refine_stages(steps, truth, estimator=estimate, max_rounds=60)
+    top = top_schedules(r, 4)
+    assert len(top) == 4 and len(r.schedules) > 4
+    assert top[0][0] == pytest.approx(r.total_us)  # the loop's winner first
+    assert [t for t, _ in top] == sorted(t for t, _ in top)
+    shapes = {tuple(tuple(sorted(tuple(sorted(g)) for g in st)) for st in stages) for _, stages in top}
+    assert len(shapes) == len(top)  # distinct schedules
+    for total, stages in top:  # each measured in full, its sum the measured sum
+        assert all(keys(st) in r.measured for st in stages)
+        assert total == pytest.approx(sum(truth(st) for st in stages))
+        assert sorted(i for st in stages for g in st for i in g) == list(range(len(steps)))
+    assert top_schedules(r, 0) == []

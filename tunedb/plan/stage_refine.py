@@ -56,6 +56,8 @@ class Refinement:
     converged: bool = False
     search_s: float = 0.0
     measure_s: float = 0.0
+    # every distinct schedule the loop measured in full, with its stage sum (``top_schedules``)
+    schedules: list[tuple[float, list[Groups]]] = field(default_factory=list)
 
     @property
     def measured_fraction(self) -> float:
@@ -131,6 +133,7 @@ def refine_stages(steps: Sequence[Any], measure: Callable[[Groups], float], *,
         if not new:
             out.converged = True
             best = (total, stages)
+            out.schedules.append(best)
             break
         if max_measured is not None and len(measured) + len(new) > max_measured:
             break
@@ -143,6 +146,7 @@ def refine_stages(steps: Sequence[Any], measure: Callable[[Groups], float], *,
             ratios[bucket(st)].append(measured[k] / max(est(st), 1e-9))
         out.measure_s += time.perf_counter() - t1
         whole = sum(measured[keys(st)] for st in stages)
+        out.schedules.append((whole, stages))
         if best is None or whole < best[0]:
             best = (whole, stages)
         pooled = [r for rs in ratios for r in rs]
@@ -156,6 +160,18 @@ def refine_stages(steps: Sequence[Any], measure: Callable[[Groups], float], *,
     if best is not None:
         out.total_us, out.stages = best
     return out
+
+
+def top_schedules(ref: Refinement, k: int) -> list[tuple[float, list[Groups]]]:
+    """The ``k`` distinct schedules with the least stage sums that ``ref`` measured in full, best
+    first: the candidates to time end to end, where the harness's warm stages and a plan's cold
+    weights can order near-equal schedules differently than their sums do."""
+    seen: dict[tuple, tuple[float, list[Groups]]] = {}
+    for total, stages in ref.schedules:
+        key = tuple(tuple(sorted(tuple(sorted(g)) for g in st)) for st in stages)
+        if key not in seen or total < seen[key][0]:
+            seen[key] = (total, stages)
+    return sorted(seen.values(), key=lambda t: t[0])[:max(0, k)]
 
 
 def stored_stage_times(store: Any, device_ids: str | Sequence[str]) -> dict[str, float]:
