@@ -267,6 +267,45 @@ def test_im2col_form_launches_give_the_reference_on_the_cpu(host_lib, tiled_lib,
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_conv_sent_to_cudnn_takes_im2col_where_cudnn_does_not_load(host_lib, tiled_lib, monkeypatch):
+    """CONV_CUDNN on and no library here: the executor's builder notes why and runs the
+    convolution as im2col + GEMM (host kernels, NumPy for cuBLAS), with the reference result."""
+    from tunedb.runtime import conv_cudnn
+    from tunedb.runtime.executor_ops import ComputeOps, KernelSet
+
+    monkeypatch.setattr(conv_cudnn, "CONV_CUDNN", "always")
+    monkeypatch.setattr(conv_cudnn, "_LIB", [])
+    monkeypatch.setattr(conv_cudnn, "_candidates", lambda: ["/nonexistent/libcudnn.so.9"])
+    monkeypatch.setattr(executor_conv, "IM2COL_KERNEL", "tiled")
+    monkeypatch.setattr(executor_conv, "tiled_function", lambda cp, name: (
+        lambda grid, block, args: call_host(getattr(tiled_lib, "grid_" + name), *args)))
+    b = GraphBuilder("conv")
+    x, w = b.input("x", (2, 5, 9, 9)), b.input("w", (7, 5, 3, 3))
+    g = b.build([b.conv2d(x, w, strides=(1, 1), pads=(1,) * 4, dilations=(1, 1), groups=1)])
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((2, 5, 9, 9)).astype(np.float32)
+    wv = rng.standard_normal((7, 5, 3, 3)).astype(np.float32)
+    node = g.nodes[0]
+    a = check_node(node, [g.type_of(v) for v in node.inputs])[1]
+    assert conv_cudnn.cudnn_wanted(xv.shape, wv.shape, (2, 7, 9, 9), a, 4)
+    kernels = KernelSet.__new__(KernelSet)
+    kernels.cp, kernels.max_blocks, kernels.module = np, 32, _HostModule(host_lib)
+    buf = {}
+
+    def scratch(nbytes):
+        buf["b"] = np.full(nbytes, 0xFF, np.uint8)
+        return lambda: buf["b"]
+    blas = _NumpyBlas()
+    blas.stream = None  # cuDNN's handle would bind to it
+    ops = ComputeOps(np, kernels, scratch, blas)
+    out = np.full((2, 7, 9, 9), np.nan, np.float32)
+    launches, n, path = ops.build(node, a, [xv, wv], [out])
+    assert (path, n) == ("im2col + cublas", 2) and ops.dnn is None and "cannot load cuDNN" in ops.dnn_error
+    for f in launches:
+        f()
+    np.testing.assert_allclose(out, run_reference(g, {"x": xv, "w": wv})[g.outputs[0]], rtol=1e-4, atol=1e-4)
+
+
 # -- the GPU --------------------------------------------------------------------------------------
 def _cnn(dtype: str, batch: int):
     b = GraphBuilder(f"cnn_{dtype}")

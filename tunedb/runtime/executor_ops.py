@@ -37,7 +37,7 @@ import numpy as np
 
 from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node, TensorType
 from tunedb.graph.ops import check_node, slice_bounds
-from tunedb.runtime.conv_cudnn import Cudnn, cudnn_wanted
+from tunedb.runtime.conv_cudnn import Cudnn, CudnnError, cudnn_wanted
 from tunedb.runtime.copykernel import strided_copy
 from tunedb.runtime.executor_conv import conv_form, im2col_gemm
 from tunedb.runtime.executor_kernels import KERNEL_SOURCE
@@ -406,6 +406,7 @@ class ComputeOps:
         self.lt = lt  # a tunedb.runtime.executor_lt.BlasLt: gemm bias vectors as its epilogue
         self.scratch = scratch  # nbytes -> getter of a uint8 device buffer of at least that size
         self.dnn: Any = None  # a conv_cudnn.Cudnn, made at the first convolution sent to cuDNN
+        self.dnn_error = ""  # why cuDNN could not be loaded: its convolutions take im2col
 
     def build(self, node: Node, a: dict, ins: list[Any], outs: list[Any]) -> tuple[list[Launch], int, str]:
         op = node.op
@@ -480,10 +481,9 @@ class ComputeOps:
             name = "tdbx_dwconv2d_bf16" if bf16 else "tdbx_dwconv2d_f32"
             launch = self.k.launch(name, tail[0], (x, w, bias, out) + tail)
             return [launch], 1, "depthwise kernel"
-        elif cudnn_wanted(x.shape, w.shape, out.shape, a, out.dtype.itemsize):
-            if self.dnn is None:  # one handle per builder, on the stream of its cuBLAS handle
-                self.dnn = Cudnn(cp, self.blas.stream)
-            steps.append(self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch))
+        elif cudnn_wanted(x.shape, w.shape, out.shape, a, out.dtype.itemsize) and not self.dnn_error \
+                and (one := self._cudnn_conv(x, w, out, a, bf16)) is not None:
+            steps.append(one)
             path = "cudnn"
         else:
             steps += im2col_gemm(self, x, w, out, a, merged=form == "im2col merged")
@@ -494,6 +494,17 @@ class ComputeOps:
             bias = ins[2].reshape(1, o, 1, 1)
             steps.append(lambda: cp.add(out, bias, out=out))
         return steps, len(steps), path
+
+    def _cudnn_conv(self, x: Any, w: Any, out: Any, a: dict, bf16: bool) -> Launch | None:
+        """cuDNN's launch of the convolution, or None (im2col then) where the library does not
+        load here; a failing call on a loaded library is an error."""
+        if self.dnn is None:  # one handle per builder, on the stream of its cuBLAS handle
+            try:
+                self.dnn = Cudnn(self.cp, self.blas.stream)
+            except CudnnError as e:
+                self.dnn_error = str(e)
+                return None
+        return self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch)
 
     def _pool(self, op: str, x: Any, out: Any, a: dict) -> tuple[list[Launch], int, str]:
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel"], a["strides"], a["pads"]
