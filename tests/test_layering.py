@@ -10,6 +10,7 @@ a heavy optional package; no source file reaches 600 lines.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,6 +109,7 @@ def imports(module: str, path: Path) -> Iterator[Import]:
     yield from walk(tree, False, False)
 
 
+@functools.cache  # five tests read the same import graph: parse the tree once
 def edges() -> list[tuple[str, str, int, bool, bool]]:
     return [(m, t, line, fn, typ) for m, p in MODULES.items() for t, line, fn, typ in imports(m, p) if t != m]
 
