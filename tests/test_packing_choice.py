@@ -51,3 +51,41 @@ def test_the_cli_reads_a_bench_json_with_the_shipped_model(tmp_path, capsys):
     assert main(["--bench", str(bad)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error:") and err.count("\n") == 1
+
+
+DATA = BENCH.parent.parent / "packing_h200"
+
+
+@pytest.mark.slow  # reads the shipped export: about 5 s
+def test_the_database_pick_takes_an_exact_hits_measured_best_else_the_model():
+    """``db_choice``: the stored best of a workload the export has measured (R = 120 fp32: the
+    model's regression order puts ``padded`` first, the stored rows ``chunks128``), timed in the
+    bench's pass; a workload the export lacks gets the model's pick; a stored workload listing
+    its members in another order offers only whole-set candidates."""
+    from dataclasses import replace
+
+    from tunedb.bench.packing import render
+    from tunedb.bench.packing_choice import db_choice, export_times
+    from tunedb.kernels.packing_suites import bench_cases
+
+    times = export_times(DATA)
+    res = _case("replicas_r120_256x128x1152_float32")
+    w = PackingWorkload.from_json(res["workload"])
+    stored = times(w)
+    best = min(stored, key=stored.get)
+    assert best.startswith("whole:") and stored[best] < 0.95 * stored["whole:padded"]
+    got = db_choice(w, res["rows"], times, likes("whole:padded"))
+    row = next(r for r in res["rows"] if r["variant"] == best)
+    assert (got["variant"], got["source"], got["median_us"]) == (best, "db", row["median_us"])
+    assert got["stored_us"] == stored[best]
+    unseen = replace(w, members=w.members[:-1])  # R = 119: not in the database
+    assert times(unseen) == {}
+    assert db_choice(unseen, res["rows"], times, likes("whole:padded")) == {
+        **model_choice(unseen, res["rows"], likes("whole:padded")), "source": "model"}
+    wm = next(c for c in bench_cases() if c.name.startswith("resnet18_b1_t4"))
+    flipped = replace(wm, members=wm.members[::-1])
+    assert flipped.hash == wm.hash and any(not n.startswith("whole:") for n in times(wm))
+    assert times(flipped) and all(n.startswith("whole:") for n in times(flipped))
+    table = render([{**res, "db_choice": summarize_choice(res, got),
+                     "duel": {"choices_over_best_peer": {best: 1.25}}}])
+    assert f"{best} (db)" in table and "1.25x" in table

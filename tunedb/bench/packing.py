@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tunedb.bench.packing_choice import model_choice, summarize_choice
+from tunedb.bench.packing_choice import db_choice, export_times, model_choice, summarize_choice
 from tunedb.bench.packing_duel import duel
 from tunedb.bench.packing_jax import jax_rows
 from tunedb.bench.provenance import provenance
@@ -207,7 +207,8 @@ def graph_cases(path: Path) -> list[PackingWorkload]:
 
 def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps: int, samples: int,
              peers: bool = True, log: Callable[[str], None] = print, jax_peers: bool = False,
-             extra: bool = True, duel_rounds: int = 0, model: Any = None) -> dict[str, Any]:
+             extra: bool = True, duel_rounds: int = 0, model: Any = None, times: Any = None
+             ) -> dict[str, Any]:
     host = make_inputs(w, seed=0)
     inputs = [(cp.asarray(x), cp.asarray(wt)) for x, wt in host]  # once per case, for all candidates
     refs = reference(w, inputs)
@@ -226,12 +227,15 @@ def run_case(w: PackingWorkload, *, cp: Any, torch: Any, pool: StreamPool, reps:
            "rows": rows, "summary": summarize(rows)}
     if model is not None:  # what a user's plan runs: the model's pick, timed in the same pass
         res["model_choice"] = summarize_choice(res, model_choice(w, rows, model))
+    if times is not None:  # with a database: an exact hit's measured best, else the model's pick
+        res["db_choice"] = summarize_choice(res, db_choice(w, rows, times, model))
     if peers and duel_rounds > 0:
         tc = TorchCase(torch, cp, w, host)
         try:
             res["duel"] = duel(w, rows, cp=cp, torch=torch, pool=pool, inputs=inputs, refs=refs,
                                tc=tc, time_torch=time_torch, reps=reps, rounds=duel_rounds, log=log,
-                               choice=res.get("model_choice", {}).get("variant", ""))
+                               choice=res.get("model_choice", {}).get("variant", ""),
+                               also=[res.get("db_choice", {}).get("variant", "")])
         except Exception as e:  # noqa: BLE001 - the first pass's rows stand without the duel
             res["duel"] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
         tc.__dict__.clear()
@@ -299,13 +303,15 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def render(results: Sequence[dict[str, Any]]) -> str:
     head = ["case", "tunedb best", "us", "eager", "graph", "streams best", "pad bmm", "vmap best",
-            "jax best", "x best peer", "duel x", "model's pick", "us", "x best peer", "duel x"]
+            "jax best", "x best peer", "duel x", "model's pick", "us", "x best peer", "duel x",
+            "db pick", "us", "x best peer", "duel x"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
         ok = {r["variant"]: r["median_us"] for r in res["rows"] if r["system"] != "tunedb"
               and r.get("status") == "ok"}
         s = res["summary"]
-        tb, mc = s.get("tunedb", {}), res.get("model_choice", {})
+        tb, mc, dc = s.get("tunedb", {}), res.get("model_choice", {}), res.get("db_choice", {})
+        duel_of = res.get("duel", {}).get("choices_over_best_peer", {})
 
         def best_of(prefix: str, ok: dict = ok) -> str:
             v = [t for n, t in ok.items() if n.startswith(prefix)]
@@ -317,7 +323,10 @@ def render(results: Sequence[dict[str, Any]]) -> str:
             f"{res.get('duel', {}).get('speedup_vs_best_peer', math.nan):.2f}x",
             mc.get("variant", "-"), f"{mc.get('median_us', math.nan):.1f}",
             f"{mc.get('speedup_vs_best_peer', math.nan):.2f}x",
-            f"{res.get('duel', {}).get('choice_over_best_peer', math.nan):.2f}x"]) + " |")
+            f"{res.get('duel', {}).get('choice_over_best_peer', math.nan):.2f}x",
+            f"{dc.get('variant', '-')} ({dc.get('source', '-')})", f"{dc.get('median_us', math.nan):.1f}",
+            f"{dc.get('speedup_vs_best_peer', math.nan):.2f}x",
+            f"{duel_of.get(dc.get('variant', ''), math.nan):.2f}x"]) + " |")
     return "\n".join(lines)
 
 
@@ -341,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="without the split-K and chunked candidates (the packing/5 model's set)")
     ap.add_argument("--model", type=Path, default=None,
                     help="a packing model folder: report its pick (what a user's plan runs) per case")
+    ap.add_argument("--db-data", type=Path, default=None,
+                    help="an export as the database: also the pick an exact hit makes (else the model's)")
     args = ap.parse_args(argv)
     model = None
     if args.model is not None:
@@ -349,6 +360,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = load_predictor(args.model)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
+            return 2
+    times = None
+    if args.db_data is not None:
+        try:
+            times = export_times(args.db_data)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --db-data {args.db_data}: {' '.join(str(e).split())[:200]}", file=sys.stderr)
             return 2
     try:
         if args.graph:
@@ -394,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["results"].append(run_case(w, cp=cp, torch=torch, pool=pool, reps=args.reps,
                                        samples=args.samples, peers=not args.no_peers,
                                        jax_peers=args.jax, extra=not args.no_extra,
-                                       duel_rounds=args.duel, model=model))
+                                       duel_rounds=args.duel, model=model, times=times))
         cp.get_default_memory_pool().free_all_blocks()
         args.out.write_text(json.dumps(doc, indent=1))
     print(render(doc["results"]))

@@ -39,14 +39,17 @@ def _graph_of(tc: Any, fn: Callable[[], None] | None) -> Callable[[], None] | No
 def duel(w: PackingWorkload, rows: Sequence[dict[str, Any]], *, cp: Any, torch: Any, pool: Any,
          inputs: Sequence[Any], refs: Sequence[Any], tc: Any, time_torch: Callable[..., list[float]],
          reps: int, rounds: int = 10, top: int = 2, log: Callable[[str], None] = print,
-         choice: str = "") -> dict[str, Any]:
+         choice: str = "", also: Sequence[str] = ()) -> dict[str, Any]:
     """Re-time the ``top`` fastest ok tunedb rows and torch rows of ``rows`` (one case) in
     interleaved rounds; every item is checked first and left out (with its error) if it fails.
     ``choice``: a tunedb variant timed too (the model's pick); ``choice_over_best_peer`` is its
-    speedup over the best peer of the rounds."""
+    speedup over the best peer of the rounds; ``also``: more such variants (the database's pick),
+    each in ``choices_over_best_peer``."""
     ok = sorted((r for r in rows if r.get("status") == "ok"), key=lambda r: r["median_us"])
     mine = [r for r in ok if r["system"] == "tunedb"][:top]
-    mine += [r for r in ok if r["system"] == "tunedb" and r["variant"] == choice and r not in mine][:1]
+    for want in dict.fromkeys([choice, *also]):
+        mine += [r for r in ok if r["system"] == "tunedb" and want and r["variant"] == want
+                 and r not in mine][:1]
     builders = torch_builders(tc)
     theirs = [r for r in ok if r["system"] == "torch" and r["variant"] in builders][:top]
     items: dict[str, tuple[str, Callable[[], None], Callable[[], list[float]]]] = {}
@@ -98,6 +101,10 @@ def duel(w: PackingWorkload, rows: Sequence[dict[str, Any]], *, cp: Any, torch: 
         out["speedup_vs_best_peer"] = best["torch"] / best["tunedb"]
         if f"tunedb {choice}" in out["items"]:
             out["choice_over_best_peer"] = best["torch"] / out["items"][f"tunedb {choice}"]["median_us"]
+        for v in dict.fromkeys([choice, *also]):
+            if v and f"tunedb {v}" in out["items"]:
+                out.setdefault("choices_over_best_peer", {})[v] = (
+                    best["torch"] / out["items"][f"tunedb {v}"]["median_us"])
     for k, v in out["items"].items():
         log(f"  duel {k:36s} {v['median_us']:10.2f} us (p20 {v['p20_us']:.2f}, p80 {v['p80_us']:.2f})")
     return out
