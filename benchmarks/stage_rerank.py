@@ -3,6 +3,7 @@ schedules timed end to end (GPU).
 
     python benchmarks/stage_rerank.py OUT.json [--budget-s=100] [--rounds=3] [--top=4]
                                       [--max-rounds=80] [--no-horizontal] [--stages=FILE.json]
+                                      [--again=NAME,...] [--oracle]
 
 Plans, all of Inception V3 batch 1 with the conv-bias lever, in one process:
 
@@ -18,7 +19,11 @@ Plans, all of Inception V3 batch 1 with the conv-bias lever, in one process:
 - ``refined_h``: the loop on the plan with horizontal merges (``horizontal=True``), its winner
   (skipped with ``--no-horizontal`` or when the budget is short);
 - ``--stages=FILE.json``: schedules of an earlier run (its ``schedules``) timed again as
-  ``again_<name>``, so a winner picked from several is re-timed without the pick's bias.
+  ``again_<name>`` (``--again``: only those), so a winner picked from several is re-timed
+  without the pick's bias;
+  ``--top=0`` skips the loop;
+- ``--oracle``: every stage candidate measured (IOS's full profiling, ``stage_cases.refine``
+  with ``oracle="full"``), its schedule timed as ``oracle``.
 
 Staged plans run with stage joins (the default for measured schedules). Every plan is verified
 against the float64 reference and onnxruntime before it is timed; all are timed together in
@@ -41,7 +46,7 @@ from tunedb.bench.fusion import _one_line, write_json
 from tunedb.bench.peers import interleaved_rounds
 from tunedb.bench.plan import ORT_SLACK, _free, _host, onnxruntime_outputs, verify
 from tunedb.bench.provenance import provenance
-from tunedb.bench.stage_cases import INPUT_SEED, cases
+from tunedb.bench.stage_cases import INPUT_SEED, cases, refine
 from tunedb.bench.stages import ROUND_S
 from tunedb.graph.reference import run_reference
 from tunedb.plan.buffers import plan_buffers
@@ -112,7 +117,7 @@ def pack_places(seq: Any, base: Any, stages: list) -> list[dict[str, Any]]:
 
 
 def run(out: Path, budget_s: float, rounds: int, top: int, max_rounds: int, horizontal: bool,
-        again: dict[str, Any] | None = None) -> dict:
+        again: dict[str, Any] | None = None, oracle: bool = False) -> dict:
     t0 = time.perf_counter()
     deadline = t0 + budget_s
     res: dict[str, Any] = {"device": str(device_info().name), **provenance(), "rounds": rounds,
@@ -134,18 +139,27 @@ def run(out: Path, budget_s: float, rounds: int, top: int, max_rounds: int, hori
              "ios": compile_plan(graph, schedule="ios", **kw)}
     base = replace(plans["ios"], stages=())
     say(f"planned; sequential packs {len(plans['sequential'].packs)}")
-    res["refine"], tops = refine_top(base, top, max_rounds, say)
+    tops: list = []
+    if top > 0:
+        res["refine"], tops = refine_top(base, top, max_rounds, say)
     for k, st in enumerate(tops, 1):
         plans[f"refined_{k}"] = apply_stages(base, st, {"schedule": f"ios (measured, top {k})"})
         res["schedules"][f"refined_{k}"] = [[list(g) for g in s] for s in st]
     if tops:
         res["packs"] = pack_places(plans["sequential"], base, tops[0])
-    if horizontal and time.perf_counter() < t0 + 0.45 * budget_s:
+    if horizontal and top > 0 and time.perf_counter() < t0 + 0.45 * budget_s:
         hbase = replace(plans["sequential_unpacked"], stages=())
         res["refine_h"], htops = refine_top(hbase, 1, max_rounds, say)
         if htops:
             plans["refined_h"] = apply_stages(hbase, htops[0], {"schedule": "ios (measured, horizontal)"})
             res["schedules"]["refined_h"] = [[list(g) for g in s] for s in htops[0]]
+    if oracle:
+        full = refine(base, say, t0 + 0.6 * budget_s, "full")
+        got = full.get("oracle_full") or {}
+        res["oracle"] = {k: v for k, v in got.items() if k != "oracle_stages"}
+        if got.get("complete"):
+            plans["oracle"] = apply_stages(base, _groups(got["oracle_stages"]), {"schedule": "ios (oracle)"})
+            res["schedules"]["oracle"] = got["oracle_stages"]
     for name, st in (again or {}).items():
         if name.startswith("refined_h"):
             plans[f"again_{name}"] = apply_stages(replace(plans["sequential_unpacked"], stages=()),
@@ -204,7 +218,14 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     val = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv[1:] if "=" in a}
-    flags = ("--budget-s", "--rounds", "--top", "--max-rounds", "--no-horizontal", "--stages")
+    try:
+        budget, rounds, top, max_rounds = (float(val.get("--budget-s", 100)), int(val.get("--rounds", 3)),
+                                           int(val.get("--top", 4)), int(val.get("--max-rounds", 80)))
+    except ValueError as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    flags = ("--budget-s", "--rounds", "--top", "--max-rounds", "--no-horizontal", "--stages", "--again",
+             "--oracle")
     bad = [a for a in argv[1:] if a.split("=", 1)[0] not in flags]
     if bad:
         print(f"error: unknown argument {bad[0]!r}", file=sys.stderr)
@@ -213,13 +234,14 @@ def main(argv: list[str]) -> int:
     if "--stages" in val:
         try:
             again = json.loads(Path(val["--stages"]).read_text())["schedules"]
+            if "--again" in val:
+                again = {k: again[k] for k in val["--again"].split(",")}
         except (OSError, ValueError, KeyError) as e:
             print(f"error: --stages {val['--stages']}: no schedules ({_one_line(e)})", file=sys.stderr)
             return 2
     try:
-        run(Path(argv[0]), float(val.get("--budget-s", 100)), int(val.get("--rounds", 3)),
-            int(val.get("--top", 4)), int(val.get("--max-rounds", 80)), "--no-horizontal" not in argv,
-            again)
+        run(Path(argv[0]), budget, rounds, top, max_rounds, "--no-horizontal" not in argv, again,
+            "--oracle" in argv)
     except NoGPUError as e:
         print(f"error: this bench needs a GPU ({_one_line(e)})", file=sys.stderr)
         return 1
