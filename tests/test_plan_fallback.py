@@ -84,7 +84,7 @@ def test_fallback_picks_near_the_best_on_the_shipped_data(shipped):
     geomean = math.exp(np.mean(np.log(ratios)))
     print(f"\nroofline fallback over {len(ratios)} workloads: first pick {geomean:.3f}x the best "
           f"(geomean), space order {math.exp(np.mean(np.log(space_order))):.3f}x")
-    assert len(ratios) == 435 and geomean <= 1.3 and np.median(ratios) <= 1.15
+    assert len(ratios) == 435 and geomean <= 1.2 and np.median(ratios) <= 1.1  # 1.175, 1.082
 
 
 def test_plan_without_a_model_uses_the_fallback():
