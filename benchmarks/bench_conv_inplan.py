@@ -3,15 +3,16 @@ policies: where a plan's time goes when its convolutions change implementation.
 
     python benchmarks/bench_conv_inplan.py OUT.json MODEL.onnx [--policies off,auto:find,auto:graph]
 
-A policy is ``CONV_CUDNN[:ALGO_PICK][:own]`` (``tunedb.runtime.conv_cudnn``; ``own``: a
-workspace per convolution, not the shared scratch). Per policy the plan is
-compiled as the zoo compiles it, verified against the float64 reference, then timed: the whole
-plan by replays of the executor's CUDA graph (the zoo table's protocol, ``throughput_us``); the
-same launches captured again here, twice back to back (``full``, three times: before, between
-and after the steps); and per step, its launches alone (a graph of ``--reps`` repetitions on the
-plan's own buffers, inputs in L2 where they fit) and the plan WITHOUT that step (``in_plan`` =
-full - without: what the step adds where it sits, its neighbours' L2 state included). cuDNN's
-candidates per convolution (Find's times, the graph re-timing where asked, the pick) come along.
+A policy is ``CONV_CUDNN[:OPTION...]`` (``tunedb.runtime.conv_cudnn``; options: an
+``ALGO_PICK``, ``own``: a workspace per convolution, ``nhwc``: channels-last convolutions).
+Per policy the plan is compiled as the zoo compiles it, verified against the float64
+reference, then timed: the whole plan by replays of the executor's CUDA graph (the zoo table's
+protocol, ``throughput_us``); the same launches captured again here, twice back to back
+(``full``, three times: before, between and after the steps); and per step, its launches alone
+(a graph of ``--reps`` repetitions on the plan's own buffers, inputs in L2 where they fit) and
+the plan WITHOUT that step (``in_plan`` = full - without: what the step adds where it sits, its
+neighbours' L2 state included). cuDNN's candidates per convolution (Find's times, the graph
+re-timing where asked, the pick) come along.
 """
 
 from __future__ import annotations
@@ -32,22 +33,24 @@ from tunedb.bench.fusion import _one_line  # noqa: E402
 from tunedb.bench.provenance import provenance  # noqa: E402
 from tunedb.runtime import conv_cudnn  # noqa: E402
 
-SWITCHES = ("CONV_CUDNN", "ALGO_PICK", "SHARED_WORKSPACE")
+SWITCHES = ("CONV_CUDNN", "ALGO_PICK", "SHARED_WORKSPACE", "LAYOUT")
+PICKS = ("find", "graph", "heuristic")
 
 
 def set_policy(policy: str) -> tuple:
-    """Set ``conv_cudnn``'s switches from ``MODE[:PICK][:own]`` (``own``: a workspace per
-    convolution); returns their values before."""
+    """Set ``conv_cudnn``'s switches from ``MODE[:OPTION...]``: MODE off / auto / always,
+    options a pick (find / graph / heuristic), ``own`` (a workspace per convolution), ``nhwc``
+    (channels-last convolutions); returns the switches' values before."""
     before = tuple(getattr(conv_cudnn, k) for k in SWITCHES)
-    mode, *rest = policy.split(":")
-    own = rest[-1:] == ["own"]
-    pick = rest[:-1] if own else rest
-    if mode not in ("off", "auto", "always") or len(pick) > 1 \
-            or pick and pick[0] not in ("find", "graph", "heuristic"):
-        raise ValueError(f"bad policy {policy!r}: MODE[:PICK][:own], MODE off/auto/always, "
-                         "PICK find/graph/heuristic")
-    conv_cudnn.CONV_CUDNN, conv_cudnn.SHARED_WORKSPACE = mode, not own
-    conv_cudnn.ALGO_PICK = pick[0] if pick else before[1]
+    mode, *opts = policy.split(":")
+    picks = [o for o in opts if o in PICKS]
+    if mode not in ("off", "auto", "always") or len(picks) > 1 or len(set(opts)) != len(opts) \
+            or any(o not in (*PICKS, "own", "nhwc") for o in opts):
+        raise ValueError(f"bad policy {policy!r}: MODE[:OPTION...], MODE off/auto/always, "
+                         "OPTION find/graph/heuristic/own/nhwc")
+    conv_cudnn.CONV_CUDNN, conv_cudnn.SHARED_WORKSPACE = mode, "own" not in opts
+    conv_cudnn.ALGO_PICK = picks[0] if picks else before[1]
+    conv_cudnn.LAYOUT = "nhwc" if "nhwc" in opts else "nchw"
     return before
 
 
@@ -98,6 +101,8 @@ def time_policy(graph: Any, dev: dict, refs: Any, span: Any, reps: int, target_s
             try:
                 row["alone_us"] = round(_graph_us(cp, ex.stream, fns[a:b], reps), 2)
                 row["without_us"] = round(_graph_us(cp, ex.stream, fns[:a] + fns[b:], 2), 2)
+                if dnn and b - a > 1:  # channels-last: the transposes and the convolution apart
+                    row["parts_us"] = [round(_graph_us(cp, ex.stream, [f], reps), 2) for f in fns[a:b]]
             except Exception as e:  # noqa: BLE001 - a step that does not capture alone
                 row["error"] = _one_line(e)
         steps.append(row)

@@ -15,16 +15,16 @@ def _attrs(k: int, stride: int = 1, pads: tuple | None = None) -> dict:
     return {"strides": (stride, stride), "pads": pads or (k // 2,) * 4, "dilations": (1, 1), "groups": 1}
 
 
-SWITCHES = ("CONV_CUDNN", "ALGO_PICK", "SHARED_WORKSPACE")
+SWITCHES = ("CONV_CUDNN", "ALGO_PICK", "SHARED_WORKSPACE", "LAYOUT")
 
 
 @pytest.fixture
 def cudnn_policy():
     before = {k: getattr(conv_cudnn, k) for k in SWITCHES}
 
-    def set_(value: str, pick: str | None = None, shared: bool = True) -> None:
+    def set_(value: str, pick: str | None = None, shared: bool = True, layout: str = "nchw") -> None:
         conv_cudnn.CONV_CUDNN, conv_cudnn.SHARED_WORKSPACE = value, shared
-        conv_cudnn.ALGO_PICK = pick or before["ALGO_PICK"]
+        conv_cudnn.ALGO_PICK, conv_cudnn.LAYOUT = pick or before["ALGO_PICK"], layout
     yield set_
     for k, v in before.items():
         setattr(conv_cudnn, k, v)
@@ -123,8 +123,9 @@ def test_cudnn_convolutions_match_the_reference_captured(cudnn_policy, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pick,shared", [("graph", True), ("heuristic", True), ("find", False)])
-def test_each_algorithm_pick_and_workspace_match_the_reference(cudnn_policy, pick, shared):
+@pytest.mark.parametrize("pick,shared,layout", [("graph", True, "nchw"), ("heuristic", True, "nchw"),
+                                               ("find", False, "nchw"), ("graph", True, "nhwc")])
+def test_each_algorithm_pick_workspace_and_layout_match_the_reference(cudnn_policy, pick, shared, layout):
     from plan_checks import check_outputs
 
     from tunedb.plan import compile
@@ -135,7 +136,7 @@ def test_each_algorithm_pick_and_workspace_match_the_reference(cudnn_policy, pic
         conv_cudnn.library()
     except CudnnError as e:
         pytest.skip(str(e))
-    cudnn_policy("always", pick, shared)
+    cudnn_policy("always", pick, shared, layout)
     plan = compile(_net("bfloat16"), device="cuda")
     ex = PlanExecutor(plan)
     found = ex.ops.dnn.found
@@ -164,12 +165,12 @@ def test_the_in_plan_bench_parses_policies_and_restores_the_switches(cudnn_polic
     bench = _bench("bench_conv_inplan")
     before = tuple(getattr(conv_cudnn, k) for k in SWITCHES)
     assert bench.set_policy("auto:graph:own") == before
-    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("auto", "graph", False)
-    bench.set_policy("always:own")  # the pick stays
-    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("always", "graph", False)
+    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("auto", "graph", False, "nchw")
+    bench.set_policy("always:nhwc:own")  # the pick stays
+    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("always", "graph", False, "nhwc")
     bench.restore(before)
     assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == before
-    for bad in ("sometimes", "auto:fastest", "auto:graph:find", "off:own:own"):
+    for bad in ("sometimes", "auto:fastest", "auto:graph:find", "off:own:own", "auto:nchw"):
         with pytest.raises(ValueError, match="bad policy"):
             bench.set_policy(bad)
         bench.restore(before)

@@ -27,6 +27,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tunedb.runtime.copykernel import strided_copy
+
 CONV_CUDNN = os.environ.get("TUNEDB_CONV_CUDNN", "off")
 # How a convolution's algorithm is chosen among those Find can run: "find" (Find's own times:
 # one call each, host launch cost included), "graph" (each re-timed as a CUDA graph of
@@ -37,8 +39,12 @@ GRAPH_RUNS, GRAPH_REPLAYS = 10, 3
 # False: each convolution keeps a workspace of its own instead of the executor's shared scratch
 # (a benchmark's control; the shared one costs no memory per convolution).
 SHARED_WORKSPACE = True
+# "nhwc": the convolution runs channels-last (cuDNN NHWC, 1.5-2x NCHW on ResNet-50's bf16 3x3s
+# through torch), its input and output transposed around it by the tiled copy kernel, a
+# constant weight transposed once; "nchw": on the plan's layout.
+LAYOUT = os.environ.get("TUNEDB_CUDNN_LAYOUT", "nchw")
 DATA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 9}  # cudnnDataType_t
-NCHW, CROSS_CORRELATION = 0, 1
+NCHW, NHWC, CROSS_CORRELATION = 0, 1, 1
 # 16-bit data: tensor ops must be asked for (the default math gave bf16 ResNet-50 convs
 # non-tensor-core algorithms on the H200: 3x3 at 56x56 61 µs, torch's cuDNN 20); float32: FMA
 # only (cuDNN's default would allow TF32).
@@ -49,6 +55,7 @@ FIND_WORKSPACE = 64 << 20  # the largest workspace an algorithm may ask for
 SUBLIBS = ("libcudnn_graph", "libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled",
            "libcudnn_heuristic", "libcudnn_ops", "libcudnn_cnn")
 _LIB: list[Any] = []
+Launch = Callable[[], None]
 _RETIRED: list[int] = []  # handles of collected ``Cudnn`` objects, destroyed by the next one
 
 
@@ -176,19 +183,22 @@ class Cudnn:
         return d
 
     def conv(self, x: Any, w: Any, out: Any, a: dict, dtype: str,
-             scratch: Callable[[int], Callable[[], Any]]) -> Callable[[], None]:
-        """The launch of ``out = conv2d(x, w)`` (NCHW, contiguous, no bias) on stored arrays of
-        ``dtype``; its workspace comes from ``scratch`` (the executor's shared buffer)."""
+             scratch: Callable[[int], Callable[[], Any]], constant_w: bool = False) -> list[Launch]:
+        """The launches of ``out = conv2d(x, w)`` (NCHW, contiguous, no bias) on stored arrays of
+        ``dtype``; its workspace (and under ``LAYOUT`` "nhwc" the transposed input and output,
+        and the weight unless ``constant_w``) comes from ``scratch`` (the executor's shared
+        buffer)."""
         lib, cp = self.lib, self.cp
         params = conv_params(x.shape, w.shape, a)
         if params is None or dtype not in DATA_TYPES:
             raise CudnnError(f"no cuDNN convolution for pads {a['pads']} / {dtype}")
         if not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous):
             raise CudnnError("cuDNN convolution on strided arrays")
-        t = DATA_TYPES[dtype]
-        xd = self._desc("Tensor", "cudnnSetTensor4dDescriptor", NCHW, t, *map(int, x.shape))
-        yd = self._desc("Tensor", "cudnnSetTensor4dDescriptor", NCHW, t, *map(int, out.shape))
-        wd = self._desc("Filter", "cudnnSetFilter4dDescriptor", t, NCHW, *map(int, w.shape))
+        t, nhwc = DATA_TYPES[dtype], LAYOUT == "nhwc"
+        fmt = NHWC if nhwc else NCHW
+        xd = self._desc("Tensor", "cudnnSetTensor4dDescriptor", fmt, t, *map(int, x.shape))
+        yd = self._desc("Tensor", "cudnnSetTensor4dDescriptor", fmt, t, *map(int, out.shape))
+        wd = self._desc("Filter", "cudnnSetFilter4dDescriptor", t, fmt, *map(int, w.shape))
         cd = self._desc("Convolution", "cudnnSetConvolution2dDescriptor", *params[:6], CROSS_CORRELATION,
                         DATA_TYPES["float32"])
         _check(lib, lib.cudnnSetConvolutionGroupCount(cd, params[6]), "cudnnSetConvolutionGroupCount")
@@ -199,33 +209,35 @@ class Cudnn:
                "cudnnGetConvolution2dForwardOutputDim")
         if tuple(d.value for d in dims) != tuple(out.shape):
             raise CudnnError(f"cuDNN output {tuple(d.value for d in dims)} is not {tuple(out.shape)}")
+        # NHWC: Find and the re-timing run on zeroed stand-ins of the transposed arrays
+        fx, fw, fy = (cp.zeros(v.size, v.dtype) for v in (x, w, out)) if nhwc else (x, w, out)
         perf, got = (AlgoPerf * ALGO_COUNT)(), ctypes.c_int()
         ws = cp.empty(FIND_WORKSPACE, dtype=cp.uint8)
         _check(lib, lib.cudnnFindConvolutionForwardAlgorithmEx(
-            self.handle, xd, x.data.ptr, wd, w.data.ptr, cd, yd, out.data.ptr, ALGO_COUNT,
+            self.handle, xd, fx.data.ptr, wd, fw.data.ptr, cd, yd, fy.data.ptr, ALGO_COUNT,
             ctypes.byref(got), perf, ws.data.ptr, FIND_WORKSPACE), "cudnnFindConvolutionForwardAlgorithmEx")
         cp.cuda.Device().synchronize()
         ok = [p for p in perf[:got.value] if p.status == 0 and p.memory <= FIND_WORKSPACE]
         if not ok:
             raise CudnnError("cuDNN found no forward algorithm")
         one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        px, pw, po = x.data.ptr, w.data.ptr, out.data.ptr
 
-        def launch(algo: int, ws_ptr: Callable[[], int], nbytes: int) -> Callable[[], None]:
+        def launch(algo: int, ptrs: Callable[[], tuple[int, ...]], nbytes: int) -> Launch:
             def run() -> None:
+                px, pw, po, pws = ptrs()
                 _check(lib, lib.cudnnConvolutionForward(
-                    self.handle, ctypes.byref(one), xd, px, wd, pw, cd, algo, ws_ptr(), nbytes,
+                    self.handle, ctypes.byref(one), xd, px, wd, pw, cd, algo, pws, nbytes,
                     ctypes.byref(zero), yd, po), "cudnnConvolutionForward")
             return run
 
-        record = {"x": list(x.shape), "w": list(w.shape), "dtype": dtype,
+        record = {"x": list(x.shape), "w": list(w.shape), "dtype": dtype, "layout": LAYOUT,
                   "find": [{"algo": int(p.algo), "bytes": int(p.memory), "find_us": round(p.time * 1e3, 2)}
                            for p in ok]}
         if ALGO_PICK == "graph":
-            find_ws = ws.data.ptr
+            find_ptrs = (fx.data.ptr, fw.data.ptr, fy.data.ptr, ws.data.ptr)
             for c in record["find"]:
                 try:
-                    c["graph_us"] = self._graph_us(launch(c["algo"], lambda: find_ws, c["bytes"]))
+                    c["graph_us"] = self._graph_us(launch(c["algo"], lambda: find_ptrs, c["bytes"]))
                 except Exception as e:  # noqa: BLE001 - one that does not capture is not picked
                     c["graph_us"], c["error"] = float("inf"), str(e).splitlines()[0][:100] if str(e) else "?"
             cp.cuda.Device().synchronize()
@@ -234,20 +246,67 @@ class Cudnn:
             pick = self._heuristic(xd, wd, cd, yd, record["find"])
         else:
             pick = min(record["find"], key=lambda c: c["find_us"])
-        del ws
+        del ws, fx, fw, fy
         algo, nbytes = pick["algo"], pick["bytes"]
         record["pick"] = algo
         self.found.append(record)
         self.chosen.append((algo, nbytes, pick["find_us"] / 1e3))
-        if SHARED_WORKSPACE:
-            get = scratch(max(1, nbytes))
-        else:
-            own = cp.empty(max(1, nbytes), dtype=cp.uint8)
-            get = lambda: own  # noqa: E731
-        run = launch(algo, lambda: get().data.ptr, nbytes)
-        keep = (xd, yd, wd, cd, one, zero, x, w, out, get)
-        run.keep = keep  # type: ignore[attr-defined]  # what the call's pointers point into
-        return run
+        keep = (xd, yd, wd, cd, one, zero, x, w, out)
+        if not nhwc:
+            if SHARED_WORKSPACE:
+                get = scratch(max(1, nbytes))
+            else:
+                own = cp.empty(max(1, nbytes), dtype=cp.uint8)
+                get = lambda: own  # noqa: E731
+            run = launch(algo, lambda: (x.data.ptr, w.data.ptr, out.data.ptr, get().data.ptr), nbytes)
+            run.keep = (keep, get)  # type: ignore[attr-defined]  # what the call's pointers point into
+            return [run]
+        view: dict[str, Any] = {}  # the transposed arrays' launches and pointers, bound at the first run
+        return self._nhwc_launches(launch(algo, lambda: view["ptrs"], nbytes), x, w, out, nbytes, scratch,
+                                   constant_w, view, keep)
+
+    def _nhwc_launches(self, conv: Callable[[], None], x: Any, w: Any, out: Any, nbytes: int,
+                       scratch: Callable[[int], Callable[[], Any]], constant_w: bool, view: dict,
+                       keep: tuple) -> list[Launch]:
+        """Transpose in, ``conv`` (channels-last), transpose out; the transposed arrays (and a
+        weight that is not constant) in the shared scratch, bound at the first run."""
+        cp = self.cp
+        n, c, h, wd = x.shape
+        o, cg, kh, kw = w.shape
+        p = out.shape[2] * out.shape[3]
+
+        def rounded(nb: int) -> int:
+            return -(-nb // 256) * 256
+        isz = x.dtype.itemsize
+        xo, yo = 0, rounded(x.size * isz)
+        wo = yo + rounded(out.size * isz)
+        so = wo + (0 if constant_w else rounded(w.size * isz))
+        get = scratch(so + max(1, nbytes))
+        w_nhwc = cp.ascontiguousarray(w.reshape(o, cg, kh * kw).transpose(0, 2, 1)) if constant_w else None
+
+        def bind() -> None:
+            buf = get()
+            xt = buf[xo:xo + x.size * isz].view(x.dtype).reshape(n, h * wd, c)
+            yt = buf[yo:yo + out.size * isz].view(x.dtype).reshape(n, p, o)
+            wt = w_nhwc if constant_w else buf[wo:wo + w.size * isz].view(x.dtype).reshape(o, kh * kw, cg)
+            view["x"] = strided_copy(cp, x.reshape(n, c, h * wd).transpose(0, 2, 1), xt)
+            view["w"] = None if constant_w else \
+                strided_copy(cp, w.reshape(o, cg, kh * kw).transpose(0, 2, 1), wt)
+            view["y"] = strided_copy(cp, yt.transpose(0, 2, 1), out.reshape(n, o, p))
+            view["ptrs"] = (xt.data.ptr, wt.data.ptr, yt.data.ptr, buf.data.ptr + so)
+
+        def transpose_in() -> None:
+            if "x" not in view:
+                bind()
+            view["x"]()
+            if view["w"] is not None:
+                view["w"]()
+
+        def transpose_out() -> None:
+            view["y"]()
+
+        transpose_in.keep = (keep, w_nhwc, get)  # type: ignore[attr-defined]
+        return [transpose_in, conv, transpose_out]
 
     def _graph_us(self, run: Callable[[], None]) -> float:
         """GPU µs of one ``run``: a CUDA graph of ``GRAPH_RUNS`` calls on the handle's stream

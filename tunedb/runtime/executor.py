@@ -179,6 +179,7 @@ class PlanExecutor:
             self.eval_ops = ComputeOps(cp, self.kernels, lambda nb: (lambda: cp.empty(nb, dtype=cp.uint8)),
                                        self.blas)
             self._allocate()
+            self.ops.constant_ptrs = {int(self.env[n].data.ptr) for n, _ in self.graph.constants}
             try:
                 self._output_views = output_view_steps(plan.steps)
             except ValueError as e:

@@ -407,6 +407,7 @@ class ComputeOps:
         self.scratch = scratch  # nbytes -> getter of a uint8 device buffer of at least that size
         self.dnn: Any = None  # a conv_cudnn.Cudnn, made at the first convolution sent to cuDNN
         self.dnn_error = ""  # why cuDNN could not be loaded: its convolutions take im2col
+        self.constant_ptrs: set[int] = set()  # device addresses of the plan's constants (the executor's)
 
     def build(self, node: Node, a: dict, ins: list[Any], outs: list[Any]) -> tuple[list[Launch], int, str]:
         op = node.op
@@ -482,8 +483,8 @@ class ComputeOps:
             launch = self.k.launch(name, tail[0], (x, w, bias, out) + tail)
             return [launch], 1, "depthwise kernel"
         elif cudnn_wanted(x.shape, w.shape, out.shape, a, out.dtype.itemsize) and not self.dnn_error \
-                and (one := self._cudnn_conv(x, w, out, a, bf16)) is not None:
-            steps.append(one)
+                and (dnn := self._cudnn_conv(x, w, out, a, bf16)) is not None:
+            steps += dnn
             path = "cudnn"
         else:
             steps += im2col_gemm(self, x, w, out, a, merged=form == "im2col merged")
@@ -495,8 +496,8 @@ class ComputeOps:
             steps.append(lambda: cp.add(out, bias, out=out))
         return steps, len(steps), path
 
-    def _cudnn_conv(self, x: Any, w: Any, out: Any, a: dict, bf16: bool) -> Launch | None:
-        """cuDNN's launch of the convolution, or None (im2col then) where the library does not
+    def _cudnn_conv(self, x: Any, w: Any, out: Any, a: dict, bf16: bool) -> list[Launch] | None:
+        """cuDNN's launches of the convolution, or None (im2col then) where the library does not
         load here; a failing call on a loaded library is an error."""
         if self.dnn is None:  # one handle per builder, on the stream of its cuBLAS handle
             try:
@@ -504,7 +505,8 @@ class ComputeOps:
             except CudnnError as e:
                 self.dnn_error = str(e)
                 return None
-        return self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch)
+        return self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch,
+                             constant_w=w.data.ptr in self.constant_ptrs)
 
     def _pool(self, op: str, x: Any, out: Any, a: dict) -> tuple[list[Launch], int, str]:
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel"], a["strides"], a["pads"]
