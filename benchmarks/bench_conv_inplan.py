@@ -88,6 +88,7 @@ def time_policy(graph: Any, dev: dict, refs: Any, span: Any, reps: int, target_s
     rec["verify"] = verify(graph, got, refs, exp_span=span)
     found = list(ex.ops.dnn.found) if ex.ops.dnn is not None else []
     rec["cudnn"] = found
+    rec["cudnn_skipped"] = list(ex.ops.dnn_skipped) + ([ex.ops.dnn_error] if ex.ops.dnn_error else [])
     if not rec["verify"]["ok"]:
         return rec
     fns = ex._launch_fns

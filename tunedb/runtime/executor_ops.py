@@ -407,6 +407,7 @@ class ComputeOps:
         self.scratch = scratch  # nbytes -> getter of a uint8 device buffer of at least that size
         self.dnn: Any = None  # a conv_cudnn.Cudnn, made at the first convolution sent to cuDNN
         self.dnn_error = ""  # why cuDNN could not be loaded: its convolutions take im2col
+        self.dnn_skipped: list[str] = []  # convolutions cuDNN could not run, and why
         self.constant_ptrs: set[int] = set()  # device addresses of the plan's constants (the executor's)
 
     def build(self, node: Node, a: dict, ins: list[Any], outs: list[Any]) -> tuple[list[Launch], int, str]:
@@ -498,15 +499,19 @@ class ComputeOps:
 
     def _cudnn_conv(self, x: Any, w: Any, out: Any, a: dict, bf16: bool) -> list[Launch] | None:
         """cuDNN's launches of the convolution, or None (im2col then) where the library does not
-        load here; a failing call on a loaded library is an error."""
+        load here or has no algorithm for it (noted in ``dnn_skipped``)."""
         if self.dnn is None:  # one handle per builder, on the stream of its cuBLAS handle
             try:
                 self.dnn = Cudnn(self.cp, self.blas.stream)
             except CudnnError as e:
                 self.dnn_error = str(e)
                 return None
-        return self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch,
-                             constant_w=w.data.ptr in self.constant_ptrs)
+        try:
+            return self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch,
+                                 constant_w=w.data.ptr in self.constant_ptrs)
+        except CudnnError as e:
+            self.dnn_skipped.append(f"conv {tuple(x.shape)} * {tuple(w.shape)}: {e}")
+            return None
 
     def _pool(self, op: str, x: Any, out: Any, a: dict) -> tuple[list[Launch], int, str]:
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel"], a["strides"], a["pads"]
