@@ -5,7 +5,9 @@ family out), on the same features and rows, one after the other in this process.
 
 ``--all-boards`` keeps every board of the export's device model (pairs never cross boards);
 ``--score-on OTHER_EXPORT`` also scores the same held-out predictions on OTHER_EXPORT's
-workloads alone (a larger dataset against a smaller one, like for like).
+workloads alone (a larger dataset against a smaller one, like for like); with it,
+``--others-weight W`` trains the rows of every other workload at weight W (0: as if absent
+from training, with the same folds; 1: as much as the rest).
 
 Variants: ``regression`` (squared error on log latency over the floor), ``top_weighted``
 (the default: the same with row weights 0.1 + exp(-gap / 0.1), gap = latency / best of the
@@ -236,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="XGBoost threads (0: the trainer's default)")
     ap.add_argument("--score-on", type=Path, default=None,
                     help="an export whose workloads alone are also scored (like for like with a smaller one)")
+    ap.add_argument("--others-weight", type=float, default=None,
+                    help="with --score-on: training weight of the rows of workloads not in that export")
     ap.add_argument("--kind", choices=("fusion", "packing"), default="fusion",
                     help="packing: the packing kind's model on --export (its variants are not tried)")
     args = ap.parse_args(argv)
@@ -251,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.score_on:
         keep = workload_hashes(args.score_on)
         subset = np.flatnonzero([w in keep for w in hashes])
+        if args.others_weight is not None:
+            w = np.full(len(y), float(args.others_weight))
+            w[subset] = 1.0
+            labels = replace(labels, weight=w)
     print(f"{len(y):,} candidates, {len(np.unique(labels.workload))} workloads, board {board}", flush=True)
     results: dict[str, Any] = {}
     for name in [v for v in args.variants if v in VARIANTS]:
@@ -268,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 for s in args.splits if ev[s]}
         results[name]["cpu_s"] = time.process_time() - cpu
         results[name]["wall_s"] = time.perf_counter() - wall
-        results[name]["params"] = VARIANTS[name] | {"bag": args.bag}
+        results[name]["params"] = VARIANTS[name] | {"bag": args.bag, "others_weight": args.others_weight}
         print(f"{name}: {results[name]['cpu_s']:.0f} CPU s", flush=True)
     blends = [v for v in args.variants if v in BLENDS]
     if blends:

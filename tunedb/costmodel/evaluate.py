@@ -82,11 +82,14 @@ class Labels:
     lo: np.ndarray | None = None  # p20 of the samples (decisive pairs)
     hi: np.ndarray | None = None  # p80
     merge: np.ndarray | None = None
+    # Training weight of each row (times the trainer's own weights; default 1): a secondary
+    # dataset's rows can count less. Scores ignore it.
+    weight: np.ndarray | None = None
 
     @staticmethod
     def of(workload: Any, *, names: Sequence[str] | None = None, op: Any = None, shape: Any = None,
            family: Any = None, compare: Any = None, lo: Any = None, hi: Any = None,
-           merge: Any = None) -> Labels:
+           merge: Any = None, weight: Any = None) -> Labels:
         """Labels from any per-row arrays; op and shape from workload ``names`` unless given."""
         if names is not None and (op is None or shape is None):
             parsed = op_and_shape(names)
@@ -106,9 +109,9 @@ class Labels:
         if lo_f is None or hi_f is None or not (np.isfinite(lo_f).all() and np.isfinite(hi_f).all()):
             lo_f = hi_f = None
         out = Labels(group_codes(workload), names_of(op), names_of(shape), names_of(family),
-                     codes(compare), lo_f, hi_f, codes(merge))
+                     codes(compare), lo_f, hi_f, codes(merge), floats(weight))
         n = len(out.workload)
-        for name in ("op", "shape", "family", "compare", "lo", "hi", "merge"):
+        for name in ("op", "shape", "family", "compare", "lo", "hi", "merge", "weight"):
             v = getattr(out, name)
             if v is not None and len(v) != n:
                 raise TrainError(f"{len(v)} {name} labels for {n} rows")
@@ -122,7 +125,7 @@ class Labels:
         def sub(v: np.ndarray | None) -> np.ndarray | None:
             return None if v is None else v[rows]
         return Labels(self.workload[rows], sub(self.op), sub(self.shape), sub(self.family),
-                      sub(self.compare), sub(self.lo), sub(self.hi), sub(self.merge))
+                      sub(self.compare), sub(self.lo), sub(self.hi), sub(self.merge), sub(self.weight))
 
 
 def hide_measured(X: np.ndarray) -> np.ndarray:
@@ -216,7 +219,8 @@ def held_out(X: np.ndarray, y: np.ndarray, labels: Labels, splits: list[tuple[np
             result = train_booster(X[rows], y_tr, labels.workload[rows], fold)
         else:
             query = None if labels.compare is None else labels.compare[tr]
-            result = train_booster(X[tr], y[tr], labels.workload[tr], fold, query=query)
+            weight = None if labels.weight is None else labels.weight[tr]
+            result = train_booster(X[tr], y[tr], labels.workload[tr], fold, query=query, weight=weight)
         objectives[i] = result.objective
         given = _predict_us(result, X[te])
         return (_predict_us(result, hide_measured(X[te])) if hide else given), given

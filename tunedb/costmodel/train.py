@@ -195,17 +195,19 @@ def predict_us(booster: xgb.Booster, X: np.ndarray, objective: str, calibration:
 
 
 def _fit_one(objective: str, params: TrainParams, Xtr: np.ndarray, ytr: np.ndarray, gtr: np.ndarray,
-             Xva: np.ndarray, yva: np.ndarray, gva: np.ndarray, profile_rows: int) -> tuple[xgb.Booster, int]:
+             Xva: np.ndarray, yva: np.ndarray, gva: np.ndarray, profile_rows: int,
+             extra: tuple[np.ndarray | None, np.ndarray | None] = (None, None)) -> tuple[xgb.Booster, int]:
     """One early-stopped booster; ``profile_rows`` picks the settings (a subsample that
-    compares objectives is trained like the full data it stands for)."""
+    compares objectives is trained like the full data it stands for); ``extra``: per-row
+    weight multipliers of the training and validation rows (regression only)."""
     rank = objective != REGRESSION
     xp = params.xgb_params(objective, profile_rows)
     if len(Xtr) < SMALL_DATA and params.nthread <= 0:
         xp["nthread"] = 1
     threads = int(xp.get("nthread", -1))
     # Ranking objectives weigh whole queries, not rows: top weights apply to regression only.
-    wtr = None if rank else row_weights(ytr, gtr, params)
-    wva = None if rank else row_weights(yva, gva, params)
+    wtr = None if rank else _times(row_weights(ytr, gtr, params), extra[0])
+    wva = None if rank else _times(row_weights(yva, gva, params), extra[1])
     dtr = xgb.QuantileDMatrix(Xtr, label=_relevance(ytr, gtr, params.rank_bin) if rank else ytr, weight=wtr,
                               qid=gtr if rank else None, max_bin=xp["max_bin"], nthread=threads)
     dva = xgb.QuantileDMatrix(Xva, label=_relevance(yva, gva, params.rank_bin) if rank else yva, weight=wva,
@@ -242,14 +244,15 @@ def _split(g_all: np.ndarray, q_all: np.ndarray, X: np.ndarray, label: np.ndarra
 
 
 def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
-                  params: TrainParams | None = None, query: Any = None) -> TrainResult:
+                  params: TrainParams | None = None, query: Any = None, weight: Any = None) -> TrainResult:
     """Train on features ``X`` (float32), measured latencies (µs) and per-row workload labels.
 
     ``query`` (per-row labels, default ``groups``) names the rows that are compared with each
     other: with several boards of one device model, (workload, board), so that the ranking
     objective and the validation pairs never set a candidate on one board against one on
     another board. Splits stay by workload (``groups``): a workload's rows on every board fall
-    on the same side."""
+    on the same side. ``weight`` (per row, default 1) multiplies the regression row weights:
+    how much a row of a secondary dataset counts next to the primary one."""
     params = params or TrainParams()
     X = np.asarray(X, dtype=np.float32)
     y = np.asarray(latency_us, dtype=np.float64).reshape(-1)
@@ -263,6 +266,9 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
     q_all = g_all if query is None else group_codes(query)
     if len(q_all) != len(y):
         raise TrainError(f"{len(q_all)} query labels for {len(y)} rows")
+    w_all = None if weight is None else np.asarray(weight, dtype=np.float32).reshape(-1)
+    if w_all is not None and (len(w_all) != len(y) or not np.all(np.isfinite(w_all) & (w_all >= 0))):
+        raise TrainError(f"weight must hold a finite value >= 0 for each of the {len(y)} rows")
     log_y = np.log(y)
     # The floor offset is constant within a workload: ranking labels and pairwise accuracy are
     # the same with or without it, so every objective trains on the same label.
@@ -289,7 +295,8 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
         if subsample else None
     for obj in objectives:
         booster, it = _fit_one(obj, fit, _rows(Xtr, a_tr), _rows(ltr, a_tr), _dense(_rows(gtr, a_tr)),
-                               _rows(Xva, a_va), _rows(lva, a_va), _dense(_rows(gva, a_va)), len(tr))
+                               _rows(Xva, a_va), _rows(lva, a_va), _dense(_rows(gva, a_va)), len(tr),
+                               (_rows(_rows(w_all, tr), a_tr), _rows(_rows(w_all, va), a_va)))
         pred = to_cost(predict_margin(booster, _rows(Xva, a_va)), obj)
         acc = pairwise_accuracy(_rows(lva, a_va), pred, _rows(gva, a_va))
         tried[obj] = {"pairwise_accuracy": acc, "best_iteration": float(it),
@@ -302,24 +309,28 @@ def train_booster(X: np.ndarray, latency_us: np.ndarray, groups: Any,
     assert best is not None
     acc, obj, booster, it = best
     if a_tr is not None or a_va is not None:
-        booster, it = _fit_one(obj, fit, Xtr, ltr, gtr, Xva, lva, gva, len(tr))
+        booster, it = _fit_one(obj, fit, Xtr, ltr, gtr, Xva, lva, gva, len(tr),
+                               (_rows(w_all, tr), _rows(w_all, va)))
         acc = pairwise_accuracy(lva, to_cost(predict_margin(booster, Xva), obj), gva)
     members, iterations = [booster], [it]
     for m in range(1, n_bag):
         # Another workload split and another seed per member: they differ where the data
         # leaves the answer open, and their average is steadier than any one of them.
         seed = params.seed + 7919 * m
-        mXtr, mltr, mgtr, mXva, mlva, mgva, _, _ = _split(g_all, q_all, X, label, params, seed)
-        b, i = _fit_one(obj, replace(fit, seed=seed), mXtr, mltr, mgtr, mXva, mlva, mgva, len(tr))
+        mXtr, mltr, mgtr, mXva, mlva, mgva, mtr, mva = _split(g_all, q_all, X, label, params, seed)
+        b, i = _fit_one(obj, replace(fit, seed=seed), mXtr, mltr, mgtr, mXva, mlva, mgva, len(tr),
+                        (_rows(w_all, mtr), _rows(w_all, mva)))
         members.append(b)
         iterations.append(i)
     if obj == REGRESSION:
         for m in range(int(params.near_best_members)):
             seed = params.seed + 104729 * (m + 1)
             near = _near_best(label, g_all, params.near_best_gap)
-            mXtr, mltr, mgtr, mXva, mlva, mgva, _, _ = _split(g_all[near], q_all[near], X[near], label[near],
-                                                              params, seed)
-            b, i = _fit_one(obj, replace(fit, seed=seed), mXtr, mltr, mgtr, mXva, mlva, mgva, len(tr))
+            mXtr, mltr, mgtr, mXva, mlva, mgva, mtr, mva = _split(
+                g_all[near], q_all[near], X[near], label[near], params, seed)
+            w_near = _rows(w_all, near)
+            b, i = _fit_one(obj, replace(fit, seed=seed), mXtr, mltr, mgtr, mXva, mlva, mgva, len(tr),
+                            (_rows(w_near, mtr), _rows(w_near, mva)))
             members.append(b)
             iterations.append(i)
     groups, level_its = [members], []
@@ -369,8 +380,15 @@ def _near_best(label: np.ndarray, groups: np.ndarray, gap: float) -> np.ndarray:
     return np.flatnonzero(label <= best[groups] + np.log1p(gap))
 
 
-def _rows(a: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
-    return a if idx is None else a[idx]
+def _rows(a: Any, idx: np.ndarray | None) -> Any:
+    return a if idx is None or a is None else a[idx]
+
+
+def _times(w: np.ndarray | None, extra: np.ndarray | None) -> np.ndarray | None:
+    """Row weights times per-row multipliers (either may be None: all ones)."""
+    if extra is None:
+        return w
+    return extra.astype(np.float32) if w is None else (w * extra).astype(np.float32)
 
 
 def _dense(codes: np.ndarray) -> np.ndarray:
