@@ -306,6 +306,33 @@ def test_a_conv_sent_to_cudnn_takes_im2col_where_cudnn_does_not_load(host_lib, t
     np.testing.assert_allclose(out, run_reference(g, {"x": xv, "w": wv})[g.outputs[0]], rtol=1e-4, atol=1e-4)
 
 
+def test_always_asks_cudnn_for_a_pointwise_conv_too(monkeypatch):
+    """``always`` sends 1x1 convolutions to cuDNN as well (the GEMM form where it does not load)."""
+    from tunedb.runtime import conv_cudnn
+    from tunedb.runtime.executor_ops import ComputeOps
+
+    monkeypatch.setattr(conv_cudnn, "CONV_CUDNN", "always")
+    monkeypatch.setattr(conv_cudnn, "_LIB", [])
+    monkeypatch.setattr(conv_cudnn, "_candidates", lambda: ["/nonexistent/libcudnn.so.9"])
+    b = GraphBuilder("conv")
+    x, w = b.input("x", (2, 6, 4, 4)), b.input("w", (5, 6, 1, 1))
+    g = b.build([b.conv2d(x, w, strides=(1, 1), pads=(0,) * 4, dilations=(1, 1), groups=1)])
+    rng = np.random.default_rng(4)
+    xv = rng.standard_normal((2, 6, 4, 4)).astype(np.float32)
+    wv = rng.standard_normal((5, 6, 1, 1)).astype(np.float32)
+    node = g.nodes[0]
+    a = check_node(node, [g.type_of(v) for v in node.inputs])[1]
+    blas = _NumpyBlas()
+    blas.stream = None
+    ops = ComputeOps(np, None, lambda nbytes: None, blas)
+    out = np.full((2, 5, 4, 4), np.nan, np.float32)
+    launches, n, path = ops.build(node, a, [xv, wv], [out])
+    assert (path, n) == ("cublas (1x1 conv as GEMM)", 1) and "cannot load cuDNN" in ops.dnn_error
+    for f in launches:
+        f()
+    np.testing.assert_allclose(out, run_reference(g, {"x": xv, "w": wv})[g.outputs[0]], rtol=1e-4, atol=1e-4)
+
+
 # -- the GPU --------------------------------------------------------------------------------------
 def _cnn(dtype: str, batch: int):
     b = GraphBuilder(f"cnn_{dtype}")

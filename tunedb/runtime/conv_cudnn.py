@@ -11,7 +11,7 @@ wheels (which torch installs) on ``sys.path``, then the dynamic loader's search.
 
 Which convolutions go to cuDNN is ``CONV_CUDNN`` (``executor_conv`` decides the im2col forms):
 ``off`` (the default until measured), ``auto`` (``cudnn_wanted``), ``always`` (every conv
-that would take an im2col); ``$TUNEDB_CONV_CUDNN`` sets it for a process (a benchmark's peers
+but the depthwise ones); ``$TUNEDB_CONV_CUDNN`` sets it for a process (a benchmark's peers
 in the same run). Nothing here imports CuPy; the caller hands it in.
 """
 
@@ -81,7 +81,8 @@ def conv_params(x_shape: Sequence[int], w_shape: Sequence[int], a: dict) -> tupl
 
 def cudnn_wanted(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int], a: dict,
                  itemsize: int) -> bool:
-    """Whether ``CONV_CUDNN`` sends an im2col convolution to cuDNN. ``auto``: 16-bit data, a
+    """Whether ``CONV_CUDNN`` sends a convolution that is not depthwise to cuDNN (``always``:
+    every one with symmetric pads, 1x1 ones included). ``auto``: 16-bit data, a
     window wider than 1x1 on 16+ channels, 196+ output pixels a sample (H200, ResNet-50 bf16 b8,
     through torch: cuDNN NCHW 18.6-19.9 µs against 27-33 for im2col + GEMM on those 3x3 convs;
     slower on the 7x7 and 14->7 ones, the 7x7 stem and the strided 1x1s)."""

@@ -473,7 +473,12 @@ class ComputeOps:
         steps: list[Launch] = []
         bf16 = out.dtype == np.uint16  # bfloat16 bits: GEMMs on cuBLAS, kernels on the bits
         form = conv_form(x.shape, w.shape, a, out.dtype.itemsize)
-        if form == "1x1":  # on [N, C, 1, 1] too: x[N, C] @ W^T ran fp32 SE convs 3.7 -> 54 µs (H200)
+        dnn = self._cudnn_conv(x, w, out, a, bf16) if form != "depthwise" and not self.dnn_error \
+            and cudnn_wanted(x.shape, w.shape, out.shape, a, out.dtype.itemsize) else None
+        if dnn is not None:
+            steps += dnn
+            path = "cudnn"
+        elif form == "1x1":  # on [N, C, 1, 1] too: x[N, C] @ W^T ran fp32 SE convs 3.7 -> 54 µs (H200)
             w2, x3, y3 = w.reshape(o, c), x.reshape(n, c, h * wd), out.reshape(n, o, oh * ow)
             steps.append(self._matmul(w2, x3, y3))
             path = "cublas (1x1 conv as GEMM)"
@@ -483,10 +488,6 @@ class ComputeOps:
             name = "tdbx_dwconv2d_bf16" if bf16 else "tdbx_dwconv2d_f32"
             launch = self.k.launch(name, tail[0], (x, w, bias, out) + tail)
             return [launch], 1, "depthwise kernel"
-        elif cudnn_wanted(x.shape, w.shape, out.shape, a, out.dtype.itemsize) and not self.dnn_error \
-                and (dnn := self._cudnn_conv(x, w, out, a, bf16)) is not None:
-            steps += dnn
-            path = "cudnn"
         else:
             steps += im2col_gemm(self, x, w, out, a, merged=form == "im2col merged")
             path = "im2col + cublas, batch merged" if form == "im2col merged" else "im2col + cublas"
