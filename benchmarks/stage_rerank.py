@@ -22,6 +22,9 @@ Plans, all of Inception V3 batch 1 with the conv-bias lever, in one process:
   ``again_<name>`` (``--again``: only those), so a winner picked from several is re-timed
   without the pick's bias;
   ``--top=0`` skips the loop;
+- ``sequential+prefetch``, ``refined_1+prefetch`` (``oracle+prefetch``): the same plans with
+  the next stage's weights (8 steps' without stages) pulled into L2 on a side stream while a
+  stage runs (``tunedb.runtime.stage_prefetch``): the harness times stages with warm weights;
 - ``--oracle``: every stage candidate measured (IOS's full profiling, ``stage_cases.refine``
   with ``oracle="full"``), its schedule timed as ``oracle``.
 
@@ -167,9 +170,13 @@ def run(out: Path, budget_s: float, rounds: int, top: int, max_rounds: int, hori
         else:
             plans[f"again_{name}"] = apply_stages(base, _groups(st), {"schedule": f"ios ({name} again)"})
     write_json(res, out)
+    # +prefetch: the next stage's (or 8 steps') weights pulled into L2 on a side stream
+    runs = [(name, plan, False) for name, plan in plans.items()]
+    runs[4:4] = [(f"{k}+prefetch", plans[k], True) for k in ("sequential", "refined_1", "oracle")
+                 if k in plans]
     live: dict[str, Any] = {}
     try:
-        for name, plan in plans.items():
+        for name, plan, prefetch in runs:
             rec: dict[str, Any] = {"kernels": plan.kernels, "stages": len(plan.stages),
                                    "wide_stages": sum(1 for st in plan.stages if len(st) > 1),
                                    "packs": len(plan.packs)}
@@ -178,7 +185,8 @@ def run(out: Path, budget_s: float, rounds: int, top: int, max_rounds: int, hori
                 rec["error"] = "budget spent before it was built"
                 continue
             try:
-                ex = StagedExecutor(plan, joins="stage")
+                ex = StagedExecutor(plan, joins="stage", prefetch=prefetch)
+                rec["prefetch_bytes"] = ex.summary()["prefetch_bytes"]
                 got = _host(ex.run({v: dev[v] for v in graph.inputs}))
                 rec["verify"] = {"reference": verify(graph, got, refs),
                                  "onnxruntime": verify(graph, got, ort, ORT_SLACK)}
@@ -202,7 +210,7 @@ def run(out: Path, budget_s: float, rounds: int, top: int, max_rounds: int, hori
             rec["us"], rec["rounds_us"] = round(float(np.median(us[name])), 2), us[name]
         say(f"{name}: {rec.get('us')} us")
     timed = {k: r["us"] for k, r in res["plans"].items() if r.get("us")}
-    tops_timed = {k: v for k, v in timed.items() if k.startswith("refined_") and k != "refined_h"}
+    tops_timed = {k: v for k, v in timed.items() if k.startswith("refined_") and k[8:].isdigit()}
     if tops_timed:
         res["refined_e2e"] = min(tops_timed, key=lambda k: tops_timed[k])
     for basis in ("sequential", "sequential_unpacked"):

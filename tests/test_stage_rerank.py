@@ -62,3 +62,24 @@ def test_stages_over_horizontal_merges_round_trip_and_compute_the_graph(horizont
         got = _emulate(replace(back, steps=tuple(back.steps[k] for k in order), stages=()), inputs)
         for v in ref:
             assert np.allclose(got[v], ref[v], rtol=1e-4, atol=1e-4), v
+
+
+def test_prefetch_units_cover_the_plan_and_name_each_weight_once():
+    from tunedb.runtime.stage_prefetch import prefetch_units, unit_weights
+
+    base = compile_plan(str(GRAPHS / "inception_mixed_5b.onnx"), device=None, bias_epilogue=True, pack=False)
+    staged, _ = schedule_plan(base)
+    g = staged.graph
+    outside = set(g.inputs) | set(g.constant_map)
+    for plan, n_units in ((staged, len(staged.stages)), (base, -(-len(base.steps) // 8))):
+        units = prefetch_units(plan)
+        assert len(units) == n_units
+        assert sorted(i for u in units for i in u) == list(range(len(plan.steps)))
+        weights = unit_weights(plan, units)
+        flat = [v for vals in weights for v in vals]
+        assert len(flat) == len(set(flat)) and set(flat) <= outside
+        read = {v for s in plan.steps for v in s.inputs} & outside
+        assert set(flat) == read  # every weight a step reads, in the unit that reads it first
+        for u, vals in zip(units, weights):
+            assert all(any(v in plan.steps[k].inputs for k in u) for v in vals)
+    assert len([v for vals in unit_weights(staged, prefetch_units(staged)) for v in vals]) > 10

@@ -36,6 +36,7 @@ from tunedb.runtime.executor import ExecutorError, executor_for
 from tunedb.runtime.graph_priority import capture_with_priorities, greatest_priority
 from tunedb.runtime.lanes import LaneExecutor
 from tunedb.runtime.stage_flow import FlowSchedule, critical_groups, flow_schedule
+from tunedb.runtime.stage_prefetch import PREFETCH_CHUNK, prefetch_for
 from tunedb.runtime.streams import gc_paused
 
 Groups = Sequence[Sequence[int]]
@@ -78,7 +79,7 @@ class StagedExecutor(LaneExecutor):
 
     def __init__(self, plan: Any, *, capture: bool = True, verify_capture: bool = True,
                  sm_count: int | None = None, stage_streams: int = 0, joins: str | None = None,
-                 priority: bool = False) -> None:
+                 priority: bool = False, prefetch: bool = False) -> None:
         if not hasattr(plan, "stages"):
             raise ExecutorError("StagedExecutor takes a Plan (load JSON with Plan.from_json first)")
         joins = resolve_joins(plan, joins)
@@ -108,6 +109,9 @@ class StagedExecutor(LaneExecutor):
         self._init_lanes(width - 1, lane_priority)
         self._ios_fns: dict[tuple[int, int], list[Any]] = {}
         self._ios_events: dict[tuple[int, int], Any] = {}
+        # stage_prefetch: the next unit's weights into L2 (stage joins and plans without stages)
+        self._want_prefetch = prefetch and not self._ios_harness and self._flow is None
+        self._prefetch: Any = None
         super().__init__(plan, capture=capture, verify_capture=verify_capture, sm_count=sm_count)
         if self._ios_harness:
             # Every stream's copy of every step runs once eagerly: lazy kernel loads and scratch
@@ -203,16 +207,27 @@ class StagedExecutor(LaneExecutor):
                 err = e
         return graph, pool, err
 
+    def _capture(self, verify: bool) -> None:
+        if self._want_prefetch:  # after the first eager run: the weights' arrays are in place
+            self._prefetch = prefetch_for(self, self.cp.cuda.Stream(non_blocking=True))
+        super()._capture(verify)
+
     def _enqueue(self) -> None:
+        pf = self._prefetch
         if not self._ios_stages:
             for k in range(len(self.plan.steps)):
+                if pf is not None and k % PREFETCH_CHUNK == 0:
+                    pf.point(k // PREFETCH_CHUNK, self.stream)
                 self._run_group(0, (k,))
-            return
-        if self._flow is not None:
+        elif self._flow is not None:
             self._enqueue_flow(self._flow)
-            return
-        for si, st in enumerate(self._ios_stages):
-            self._enqueue_stage(si, st)
+        else:
+            for si, st in enumerate(self._ios_stages):
+                if pf is not None:
+                    pf.point(si, self.stream)
+                self._enqueue_stage(si, st)
+        if pf is not None:
+            pf.end(self.stream)
 
     # -- measuring one stage (harness) -----------------------------------------------------------
     def time_stage(self, groups: Groups, *, copies: int = 10, reps: int = 20) -> float:
@@ -249,6 +264,7 @@ class StagedExecutor(LaneExecutor):
         out["stages"] = sum(1 for st in self._ios_stages if len(st) > 1)
         out["joins"] = self.joins
         out["priority"] = self.priority
+        out["prefetch_bytes"] = self._prefetch.bytes if self._prefetch is not None else 0
         if self._flow is not None:
             out["lanes"] = self._flow.lanes
             out["waits"] = sum(len(fg.waits) for fg in self._flow.groups) + len(self._flow.end_waits)
