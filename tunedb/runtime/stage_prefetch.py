@@ -71,6 +71,7 @@ class L2Prefetch:
     def __init__(self, cp: Any, ranges: Sequence[Sequence[tuple[int, int]]], stream: Any) -> None:
         self.cp, self.stream = cp, stream
         self.kernel = cp.RawKernel(PREFETCH_SOURCE, "tunedb_l2_prefetch")
+        self.kernel.compile()  # now, not at a first launch inside a capture
         self.tables = [None if not r else (cp.asarray(np.array([p for p, _ in r], dtype=np.uint64)),
                                            cp.asarray(np.array([n for _, n in r], dtype=np.uint64)),
                                            np.int32(len(r)))
