@@ -3,7 +3,7 @@ schedules timed end to end (GPU).
 
     python benchmarks/stage_rerank.py OUT.json [--budget-s=100] [--rounds=3] [--top=4]
                                       [--max-rounds=80] [--no-horizontal] [--stages=FILE.json]
-                                      [--again=NAME,...] [--oracle]
+                                      [--again=NAME,...] [--oracle] [--prefetch=NAME,...]
 
 Plans, all of Inception V3 batch 1 with the conv-bias lever, in one process:
 
@@ -22,7 +22,8 @@ Plans, all of Inception V3 batch 1 with the conv-bias lever, in one process:
   ``again_<name>`` (``--again``: only those), so a winner picked from several is re-timed
   without the pick's bias;
   ``--top=0`` skips the loop;
-- ``sequential+prefetch``, ``refined_1+prefetch`` (``oracle+prefetch``): the same plans with
+- ``sequential+prefetch``, ``refined_1+prefetch``, ``oracle+prefetch`` (``--prefetch=NAME,...``:
+  those plans instead, e.g. ``again_refined_2``): the same plans with
   the next stage's weights (8 steps' without stages) pulled into L2 on a side stream while a
   stage runs (``tunedb.runtime.stage_prefetch``): the harness times stages with warm weights;
 - ``--oracle``: every stage candidate measured (IOS's full profiling, ``stage_cases.refine``
@@ -60,6 +61,7 @@ from tunedb.runtime.device import NoGPUError, device_info
 from tunedb.runtime.inputs import make_inputs
 from tunedb.runtime.stage_exec import StagedExecutor
 
+PREFETCH = ("sequential", "refined_1", "oracle")  # the plans timed with the L2 prefetch too
 MEASURE_SHARE = 0.095  # the loop stops before measuring more than this share of the candidates
 
 
@@ -120,7 +122,8 @@ def pack_places(seq: Any, base: Any, stages: list) -> list[dict[str, Any]]:
 
 
 def run(out: Path, budget_s: float, rounds: int, top: int, max_rounds: int, horizontal: bool,
-        again: dict[str, Any] | None = None, oracle: bool = False) -> dict:
+        again: dict[str, Any] | None = None, oracle: bool = False,
+        prefetch: tuple[str, ...] = PREFETCH) -> dict:
     t0 = time.perf_counter()
     deadline = t0 + budget_s
     res: dict[str, Any] = {"device": str(device_info().name), **provenance(), "rounds": rounds,
@@ -172,8 +175,7 @@ def run(out: Path, budget_s: float, rounds: int, top: int, max_rounds: int, hori
     write_json(res, out)
     # +prefetch: the next stage's (or 8 steps') weights pulled into L2 on a side stream
     runs = [(name, plan, False) for name, plan in plans.items()]
-    runs[4:4] = [(f"{k}+prefetch", plans[k], True) for k in ("sequential", "refined_1", "oracle")
-                 if k in plans]
+    runs[4:4] = [(f"{k}+prefetch", plans[k], True) for k in prefetch if k in plans]
     live: dict[str, Any] = {}
     try:
         for name, plan, prefetch in runs:
@@ -233,7 +235,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     flags = ("--budget-s", "--rounds", "--top", "--max-rounds", "--no-horizontal", "--stages", "--again",
-             "--oracle")
+             "--oracle", "--prefetch")
     bad = [a for a in argv[1:] if a.split("=", 1)[0] not in flags]
     if bad:
         print(f"error: unknown argument {bad[0]!r}", file=sys.stderr)
@@ -249,7 +251,7 @@ def main(argv: list[str]) -> int:
             return 2
     try:
         run(Path(argv[0]), budget, rounds, top, max_rounds, "--no-horizontal" not in argv, again,
-            "--oracle" in argv)
+            "--oracle" in argv, tuple(val["--prefetch"].split(",")) if "--prefetch" in val else PREFETCH)
     except NoGPUError as e:
         print(f"error: this bench needs a GPU ({_one_line(e)})", file=sys.stderr)
         return 1
