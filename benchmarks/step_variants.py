@@ -4,6 +4,7 @@ kernel choices the planner makes by rule, next to the alternatives, so a rule re
     python benchmarks/step_variants.py OUT.json NAME [NAME ...] [--target-s 0.1]
     python benchmarks/step_variants.py OUT.json NAME [NAME ...] --plan-only   # CPU: variants only
     python benchmarks/step_variants.py OUT.json NAME:window NAME:rows ...      # those steps only
+    python benchmarks/step_variants.py OUT.json NAME:space --chunks 4          # a row step's space
 
 For each workload (``data/graphs/generalization/NAME.onnx``) the CPU plan's generated steps: a
 window step (depthwise conv / pool) with strips of 1, 2 and 4 outputs a thread
@@ -21,6 +22,11 @@ runs on the step's own inputs (``make_inputs``), is checked against the float64 
 subgraph (``compare_outputs``: a failing variant is recorded, never timed), then timed with the
 plan protocol's ``throughput_us``, all variants of a step back to back in one process. Prints
 one line per variant; writes ``OUT.json``.
+
+``NAME:space``: a row step under every legal schedule of its space, one per (mapping, split, row
+cache, vector width, block), the fast-math twin where there is one, without the cache-hint twins
+(``space_variants``); ``--chunks K`` prepares each such workload as K jobs (K processes compile
+at once). Float outputs are checked on the GPU there (the same rule as ``compare_outputs``).
 """
 
 from __future__ import annotations
@@ -129,10 +135,29 @@ def _row_variants(sub: Graph, config: dict, others: bool = True) -> tuple[dict[s
     return out, "planned"
 
 
-def step_variants(name: str, steps: str = "all") -> list[dict[str, Any]]:
+def space_variants(sub: Graph, config: dict, chunk: tuple[int, int] = (0, 1)) -> dict[str, KernelPlan]:
+    """The planned kernel (chunk 0) and one kernel per (mapping, split, row cache, vec, block) of
+    the step's legal schedules, the fast-math twin where the space has one; every K-th of them
+    from ``chunk = (i, K)``."""
+    a = analyze(sub)
+    legal = [s for s in schedule_space(a, SM_COUNT)[0] if not s.stream and not s.evict_last]
+    picked: dict[tuple, Schedule] = {}
+    for s in legal:
+        key = (s.mapping, s.split, s.row_cache, s.vec, s.block)
+        if key not in picked or (s.fast_math and not picked[key].fast_math):
+            picked[key] = s
+    i, k = chunk
+    out = {"planned": generate(a, Schedule.from_config(config), SM_COUNT)} if i == 0 else {}
+    for s in list(picked.values())[i::k]:
+        out[s.label()] = generate(a, s, SM_COUNT)
+    return out
+
+
+def step_variants(name: str, steps: str = "all", chunk: tuple[int, int] = (0, 1)) -> list[dict[str, Any]]:
     """The generated steps of workload ``name`` with their variants (plans not yet run);
     ``steps``: window (alternatives for window steps, the other steps as planned), rows (row
-    steps and their alternatives) or all."""
+    steps and their alternatives), space (row steps under their legal schedules: ``chunk``) or
+    all."""
     path = SUITE / f"{name}.onnx"
     graph, _ = load_entry(Entry(name, str(path.relative_to(ROOT)), path=path))
     plan = compile_plan(graph)
@@ -142,7 +167,17 @@ def step_variants(name: str, steps: str = "all") -> list[dict[str, Any]]:
             continue
         sub = Graph.from_json(json.loads(st.subgraph))
         window = has_window_op(sub)
-        if steps == "rows" and window:
+        if steps in ("rows", "space") and window:
+            continue
+        if steps == "space":
+            try:
+                rows = analyze(sub).pattern in ("row_reduce", "multi")
+            except UnsupportedFusion:  # rows of a transposed input (gen_trows): no space
+                rows = False
+            if rows:
+                out.append({"workload": name, "step": i, "ops": list(st.ops), "chosen": "planned",
+                            "config": st.config_dict, "graph": sub,
+                            "variants": space_variants(sub, st.config_dict, chunk)})
             continue
         variants, chosen = (_window_variants(sub) if window else
                             _row_variants(sub, st.config_dict, others=steps != "window"))
@@ -172,25 +207,51 @@ def _wire(kp: KernelPlan) -> dict:
     return w | {"source_hash": kp.source_hash[:16]}
 
 
-def prepare(name: str, steps: str, tmp: str) -> list[dict]:
+def prepare(name: str, steps: str, tmp: str, chunk: tuple[int, int] = (0, 1)) -> list[dict]:
     """In a worker process: plan ``name``, draw each step's inputs and its float64 reference
     (``.npz`` in ``tmp``, no pickles); the steps as JSON-ready dicts."""
     from tunedb.runtime.inputs import make_inputs, reference_outputs
     from tunedb.runtime.measure import precompile
 
     out = []
-    for st in step_variants(name, steps):
+    for st in step_variants(name, steps, chunk):
         g: Graph = st["graph"]
         dev, ref = make_inputs(g, 0)
-        npz = Path(tmp) / f"{name}_{st['step']}.npz"
+        npz = Path(tmp) / f"{name}_{st['step']}_{chunk[0]}.npz"
         np.savez(npz, **{f"in:{k}": v for k, v in dev.items()},
                  **{f"ref:{k}": v for k, v in reference_outputs(g, ref).items()})
         for p in st["variants"].values():  # on a GPU host: fill CuPy's disk cache of kernels
             precompile([{"source": k.source} for k in p.kernels])
         out.append({**{k: v for k, v in st.items() if k not in ("graph", "variants")},
-                    "graph": g.to_json(), "npz": str(npz),
+                    "graph": g.to_json(), "npz": str(npz), "gpu_check": steps == "space",
                     "variants": {k: _wire(p) for k, p in st["variants"].items()}})
     return out
+
+
+def gpu_check(cp: Any, g: Graph, refs: dict[str, np.ndarray]) -> Any:
+    """``compare_outputs`` on the GPU for float32/float16 outputs (a 268 MB output takes seconds
+    on the host): a function of the output buffers giving ``(worst output, error over bound)``;
+    None when an output has another dtype."""
+    from tunedb.runtime.tolerance import element_bounds, element_errors, tolerance
+
+    if any(g.type_of(v).dtype not in ("float32", "float16") for v in g.outputs):
+        return None
+    bounds = {}
+    for v in g.outputs:
+        r = cp.asarray(refs[v], dtype=cp.float64).reshape(g.type_of(v).shape)
+        abs_tol, rtol = tolerance(g, g.type_of(v).dtype).bounds(refs[v])
+        bounds[v] = (r, element_bounds(cp, r, abs_tol, rtol))
+
+    def check(bufs: dict[str, Any]) -> tuple[str, float]:
+        worst = ("", 0.0)
+        for v, (r, bound) in bounds.items():
+            err = element_errors(cp, bufs[v].astype(cp.float64), r)
+            ratio = float(cp.where(err == 0.0, 0.0, err / bound).max()) if err.size else 0.0
+            if ratio > worst[1] or not worst[0]:
+                worst = (v, ratio)
+        return worst
+
+    return check
 
 
 def run_step(cp: Any, step: dict, target_s: float) -> dict[str, dict]:
@@ -204,6 +265,7 @@ def run_step(cp: Any, step: dict, target_s: float) -> dict[str, dict]:
     with np.load(step["npz"], allow_pickle=False) as z:
         bufs = {k[3:]: cp.asarray(z[k]) for k in z.files if k.startswith("in:")}
         refs = {k[4:]: z[k] for k in z.files if k.startswith("ref:")}
+    on_gpu = gpu_check(cp, g, refs) if step.get("gpu_check") else None
     for v in g.outputs:
         t = g.type_of(v)
         bufs[v] = cp.empty(t.shape, storage_dtype(t.dtype))
@@ -222,7 +284,8 @@ def run_step(cp: Any, step: dict, target_s: float) -> dict[str, dict]:
                 bufs[v].fill(poison_value(g.type_of(v).dtype))
             run()
             cp.cuda.runtime.deviceSynchronize()
-            worst, err = compare_outputs(g, {v: cp.asnumpy(bufs[v]) for v in g.outputs}, refs)
+            worst, err = (on_gpu(bufs) if on_gpu is not None else
+                          compare_outputs(g, {v: cp.asnumpy(bufs[v]) for v in g.outputs}, refs))
             rec["err_over_tol"] = float(err)
             if not err <= 1.0:
                 rec["error"] = f"output {worst} off by {err:.3g}x tolerance"
@@ -243,11 +306,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="processes preparing plans and inputs")
     ap.add_argument("--limit", type=float, default=0.0, help="no new workload after S seconds")
     ap.add_argument("--plan-only", action="store_true", help="prepare the variants, run nothing")
+    ap.add_argument("--chunks", type=int, default=1, help="jobs per NAME:space workload")
     args = ap.parse_args()
     picks = [(n.partition(":")[0], n.partition(":")[2] or args.steps) for n in args.names]
-    bad = [n for n, st in picks if st not in ("window", "rows", "all")]
+    bad = [n for n, st in picks if st not in ("window", "rows", "all", "space")]
     if bad:
-        sys.exit(f"step_variants: steps of {', '.join(bad)}: expected :window, :rows or :all")
+        sys.exit(f"step_variants: steps of {', '.join(bad)}: expected :window, :rows, :space or :all")
     unknown = [n for n, _ in picks if not (SUITE / f"{n}.onnx").is_file()]
     if unknown:
         sys.exit(f"step_variants: no such workload in {SUITE.relative_to(ROOT)}: {', '.join(unknown)}")
@@ -265,7 +329,9 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="tunedb-variants-")
     pool = mp.get_context("spawn").Pool(max(1, args.workers))
     try:
-        jobs = [(n, pool.apply_async(prepare, (n, st, tmp))) for n, st in picks]
+        chunks = max(1, args.chunks)
+        jobs = [(n, pool.apply_async(prepare, (n, st, tmp, (i, chunks if st == "space" else 1))))
+                for n, st in picks for i in range(chunks if st == "space" else 1)]
         for name, job in jobs:
             left = args.limit - (time.monotonic() - t0) if args.limit else None
             try:
