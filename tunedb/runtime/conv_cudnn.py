@@ -39,9 +39,9 @@ GRAPH_RUNS, GRAPH_REPLAYS = 10, 3
 # False: each convolution keeps a workspace of its own instead of the executor's shared scratch
 # (a benchmark's control; the shared one costs no memory per convolution).
 SHARED_WORKSPACE = True
-# "nhwc": the convolution runs channels-last (cuDNN NHWC, 1.5-2x NCHW on ResNet-50's bf16 3x3s
+# "nhwc": a convolution runs channels-last (cuDNN NHWC, 1.5-2x NCHW on ResNet-50's bf16 3x3s
 # through torch), its input and output transposed around it by the tiled copy kernel, a
-# constant weight transposed once; "nchw": on the plan's layout.
+# constant weight transposed once; "nchw": on the plan's layout; "auto": ``conv_layout``'s rule.
 LAYOUT = os.environ.get("TUNEDB_CUDNN_LAYOUT", "nchw")
 DATA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 9}  # cudnnDataType_t
 NCHW, NHWC, CROSS_CORRELATION = 0, 1, 1
@@ -94,6 +94,14 @@ def cudnn_wanted(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequ
     o, _, kh, kw = w_shape
     return itemsize == 2 and kh * kw > 1 and c >= 16 and int(a["groups"]) == 1 \
         and int(out_shape[2]) * int(out_shape[3]) >= 196
+
+
+def conv_layout(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int], a: dict,
+                itemsize: int) -> str:
+    """The layout a convolution sent to cuDNN runs in: ``LAYOUT``, or under "auto" the rule."""
+    if LAYOUT != "auto":
+        return LAYOUT
+    return "nchw"
 
 
 def _candidates() -> list[str]:
@@ -184,9 +192,10 @@ class Cudnn:
         return d
 
     def conv(self, x: Any, w: Any, out: Any, a: dict, dtype: str,
-             scratch: Callable[[int], Callable[[], Any]], constant_w: bool = False) -> list[Launch]:
+             scratch: Callable[[int], Callable[[], Any]], constant_w: bool = False,
+             layout: str = "nchw") -> list[Launch]:
         """The launches of ``out = conv2d(x, w)`` (NCHW, contiguous, no bias) on stored arrays of
-        ``dtype``; its workspace (and under ``LAYOUT`` "nhwc" the transposed input and output,
+        ``dtype``; its workspace (and with ``layout`` "nhwc" the transposed input and output,
         and the weight unless ``constant_w``) comes from ``scratch`` (the executor's shared
         buffer)."""
         lib, cp = self.lib, self.cp
@@ -195,7 +204,7 @@ class Cudnn:
             raise CudnnError(f"no cuDNN convolution for pads {a['pads']} / {dtype}")
         if not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous):
             raise CudnnError("cuDNN convolution on strided arrays")
-        t, nhwc = DATA_TYPES[dtype], LAYOUT == "nhwc"
+        t, nhwc = DATA_TYPES[dtype], layout == "nhwc"
         fmt = NHWC if nhwc else NCHW
         xd = self._desc("Tensor", "cudnnSetTensor4dDescriptor", fmt, t, *map(int, x.shape))
         yd = self._desc("Tensor", "cudnnSetTensor4dDescriptor", fmt, t, *map(int, out.shape))
@@ -231,7 +240,7 @@ class Cudnn:
                     ctypes.byref(zero), yd, po), "cudnnConvolutionForward")
             return run
 
-        record = {"x": list(x.shape), "w": list(w.shape), "dtype": dtype, "layout": LAYOUT,
+        record = {"x": list(x.shape), "w": list(w.shape), "dtype": dtype, "layout": layout,
                   "find": [{"algo": int(p.algo), "bytes": int(p.memory), "find_us": round(p.time * 1e3, 2)}
                            for p in ok]}
         if ALGO_PICK == "graph":

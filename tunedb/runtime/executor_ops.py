@@ -37,7 +37,7 @@ import numpy as np
 
 from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node, TensorType
 from tunedb.graph.ops import check_node, slice_bounds
-from tunedb.runtime.conv_cudnn import Cudnn, CudnnError, cudnn_wanted
+from tunedb.runtime.conv_cudnn import Cudnn, CudnnError, conv_layout, cudnn_wanted
 from tunedb.runtime.copykernel import strided_copy
 from tunedb.runtime.executor_conv import conv_form, im2col_gemm
 from tunedb.runtime.executor_kernels import KERNEL_SOURCE
@@ -509,7 +509,8 @@ class ComputeOps:
                 return None
         try:
             return self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch,
-                                 constant_w=w.data.ptr in self.constant_ptrs)
+                                 constant_w=w.data.ptr in self.constant_ptrs,
+                                 layout=conv_layout(x.shape, w.shape, out.shape, a, out.dtype.itemsize))
         except CudnnError as e:
             self.dnn_skipped.append(f"conv {tuple(x.shape)} * {tuple(w.shape)}: {e}")
             return None
