@@ -167,3 +167,30 @@ def test_replayed_measure_top_on_the_zoo_sets_held_out():
     assert top1["measured_share"] < 0.35 and top1["within_5pct"] >= 0.85
     assert top2["measured_share"] < 0.35 and top2["within_5pct"] >= 0.95
     assert all(r["measured"] <= 2 for r in res["rows"]["1"])
+
+
+def test_space_replay_charges_unstored_picks_and_never_counts_them_best():
+    """benchmarks/packing_seeds.py ``space_replay``: the budget is a share of every candidate;
+    a pick without a stored time costs one measurement and cannot be the best; ``diverse``
+    measures each backend kind's first before any kind's second."""
+    from benchmarks.packing_seeds import space_replay
+
+    nan = np.nan
+    # workload a: the model's first is unstored, its second (padded) is the stored best;
+    # workload b: the first is the best. 20 candidates in all: 10 % = 2 picks (the two firsts).
+    y = np.array([nan, 5.0, 6.0, 9.0, nan, nan, nan, nan, nan, nan,
+                  1.0, 2.0, nan, nan, nan, nan, nan, nan, nan, nan])
+    groups = np.array(["a"] * 10 + ["b"] * 10)
+    kinds = np.array(["chunks", "padded", "padded", "streams"] + ["serial"] * 6
+                     + ["padded", "chunks"] + ["serial"] * 8)
+    pred = np.array([1.0, 2.0, 1.5, 3.0] + [9.0] * 6 + [1.0, 2.0] + [9.0] * 8)
+    space = {"y": y, "groups": groups, "kinds": kinds}
+    got = space_replay(space, pred, share=0.10)
+    assert got["measured_share"] == pytest.approx(0.10) and got["reaches_best"] == 0.5
+    # 20 %: one more pick each (a's next prediction, padded 6.0, is closest): a still misses 5.0;
+    # 25 %: a's third, padded 5.0, its best
+    assert space_replay(space, pred, share=0.20)["reaches_best"] == 0.5
+    assert space_replay(space, pred, share=0.25)["reaches_best"] == 1.0
+    # diverse: a measures chunks, padded (its first, 6.0), then streams before a second padded
+    div = space_replay(space, pred, share=0.25, order="diverse")
+    assert div["reaches_best"] == 0.5 and div["within_5pct"] == 0.5 and div["measured_share"] == 0.25
