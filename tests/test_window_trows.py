@@ -79,9 +79,9 @@ def test_channels_last_norms_match_the_float64_reference_and_a_wrong_channel_fai
     assert "l < 16 && hw0 + l < 9" in jobs[2][2].kernels[0].source
     g, _, good = jobs[0]
     k = good.kernels[0]
-    old = "tile[c * 33 + l]"
+    old = "tiles[c * 33 + l]"
     assert old in k.source
-    bad = k.source.replace(old, "tile[(c ^ 1) * 33 + l]").replace(k.name, "mutant")
+    bad = k.source.replace(old, "tiles[(c ^ 1) * 33 + l]").replace(k.name, "mutant")
     mutant = replace(good, kernels=(replace(k, name="mutant", source=bad),))
     lib = build([p.kernels[0].source for _, _, p in jobs] + [bad], str(tmp_path))
     assert not mismatches(lib, jobs, seed=4)
@@ -109,3 +109,63 @@ def test_the_planner_takes_convnexts_transpose_into_its_norm(tmp_path):
     assert [p.pattern for _, _, p in jobs] == ["window", "trows"]
     lib = build([p.kernels[0].source for _, _, p in jobs], str(tmp_path))
     assert not mismatches(lib, jobs, seed=6)
+
+
+def convnext_residual_norm(c: int = 40, h: int = 5, w: int = 7, dtype: str = "float32") -> Graph:
+    """ConvNeXt between blocks as exported: the block's NHWC output plus a bias, back to NCHW,
+    the layer scale ([C, 1, 1]) and the residual (NCHW), then to NHWC for the next block's
+    LayerNorm, whose result goes back to NCHW: three transposes, two layouts, one kernel."""
+    b = GraphBuilder(f"convnext_residual_norm_{c}_{h}x{w}_{dtype}")
+    y = b.add(b.input("bias", (c,), dtype), b.input("y", (2, h, w, c), dtype))
+    t = b.mul(b.input("scale", (c, 1, 1), dtype), b.op("transpose", y, perm=(0, 3, 1, 2)))
+    res = b.add(t, b.input("x", (2, c, h, w), dtype))
+    u = b.op("transpose", res, perm=(0, 2, 3, 1))
+    d = b.sub(u, b.reduce_mean(u, axes=(3,), keepdims=True))
+    var = b.reduce_mean(b.mul(d, d), axes=(3,), keepdims=True)
+    eps = b.constant(np.array(1e-6, dtype=np.float32), dtype=dtype)
+    nrm = b.add(b.mul(b.mul(d, b.rsqrt(b.add(var, eps))), b.input("gamma", (c,), dtype)),
+                b.input("beta", (c,), dtype))
+    return b.build([res, b.op("transpose", nrm, perm=(0, 3, 1, 2))])
+
+
+def test_two_layouts_match_and_their_limits():
+    g = convnext_residual_norm()
+    m = match_trows(g)
+    assert m.shape == (2, 40, 5, 7) and [m.layouts[v] for v in g.outputs] == ["nchw", "nchw"]
+    k = trows_kernel(g)  # the residual input and both outputs staged: 3 tiles of 32 positions
+    assert k.shared_bytes == 3 * 40 * 33 * 4
+    b = GraphBuilder("per_channel_along_w")  # [C] meets an NCHW value: it broadcasts along W
+    x = b.input("x", (2, 7, 5, 7))
+    t = b.op("transpose", b.mul(x, b.input("s", (7,))), perm=(0, 2, 3, 1))
+    with pytest.raises(UnsupportedFusion, match="broadcast along C"):
+        match_trows(b.build([b.reduce_sum(t, axes=(3,), keepdims=True)]))
+    b = GraphBuilder("square")  # C = H = W: the layouts cannot be told apart by their shapes
+    t = b.op("transpose", b.input("x", (2, 4, 4, 4)), perm=(0, 2, 3, 1))
+    assert not is_trows(b.build([b.reduce_sum(t, axes=(3,), keepdims=True)]))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
+def test_two_layouts_match_the_float64_reference_and_a_wrong_channel_fails(tmp_path):
+    # 40 channels, 35 positions (a tile ends half full); 400 channels: tiles of 8 positions (3
+    # tiles); bf16
+    graphs = [convnext_residual_norm(), convnext_residual_norm(400, 3, 3),
+              convnext_residual_norm(96, 4, 5, "bfloat16")]
+    jobs = [(g, WINDOW, _plan(g)) for g in graphs]
+    g, _, good = jobs[0]
+    k = good.kernels[0]
+    old = f"tiles[{2 * 40 * 33} + c * 33 + l] = "  # the second output's tile, as it is filled
+    assert old in k.source
+    bad = k.source.replace(old, f"tiles[{2 * 40 * 33} + (c ^ 1) * 33 + l] = ").replace(k.name, "mutant")
+    mutant = replace(good, kernels=(replace(k, name="mutant", source=bad),))
+    lib = build([p.kernels[0].source for _, _, p in jobs] + [bad], str(tmp_path))
+    assert not mismatches(lib, jobs, seed=3)
+    assert len(mismatches(lib, [(g, WINDOW, mutant)], seed=3)) == 1
+
+
+def test_the_planner_takes_convnexts_residual_and_norm_as_one_kernel():
+    # norm_convnext_tiny: bias, layer scale, residual, LayerNorm between two transposes: was a
+    # row kernel reading the residual 3 KB a lane apart, then a transpose copy
+    plan = compile_plan(load_graph(GEN / "norm_convnext_tiny_b16_3e7d035b.onnx"))
+    (step,) = plan.steps
+    sub = Graph.from_json(json.loads(step.subgraph))
+    assert step.ops.count("transpose") == 3 and generate(sub, WINDOW).pattern == "trows"
