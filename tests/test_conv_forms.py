@@ -101,6 +101,24 @@ def test_merged_form_counts_its_copy_kernel(policy, k, bias):
     assert len(launches) == kernels == compute_launches(node, types) == 3 + bias
 
 
+@pytest.mark.parametrize("cudnn,layout,k,want", [
+    ("auto", "nchw", 3, ("conv (cudnn nchw)", 1)), ("always", "nhwc", 1, ("conv (cudnn nhwc)", 3)),
+    ("auto", "nhwc", 1, ("conv 1x1 (cublas)", 1)), ("off", "nhwc", 3, ("conv (im2col + cublas)", 2))])
+def test_explain_names_and_counts_the_cudnn_convolutions(monkeypatch, cudnn, layout, k, want):
+    from types import SimpleNamespace
+
+    from tunedb.runtime import conv_cudnn
+    from tunedb.runtime.executor import step_path
+
+    monkeypatch.setattr(conv_cudnn, "CONV_CUDNN", cudnn)
+    monkeypatch.setattr(conv_cudnn, "LAYOUT", layout)
+    b = GraphBuilder("conv")
+    ins = [b.input("x", (8, 64, 56, 56), "bfloat16"), b.input("w", (64, 64, k, k), "bfloat16")]
+    g = b.build([b.conv2d(*ins, strides=(1, 1), pads=(k // 2,) * 4, dilations=(1, 1), groups=1)])
+    step = SimpleNamespace(kind="conv2d", graph=g)
+    assert (step_path(step), compute_launches(g.nodes[0], g.type_map)) == want
+
+
 # -- the kernel, as host C++ ----------------------------------------------------------------------
 HOST = """
 #include <cmath>

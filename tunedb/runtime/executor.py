@@ -47,6 +47,7 @@ from tunedb.kernels.codegen import generate
 from tunedb.kernels.schedule import Schedule
 from tunedb.runtime.blas import Blas
 from tunedb.runtime.device import current_stream, import_cupy
+from tunedb.runtime.executor_conv import conv_path
 from tunedb.runtime.executor_inputs import ExecutorError, bindable, prepare_inputs
 from tunedb.runtime.executor_lt import GELU_BIAS, BlasLt, gelu_bias_step, lt_enabled
 from tunedb.runtime.executor_ops import (
@@ -54,7 +55,6 @@ from tunedb.runtime.executor_ops import (
     Evaluator,
     KernelSet,
     compute_launch,
-    conv_form,
     device_views,
     layout_launch,
     load,
@@ -93,9 +93,10 @@ def _one_line(exc: BaseException, limit: int = 400) -> str:
 # -- CPU side: what runs each step, and the inputs --------------------------------------------------
 def step_path(step: Any) -> str:
     """How the executor runs ``step`` (no GPU needed): ``view``, ``generated``, ``cublas``,
-    ``conv 1x1 (cublas)``, ``conv (im2col + cublas)`` (``, batch merged)``), ``conv depthwise
-    kernel``, ``pool kernel`` (global pools too), ``layout copy`` (the chunked or tiled copy
-    kernels of ``copykernel``, else CuPy's copy) or ``cupy op by op``."""
+    ``conv 1x1 (cublas)``, ``conv (im2col + cublas)`` (``, batch merged)``), ``conv (cudnn
+    nchw / nhwc)``, ``conv depthwise kernel``, ``pool kernel`` (global pools too), ``layout
+    copy`` (the chunked or tiled copy kernels of ``copykernel``, else CuPy's copy) or ``cupy op
+    by op``."""
     if step.kind == "layout_view":
         return "view"
     if step.kind == "fused":
@@ -109,10 +110,8 @@ def step_path(step: Any) -> str:
     if node.op in COMPUTE_DIRECT and dtypes <= COMPUTE_DIRECT[node.op]:
         if node.op == "conv2d":
             a = check_node(node, [types[v] for v in node.inputs])[1]
-            x = types[node.inputs[0]]
-            form = conv_form(x.shape, types[node.inputs[1]].shape, a, storage_dtype(x.dtype).itemsize)
-            return {"1x1": "conv 1x1 (cublas)", "depthwise": "conv depthwise kernel", "im2col merged":
-                    "conv (im2col + cublas, batch merged)"}.get(form, "conv (im2col + cublas)")
+            x, w, out = (types[v].shape for v in (node.inputs[0], node.inputs[1], node.outputs[0]))
+            return conv_path(x, w, out, a, storage_dtype(types[node.inputs[0]].dtype).itemsize)
         return {"matmul": "cublas", "gemm": "cublas"}.get(node.op, "pool kernel")
     if node.op in LAYOUT_DIRECT:
         return "layout copy"

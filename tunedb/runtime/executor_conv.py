@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tunedb.runtime.conv_cudnn import conv_layout, cudnn_wanted
 from tunedb.runtime.copykernel import strided_copy
 from tunedb.runtime.executor_kernels import IM2COL_TILED_SOURCE
 
@@ -91,6 +92,25 @@ def conv_form(x_shape: Sequence[int], w_shape: Sequence[int], a: dict, itemsize:
             and not (pointwise and CONV_BATCH_MERGE == "auto-im2col"):
         return "im2col merged"
     return "1x1" if pointwise else "im2col"
+
+
+def conv_path(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int], a: dict,
+              itemsize: int) -> str:
+    """The executor's path name for a conv2d (``explain``, reports): its ``conv_form`` or cuDNN
+    (where ``conv_cudnn``'s policy sends it and the library loads at run time)."""
+    form = conv_form(x_shape, w_shape, a, itemsize)
+    if form != "depthwise" and cudnn_wanted(x_shape, w_shape, out_shape, a, itemsize):
+        return f"conv (cudnn {conv_layout(x_shape, w_shape, out_shape, a, itemsize)})"
+    return {"1x1": "conv 1x1 (cublas)", "depthwise": "conv depthwise kernel", "im2col merged":
+            "conv (im2col + cublas, batch merged)"}.get(form, "conv (im2col + cublas)")
+
+
+def conv_launches(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int], a: dict,
+                  itemsize: int) -> int:
+    """Kernels a conv2d launches, bias aside: cuDNN's (with channels-last transposes), the
+    im2col forms' (im2col, GEMM, the merged form's copy), or one."""
+    path = conv_path(x_shape, w_shape, out_shape, a, itemsize)
+    return 3 if path == "conv (cudnn nhwc)" else 3 if "merged" in path else 2 if "im2col" in path else 1
 
 
 def im2col_gemm(ops: Any, x: Any, w: Any, out: Any, a: dict, merged: bool) -> list[Launch]:

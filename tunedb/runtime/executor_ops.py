@@ -39,7 +39,7 @@ from tunedb.graph.ir import FLOAT_DTYPES, Graph, Node, TensorType
 from tunedb.graph.ops import check_node, slice_bounds
 from tunedb.runtime.conv_cudnn import Cudnn, CudnnError, conv_layout, cudnn_wanted
 from tunedb.runtime.copykernel import strided_copy
-from tunedb.runtime.executor_conv import conv_form, im2col_gemm
+from tunedb.runtime.executor_conv import conv_form, conv_launches, im2col_gemm
 from tunedb.runtime.executor_kernels import KERNEL_SOURCE
 from tunedb.runtime.inputs import bf16_bits
 
@@ -387,10 +387,10 @@ def compute_launches(node: Node, types: Mapping[str, TensorType], cublaslt: bool
     first unless cuBLASLt takes the bias vector (``cublaslt``: it is on). 1 for other nodes."""
     if node.op == "conv2d":
         a = check_node(node, [types[v] for v in node.inputs])[1]
-        x = types[node.inputs[0]]
-        form = conv_form(x.shape, types[node.inputs[1]].shape, a, storage_dtype(x.dtype).itemsize)
-        bias = len(node.inputs) == 3 and bool(node.inputs[2]) and form != "depthwise"
-        return {"im2col": 2, "im2col merged": 3}.get(form, 1) + int(bias)
+        x, w, out = types[node.inputs[0]], types[node.inputs[1]].shape, types[node.outputs[0]].shape
+        isz = storage_dtype(x.dtype).itemsize
+        bias = len(node.inputs) == 3 and bool(node.inputs[2]) and conv_form(x.shape, w, a, isz) != "depthwise"
+        return conv_launches(x.shape, w, out, a, isz) + int(bias)
     if node.op == "gemm" and len(node.inputs) == 3 and node.inputs[2] and node.attr("beta", 1.0) != 0.0:
         return 1 if cublaslt and gemm_bias_epilogue(node, types) else 2
     return 1
