@@ -96,7 +96,8 @@ def time_policy(graph: Any, dev: dict, refs: Any, span: Any, reps: int, target_s
     full = [_graph_us(cp, ex.stream, fns, 2)]
     steps = []
     for k, (s, path, (a, b, dnn)) in enumerate(zip(plan.steps, ex.paths, ex.step_ranges)):
-        path = "conv (cudnn)" if dnn else path
+        # what ran: the plan's name for a conv cuDNN skipped is the policy's, not the im2col it took
+        path = "conv (cudnn)" if dnn else "conv (cudnn skipped)" if path.startswith("conv (cudnn") else path
         row: dict[str, Any] = {"k": k, "ops": "+".join(s.ops), "path": path, "launches": b - a}
         if b > a:
             try:
