@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_conv_steps import _graph_us  # noqa: E402
+from bench_conv_steps import _graph_us, gpu_lock  # noqa: E402
 
 from tunedb.bench.fusion import _one_line  # noqa: E402
 from tunedb.bench.provenance import provenance  # noqa: E402
@@ -59,8 +59,10 @@ def restore(before: tuple) -> None:
         setattr(conv_cudnn, k, v)
 
 
-def time_policy(graph: Any, dev: dict, refs: Any, span: Any, reps: int, target_s: float) -> dict:
-    """One policy's plan: verified, whole µs, and each step alone and in the plan."""
+def time_policy(graph: Any, dev: dict, refs: Any, span: Any, reps: int, target_s: float,
+                lock: Path | None = None, steps_too: bool = True) -> dict:
+    """One policy's plan: verified, whole µs, and (``steps_too``) each step alone and in the
+    plan; the timings hold ``lock``'s file lock (other processes' timings wait)."""
     import cupy as cp
 
     from tunedb.bench.peers import throughput_us
@@ -91,8 +93,19 @@ def time_policy(graph: Any, dev: dict, refs: Any, span: Any, reps: int, target_s
     rec["cudnn_skipped"] = list(ex.ops.dnn_skipped) + ([ex.ops.dnn_error] if ex.ops.dnn_error else [])
     if not rec["verify"]["ok"]:
         return rec
+    with gpu_lock(lock):
+        rec["whole_us"] = round(throughput_us(ex.replay, ex.synchronize, target_s=target_s), 1)
+        if steps_too:
+            rec.update(_steps(cp, ex, plan, reps))
+    del ex
+    gc.collect()
+    return rec
+
+
+def _steps(cp: Any, ex: Any, plan: Any, reps: int) -> dict:
+    """Each step alone and its cost inside the plan (the whole without it), by path."""
     fns = ex._launch_fns
-    rec["whole_us"] = round(throughput_us(ex.replay, ex.synchronize, target_s=target_s), 1)
+    rec: dict[str, Any] = {}
     full = [_graph_us(cp, ex.stream, fns, 2)]
     steps = []
     for k, (s, path, (a, b, dnn)) in enumerate(zip(plan.steps, ex.paths, ex.step_ranges)):
@@ -127,8 +140,6 @@ def time_policy(graph: Any, dev: dict, refs: Any, span: Any, reps: int, target_s
             p[2] += r.get("in_plan_us", 0.0)
     rec["by_path"] = {k: {"n": v[0], "alone_us": round(v[1], 1), "in_plan_us": round(v[2], 1)}
                       for k, v in by_path.items()}
-    del ex
-    gc.collect()
     return rec
 
 
@@ -139,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default="off,auto:find,auto:graph")
     p.add_argument("--reps", type=int, default=20, help="repetitions of a step alone per graph")
     p.add_argument("--target-s", type=float, default=0.05)
+    p.add_argument("--whole-only", action="store_true", help="the whole plan only, no step timings")
+    p.add_argument("--lock", type=Path, default=None, help="hold this file's lock while timing")
     args = p.parse_args(argv)
     if not args.model.is_file():
         print(f"error: {args.model} is not a file", file=sys.stderr)
@@ -162,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     for pol in policies:
         before = set_policy(pol)
         try:
-            rec = time_policy(graph, dev, refs, span, args.reps, args.target_s)
+            rec = time_policy(graph, dev, refs, span, args.reps, args.target_s, args.lock,
+                              not args.whole_only)
         except Exception as e:  # noqa: BLE001 - a failing policy is a result
             rec = {"error": _one_line(e)}
         finally:
