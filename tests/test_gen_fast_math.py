@@ -93,6 +93,27 @@ def gelu_tanh(rows: int, cols: int) -> Graph:
     return b.build([b.gelu(b.mul(x, b.scalar(3.0, x)), approximate="tanh")])
 
 
+def silu_dwconv_se(stride: int, k: int = 5) -> Graph:
+    """EfficientNet's SiLU -> depthwise conv -> SiLU with the squeeze-and-excitation mean: a
+    window kernel (``WINDOW_CONFIG`` has fast math), a sigmoid per input and per output."""
+    b = GraphBuilder(f"silu_dwconv{k}_s{stride}_se")
+    x = b.input("x", (2, 6, 14, 14))
+    src = b.mul(x, b.sigmoid(b.mul(x, b.scalar(4.0, x))))
+    y = b.conv2d(src, b.input("w", (6, 1, k, k)), b.input("bias", (6,)), strides=(stride, stride),
+                 pads=(k // 2,) * 4, groups=6)
+    y = b.mul(y, b.sigmoid(y))
+    return b.build([y, b.reduce_mean(y, axes=(2, 3), keepdims=True)])
+
+
+def _window_jobs() -> list[tuple]:
+    from tunedb.kernels.gen_window import WINDOW_CONFIG
+    from tunedb.kernels.schedule import Schedule
+
+    s = Schedule.from_config(WINDOW_CONFIG)
+    assert s.fast_math
+    return [(g, s, generate(g, s, sm_count=2)) for g in (silu_dwconv_se(1), silu_dwconv_se(2, 3))]
+
+
 def _fast_jobs() -> list[tuple]:
     """Each graph under the schedules the roofline fallback would give it, fast-math ones only:
     the first of each mapping in its order (the rule puts the fast twin first)."""
@@ -115,7 +136,7 @@ def _fast_jobs() -> list[tuple]:
             if legal[i].fast_math:
                 picked.setdefault(legal[i].mapping, legal[i])
         jobs += [(graph, s, generate(graph, s, sm_count=2)) for s in picked.values()]
-    return jobs
+    return jobs + _window_jobs()
 
 
 def test_fallback_takes_fast_math_where_the_space_offers_it():
@@ -134,6 +155,8 @@ def test_fallback_takes_fast_math_where_the_space_offers_it():
     assert s.cost_source == "roofline" and s.config_dict["fast_math"] is True
     src = generate(g, Schedule.from_config(s.config_dict), sm_count=132).kernels[0].source
     assert "tdb_sigmoid_fast(" in src[len(PRELUDE):]
+    (window,) = _window_jobs()[:1]
+    assert "tdb_sigmoid_fast(" in window[2].kernels[0].source[len(PRELUDE):]
     plain = step(groupnorm(8, 320, 32, 32, 32))
     assert plain.cost_source == "roofline" and not plain.config_dict.get("fast_math", False)
 
@@ -144,7 +167,7 @@ def test_fast_math_at_its_documented_error_passes_and_a_thousand_times_fails(tmp
     from tunedb.runtime.emu import build, mismatches
 
     jobs = _fast_jobs()
-    assert len({g.name for g, _, _ in jobs}) == 5 and all(s.fast_math for _, s, _ in jobs)
+    assert len({g.name for g, _, _ in jobs}) == 7 and all(s.fast_math for _, s, _ in jobs)
     srcs = [k.source for _, _, p in jobs for k in p.kernels]
     for scale, sign in ((1.0, 1.0), (1.0, -1.0), (1.0, 0.0)):
         lib = build([_with_error(s, scale, sign) for s in srcs], str(tmp_path))

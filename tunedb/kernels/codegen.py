@@ -93,7 +93,8 @@ def _texts(f: Frame) -> tuple[list[KText], list[tuple[str, int]]]:
 def _window_plan(graph: Graph, schedule: Schedule, sm_count: int, trows: bool = False) -> KernelPlan:
     """A depthwise convolution or pool with its elementwise neighbours (``gen_window``), or
     rows of a transposed input (``gen_trows``)."""
-    w = (trows_kernel if trows else window_kernel)(graph, sm_count, schedule.block)
+    w = (trows_kernel(graph, sm_count, schedule.block) if trows else
+         window_kernel(graph, sm_count, schedule.block, fast=schedule.fast_math))
     k = KernelSpec(w.name, w.source, w.grid, w.block, w.shared_bytes, w.args)
     return KernelPlan((k,), (), sha256_hex(w.source), w.R, w.C, "trows" if trows else "window")
 

@@ -18,7 +18,8 @@ after right alignment) or scalars. A thread computes a strip of adjacent outputs
 block holds its input planes in shared memory ("plane"); fp32 accumulation, one rounding per
 stored value. ``codegen.generate`` makes it a one-kernel plan (graph inputs, graph outputs, then
 R = N*C and C = OH*OW) that the emulator, the executor and CuPy run like any other; of the
-schedule only the block size counts (``WINDOW_CONFIG``, the planner's for these steps).
+schedule only the block size and fast math count (``WINDOW_CONFIG``, the planner's for these
+steps).
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ from tunedb.kernels.gen_window_match import (
 from tunedb.kernels.prelude import PRELUDE
 from tunedb.records import sha256_hex
 
-WINDOW_CONFIG = {"mapping": "elementwise", "block": 256}
+# Fast math (``__expf``, ``__fdividef``): EfficientNet's SiLU before and after the conv is two
+# sigmoids an element, tens of instructions each in IEEE form, where the bytes take a few; within
+# the intrinsics' documented error the plan's tolerance holds (tests/test_gen_fast_math.py).
+WINDOW_CONFIG = {"mapping": "elementwise", "block": 256, "fast_math": True}
 MAX_CONST_ELEMS = 4096
 STRIP = 2  # outputs per thread along a row of a strip kernel (``strip_width``)
 PLANE_STRIP = 4  # the same for stride-1 plane kernels
@@ -63,8 +67,8 @@ def _aligned(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class _Gen:
-    def __init__(self, g: Graph, m: WindowMatch) -> None:
-        self.g, self.m = g, m
+    def __init__(self, g: Graph, m: WindowMatch, fast: bool = False) -> None:
+        self.g, self.m, self.fast = g, m, fast
         self.view = GraphView(g)
         self.ids = {v: i for i, v in enumerate(sorted(g.type_map))}
         self.params = {v: f"p{self.ids[v]}" for v in list(g.inputs) + list(g.outputs)}
@@ -131,7 +135,7 @@ class _Gen:
             args = [env[i] for i in n.inputs]
             name = f"{prefix}{self.ids[n.outputs[0]]}"
             lines.append(f"const {COMPUTE[self.g.type_of(n.outputs[0]).dtype]} {name} = "
-                         f"{op_expr(self.view, n, args)};")
+                         f"{op_expr(self.view, n, args, self.fast)};")
             env[n.outputs[0]] = name
         return env[target]
 
@@ -388,19 +392,21 @@ def has_window_op(g: Graph) -> bool:
 
 
 def window_kernel(g: Graph, sm_count: int = 132, block: int = 256,
-                  strip: int | None = None, layout: str | None = None, hoist: bool = False) -> WindowKernel:
+                  strip: int | None = None, layout: str | None = None, hoist: bool = False,
+                  fast: bool = False) -> WindowKernel:
     """One kernel computing every output of ``g`` (a window node with its elementwise
     neighbours); raises ``UnsupportedFusion`` for graphs outside the pattern. ``layout``:
     "strip" (a thread a strip of ``strip`` outputs along a row, from global memory; default
     ``strip_width``'s rule) or "plane" (a block an input plane in shared memory, its threads
     strips of it, and means over the output plane); None: ``default_layout``. ``hoist``: a
-    plane kernel's conv weights go to registers once a plane (a variant, not yet timed)."""
+    plane kernel's conv weights go to registers once a plane (a variant, not yet timed).
+    ``fast``: the elementwise nodes with fast-math intrinsics (``Schedule.fast_math``)."""
     m = match_window(g)
     N, C, OH, OW = m.out_shape
     for v in list(g.inputs) + list(g.outputs):
         if g.type_of(v).dtype not in STORAGE:
             raise UnsupportedFusion(f"value {v!r} has dtype {g.type_of(v).dtype}")
-    gen = _Gen(g, m)
+    gen = _Gen(g, m, fast)
     resample = m.node.op == "gather"
     if resample and layout == "plane":
         raise UnsupportedFusion("a resample has no plane layout")
