@@ -24,9 +24,11 @@ plan protocol's ``throughput_us``, all variants of a step back to back in one pr
 one line per variant; writes ``OUT.json``.
 
 ``NAME:space``: a row step under every legal schedule of its space, one per (mapping, split, row
-cache, vector width, block), the fast-math twin where there is one, without the cache-hint twins
-(``space_variants``); ``--chunks K`` prepares each such workload as K jobs (K processes compile
-at once). Float outputs are checked on the GPU there (the same rule as ``compare_outputs``).
+cache, vector width, block), the fast-math twin where there is one, without the cache-hint twins,
+and cluster kernels with their row cache in registers also at two blocks an SM (``_mb2``:
+``__launch_bounds__(block, 2)``) (``space_variants``); ``--chunks K`` prepares each such
+workload as K jobs (K processes compile at once). Float outputs are checked on the GPU there
+(the same rule as ``compare_outputs``).
 """
 
 from __future__ import annotations
@@ -150,7 +152,20 @@ def space_variants(sub: Graph, config: dict, chunk: tuple[int, int] = (0, 1)) ->
     out = {"planned": generate(a, Schedule.from_config(config), SM_COUNT)} if i == 0 else {}
     for s in list(picked.values())[i::k]:
         out[s.label()] = generate(a, s, SM_COUNT)
+        if s.mapping == "split_row" and s.row_cache == "registers" and s.block <= 512:
+            out[s.label() + "_mb2"] = min_blocks(out[s.label()], 2)
     return out
+
+
+def min_blocks(kp: KernelPlan, n: int) -> KernelPlan:
+    """``kp`` with ``__launch_bounds__(block, n)``: nvcc keeps registers to what lets n blocks of
+    the kernel share an SM (a cluster kernel's row cache took 150-200 registers, one block an SM)."""
+    ks = []
+    for k in kp.kernels:
+        b = k.block[0]
+        src = k.source.replace(f"__launch_bounds__({b})", f"__launch_bounds__({b}, {n})")
+        ks.append(replace(k, name=f"{k.name}_mb{n}", source=src.replace(k.name, f"{k.name}_mb{n}")))
+    return replace(kp, kernels=tuple(ks), source_hash=sha256_hex("".join(k.source for k in ks)))
 
 
 def step_variants(name: str, steps: str = "all", chunk: tuple[int, int] = (0, 1)) -> list[dict[str, Any]]:
