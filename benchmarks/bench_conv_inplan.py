@@ -4,7 +4,8 @@ policies: where a plan's time goes when its convolutions change implementation.
     python benchmarks/bench_conv_inplan.py OUT.json MODEL.onnx [--policies off,auto:find,auto:graph]
 
 A policy is ``CONV_CUDNN[:OPTION...]`` (``tunedb.runtime.conv_cudnn``; options: an
-``ALGO_PICK``, ``own``: a workspace per convolution, ``nhwc``: channels-last convolutions).
+``ALGO_PICK``, ``own``: a workspace per convolution, ``nhwc``: channels-last convolutions,
+``chain``: channels-last kept between them, ``tunedb.runtime.conv_chain``).
 Per policy the plan is compiled as the zoo compiles it, verified against the float64
 reference, then timed: the whole plan by replays of the executor's CUDA graph (the zoo table's
 protocol, ``throughput_us``); the same launches captured again here, twice back to back
@@ -31,7 +32,7 @@ from bench_conv_steps import _graph_us, gpu_lock  # noqa: E402
 
 from tunedb.bench.fusion import _one_line  # noqa: E402
 from tunedb.bench.provenance import provenance  # noqa: E402
-from tunedb.runtime import conv_cudnn  # noqa: E402
+from tunedb.runtime import conv_chain, conv_cudnn  # noqa: E402
 
 SWITCHES = ("CONV_CUDNN", "ALGO_PICK", "SHARED_WORKSPACE", "LAYOUT")
 PICKS = ("find", "graph", "heuristic")
@@ -40,23 +41,26 @@ PICKS = ("find", "graph", "heuristic")
 def set_policy(policy: str) -> tuple:
     """Set ``conv_cudnn``'s switches from ``MODE[:OPTION...]``: MODE off / auto / always,
     options a pick (find / graph / heuristic), ``own`` (a workspace per convolution), ``nhwc``
-    (channels-last convolutions); returns the switches' values before."""
-    before = tuple(getattr(conv_cudnn, k) for k in SWITCHES)
+    (channels-last convolutions), ``chain`` (and NHWC kept between them, ``conv_chain``);
+    returns the switches' values before."""
+    before = tuple(getattr(conv_cudnn, k) for k in SWITCHES) + (conv_chain.CHAIN,)
     mode, *opts = policy.split(":")
     picks = [o for o in opts if o in PICKS]
     if mode not in ("off", "auto", "always") or len(picks) > 1 or len(set(opts)) != len(opts) \
-            or any(o not in (*PICKS, "own", "nhwc") for o in opts):
+            or any(o not in (*PICKS, "own", "nhwc", "chain") for o in opts):
         raise ValueError(f"bad policy {policy!r}: MODE[:OPTION...], MODE off/auto/always, "
-                         "OPTION find/graph/heuristic/own/nhwc")
+                         "OPTION find/graph/heuristic/own/nhwc/chain")
     conv_cudnn.CONV_CUDNN, conv_cudnn.SHARED_WORKSPACE = mode, "own" not in opts
     conv_cudnn.ALGO_PICK = picks[0] if picks else before[1]
-    conv_cudnn.LAYOUT = "nhwc" if "nhwc" in opts else "nchw"
+    conv_cudnn.LAYOUT = "nhwc" if "nhwc" in opts or "chain" in opts else "nchw"
+    conv_chain.CHAIN = "on" if "chain" in opts else "off"
     return before
 
 
 def restore(before: tuple) -> None:
     for k, v in zip(SWITCHES, before):
         setattr(conv_cudnn, k, v)
+    conv_chain.CHAIN = before[len(SWITCHES)]
 
 
 def time_policy(graph: Any, dev: dict, refs: Any, span: Any, reps: int, target_s: float,

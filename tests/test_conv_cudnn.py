@@ -150,6 +150,36 @@ def test_each_algorithm_pick_workspace_and_layout_match_the_reference(cudnn_poli
     assert ex.graph_capture, ex.capture_error
 
 
+@pytest.mark.gpu
+def test_channels_last_chain_matches_the_reference_captured(cudnn_policy, monkeypatch):
+    from plan_checks import check_outputs
+
+    from tunedb.plan import compile
+    from tunedb.runtime import conv_chain
+    from tunedb.runtime.executor import PlanExecutor
+    from tunedb.runtime.inputs import make_inputs
+
+    try:
+        conv_cudnn.library()
+    except CudnnError as e:
+        pytest.skip(str(e))
+    cudnn_policy("always", "graph", True, "nhwc")
+    monkeypatch.setattr(conv_chain, "CHAIN", "on")
+    b = GraphBuilder("chain")
+    x = b.input("x", (4, 16, 14, 14), "bfloat16")
+    w1, w2 = b.input("w1", (16, 16, 3, 3), "bfloat16"), b.input("w2", (16, 16, 3, 3), "bfloat16")
+    w3 = b.input("w3", (24, 16, 1, 1), "bfloat16")
+    kw = {"strides": (1, 1), "dilations": (1, 1), "groups": 1}
+    r1 = b.relu(b.conv2d(x, w1, pads=(1,) * 4, **kw))
+    r2 = b.relu(b.add(b.conv2d(r1, w2, pads=(1,) * 4, **kw), r1))
+    plan = compile(b.build([b.conv2d(r2, w3, pads=(0,) * 4, **kw)]), device="cuda")
+    ex = PlanExecutor(plan)
+    assert len(ex.ops.dnn.found) == 3 and ex.ops.conv_io  # some activations stayed NHWC
+    dev, ref_in = make_inputs(plan.graph, 7)
+    check_outputs(plan, {k: v.get() for k, v in ex.run(dev).items()}, ref_in)
+    assert ex.graph_capture, ex.capture_error
+
+
 def _bench(name: str):
     import importlib.util
     from pathlib import Path
@@ -163,17 +193,21 @@ def _bench(name: str):
 
 def test_the_in_plan_bench_parses_policies_and_restores_the_switches(cudnn_policy):
     bench = _bench("bench_conv_inplan")
+    from tunedb.runtime import conv_chain
+
     before = tuple(getattr(conv_cudnn, k) for k in SWITCHES)
-    assert bench.set_policy("auto:graph:own") == before
+    assert bench.set_policy("auto:graph:own") == before + (conv_chain.CHAIN,)
     assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("auto", "graph", False, "nchw")
     bench.set_policy("always:nhwc:own")  # the pick stays
     assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("always", "graph", False, "nhwc")
-    bench.restore(before)
-    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == before
+    bench.set_policy("always:chain")
+    assert (conv_cudnn.LAYOUT, conv_chain.CHAIN) == ("nhwc", "on")
+    bench.restore(before + ("off",))
+    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == before and conv_chain.CHAIN == "off"
     for bad in ("sometimes", "auto:fastest", "auto:graph:find", "off:own:own", "auto:nchw"):
         with pytest.raises(ValueError, match="bad policy"):
             bench.set_policy(bad)
-        bench.restore(before)
+        bench.restore(before + ("off",))
 
 
 def test_the_in_plan_bench_refuses_a_bad_policy_before_any_work(tmp_path, capsys):

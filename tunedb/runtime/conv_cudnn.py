@@ -193,11 +193,12 @@ class Cudnn:
 
     def conv(self, x: Any, w: Any, out: Any, a: dict, dtype: str,
              scratch: Callable[[int], Callable[[], Any]], constant_w: bool = False,
-             layout: str = "nchw") -> list[Launch]:
+             layout: str = "nchw", io_nhwc: tuple[bool, bool] = (False, False)) -> list[Launch]:
         """The launches of ``out = conv2d(x, w)`` (NCHW, contiguous, no bias) on stored arrays of
         ``dtype``; its workspace (and with ``layout`` "nhwc" the transposed input and output,
         and the weight unless ``constant_w``) comes from ``scratch`` (the executor's shared
-        buffer)."""
+        buffer). ``io_nhwc``: the input already holds NHWC data / the output is to (no
+        transpose there; ``conv_chain``)."""
         lib, cp = self.lib, self.cp
         params = conv_params(x.shape, w.shape, a)
         if params is None or dtype not in DATA_TYPES:
@@ -273,13 +274,14 @@ class Cudnn:
             return [run]
         view: dict[str, Any] = {}  # the transposed arrays' launches and pointers, bound at the first run
         return self._nhwc_launches(launch(algo, lambda: view["ptrs"], nbytes), x, w, out, nbytes, scratch,
-                                   constant_w, view, keep)
+                                   constant_w, view, keep, io_nhwc)
 
     def _nhwc_launches(self, conv: Callable[[], None], x: Any, w: Any, out: Any, nbytes: int,
                        scratch: Callable[[int], Callable[[], Any]], constant_w: bool, view: dict,
-                       keep: tuple) -> list[Launch]:
-        """Transpose in, ``conv`` (channels-last), transpose out; the transposed arrays (and a
-        weight that is not constant) in the shared scratch, bound at the first run."""
+                       keep: tuple, io_nhwc: tuple[bool, bool]) -> list[Launch]:
+        """Transpose in, ``conv`` (channels-last), transpose out (where ``io_nhwc`` does not
+        say the array holds NHWC already); the transposed arrays (and a weight that is not
+        constant) in the shared scratch, bound at the first run."""
         cp = self.cp
         n, c, h, wd = x.shape
         o, cg, kh, kw = w.shape
@@ -296,27 +298,37 @@ class Cudnn:
 
         def bind() -> None:
             buf = get()
-            xt = buf[xo:xo + x.size * isz].view(x.dtype).reshape(n, h * wd, c)
-            yt = buf[yo:yo + out.size * isz].view(x.dtype).reshape(n, p, o)
-            wt = w_nhwc if constant_w else buf[wo:wo + w.size * isz].view(x.dtype).reshape(o, kh * kw, cg)
-            view["x"] = strided_copy(cp, x.reshape(n, c, h * wd).transpose(0, 2, 1), xt)
+
+            def part(off: int, a: Any, *shape: int) -> Any:
+                return buf[off:off + a.size * isz].view(x.dtype).reshape(shape)
+            xt = x.reshape(n, h * wd, c) if io_nhwc[0] else part(xo, x, n, h * wd, c)
+            yt = out.reshape(n, p, o) if io_nhwc[1] else part(yo, out, n, p, o)
+            wt = w_nhwc if constant_w else part(wo, w, o, kh * kw, cg)
+            view["x"] = None if io_nhwc[0] else \
+                strided_copy(cp, x.reshape(n, c, h * wd).transpose(0, 2, 1), xt)
             view["w"] = None if constant_w else \
                 strided_copy(cp, w.reshape(o, cg, kh * kw).transpose(0, 2, 1), wt)
-            view["y"] = strided_copy(cp, yt.transpose(0, 2, 1), out.reshape(n, o, p))
+            view["y"] = None if io_nhwc[1] else strided_copy(cp, yt.transpose(0, 2, 1), out.reshape(n, o, p))
             view["ptrs"] = (xt.data.ptr, wt.data.ptr, yt.data.ptr, buf.data.ptr + so)
 
         def transpose_in() -> None:
-            if "x" not in view:
+            if "ptrs" not in view:
                 bind()
-            view["x"]()
-            if view["w"] is not None:
-                view["w"]()
+            for part in (view["x"], view["w"]):
+                if part is not None:
+                    part()
+
+        def conv_bound() -> None:
+            if "ptrs" not in view:
+                bind()
+            conv()
 
         def transpose_out() -> None:
             view["y"]()
 
-        transpose_in.keep = (keep, w_nhwc, get)  # type: ignore[attr-defined]
-        return [transpose_in, conv, transpose_out]
+        conv_bound.keep = (keep, w_nhwc, get)  # type: ignore[attr-defined]
+        ins = [transpose_in] if not (io_nhwc[0] and constant_w) else []
+        return ins + [conv_bound] + ([] if io_nhwc[1] else [transpose_out])
 
     def _graph_us(self, run: Callable[[], None]) -> float:
         """GPU µs of one ``run``: a CUDA graph of ``GRAPH_RUNS`` calls on the handle's stream

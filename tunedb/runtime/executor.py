@@ -46,6 +46,7 @@ from tunedb.graph.ops import check_node
 from tunedb.kernels.codegen import generate
 from tunedb.kernels.schedule import Schedule
 from tunedb.runtime.blas import Blas
+from tunedb.runtime.conv_chain import conv_io
 from tunedb.runtime.device import current_stream, import_cupy
 from tunedb.runtime.executor_conv import conv_path
 from tunedb.runtime.executor_inputs import ExecutorError, bindable, prepare_inputs
@@ -179,6 +180,7 @@ class PlanExecutor:
                                        self.blas)
             self._allocate()
             self.ops.constant_ptrs = {int(self.env[n].data.ptr) for n, _ in self.graph.constants}
+            self.ops.conv_io = conv_io(plan, self.env)  # channels-last between cuDNN convolutions
             try:
                 self._output_views = output_view_steps(plan.steps)
             except ValueError as e:

@@ -409,6 +409,7 @@ class ComputeOps:
         self.dnn_error = ""  # why cuDNN could not be loaded: its convolutions take im2col
         self.dnn_skipped: list[str] = []  # convolutions cuDNN could not run, and why
         self.constant_ptrs: set[int] = set()  # device addresses of the plan's constants (the executor's)
+        self.conv_io: dict[int, tuple[bool, bool]] = {}  # conv_chain.conv_io: NHWC input / output
 
     def build(self, node: Node, a: dict, ins: list[Any], outs: list[Any]) -> tuple[list[Launch], int, str]:
         op = node.op
@@ -507,11 +508,14 @@ class ComputeOps:
             except CudnnError as e:
                 self.dnn_error = str(e)
                 return None
+        io = self.conv_io.get(int(w.data.ptr), (False, False))
         try:
             return self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch,
-                                 constant_w=w.data.ptr in self.constant_ptrs,
+                                 constant_w=w.data.ptr in self.constant_ptrs, io_nhwc=io,
                                  layout=conv_layout(x.shape, w.shape, out.shape, a, out.dtype.itemsize))
         except CudnnError as e:
+            if io != (False, False):  # its neighbours read or write NHWC: im2col would not do
+                raise
             self.dnn_skipped.append(f"conv {tuple(x.shape)} * {tuple(w.shape)}: {e}")
             return None
 
