@@ -160,7 +160,7 @@ def run(out: Path, budget_s: float, rounds: int, top: int, max_rounds: int, hori
             plans["refined_h"] = apply_stages(hbase, htops[0], {"schedule": "ios (measured, horizontal)"})
             res["schedules"]["refined_h"] = [[list(g) for g in s] for s in htops[0]]
     if oracle:
-        full = refine(base, say, t0 + 0.6 * budget_s, "full")
+        full = refine(base, say, t0 + 0.75 * budget_s, "full")
         got = full.get("oracle_full") or {}
         res["oracle"] = {k: v for k, v in got.items() if k != "oracle_stages"}
         if got.get("complete"):
