@@ -4,8 +4,9 @@ policies: where a plan's time goes when its convolutions change implementation.
     python benchmarks/bench_conv_inplan.py OUT.json MODEL.onnx [--policies off,auto:find,auto:graph]
 
 A policy is ``CONV_CUDNN[:OPTION...]`` (``tunedb.runtime.conv_cudnn``; options: an
-``ALGO_PICK``, ``own``: a workspace per convolution, ``nhwc``: channels-last convolutions,
-``chain``: channels-last kept between them, ``tunedb.runtime.conv_chain``).
+``ALGO_PICK``, ``own``: a workspace per convolution, ``nchw`` / ``nhwc``: every cuDNN conv in
+that layout, ``chain``: channels-last kept between them, ``tunedb.runtime.conv_chain``; no
+layout: the defaults).
 Per policy the plan is compiled as the zoo compiles it, verified against the float64
 reference, then timed: the whole plan by replays of the executor's CUDA graph (the zoo table's
 protocol, ``throughput_us``); the same launches captured again here, twice back to back
@@ -36,24 +37,26 @@ from tunedb.runtime import conv_chain, conv_cudnn  # noqa: E402
 
 SWITCHES = ("CONV_CUDNN", "ALGO_PICK", "SHARED_WORKSPACE", "LAYOUT")
 PICKS = ("find", "graph", "heuristic")
+LAYOUTS = {"nchw": ("nchw", "off"), "nhwc": ("nhwc", "off"), "chain": ("auto", "on")}  # LAYOUT, CHAIN
 
 
 def set_policy(policy: str) -> tuple:
-    """Set ``conv_cudnn``'s switches from ``MODE[:OPTION...]``: MODE off / auto / always,
-    options a pick (find / graph / heuristic), ``own`` (a workspace per convolution), ``nhwc``
-    (channels-last convolutions), ``chain`` (and NHWC kept between them, ``conv_chain``);
-    returns the switches' values before."""
+    """Set ``conv_cudnn``'s and ``conv_chain``'s switches from ``MODE[:OPTION...]``: MODE off /
+    auto / always; options a pick (find / graph / heuristic), ``own`` (a workspace per
+    convolution), a layout: ``nchw`` or ``nhwc`` (every cuDNN conv so, no chain) or ``chain``
+    (channels-last kept between them, ``conv_chain`` on); without one the defaults ("auto":
+    the chain where few transposes remain). Returns the switches' values before."""
     before = tuple(getattr(conv_cudnn, k) for k in SWITCHES) + (conv_chain.CHAIN,)
     mode, *opts = policy.split(":")
     picks = [o for o in opts if o in PICKS]
-    if mode not in ("off", "auto", "always") or len(picks) > 1 or len(set(opts)) != len(opts) \
-            or any(o not in (*PICKS, "own", "nhwc", "chain") for o in opts):
+    layouts = [o for o in opts if o in LAYOUTS]
+    if mode not in ("off", "auto", "always") or len(picks) > 1 or len(layouts) > 1 \
+            or len(set(opts)) != len(opts) or any(o not in (*PICKS, *LAYOUTS, "own") for o in opts):
         raise ValueError(f"bad policy {policy!r}: MODE[:OPTION...], MODE off/auto/always, "
-                         "OPTION find/graph/heuristic/own/nhwc/chain")
+                         "OPTION find/graph/heuristic/own/nchw/nhwc/chain")
     conv_cudnn.CONV_CUDNN, conv_cudnn.SHARED_WORKSPACE = mode, "own" not in opts
     conv_cudnn.ALGO_PICK = picks[0] if picks else before[1]
-    conv_cudnn.LAYOUT = "nhwc" if "nhwc" in opts or "chain" in opts else "nchw"
-    conv_chain.CHAIN = "on" if "chain" in opts else "off"
+    conv_cudnn.LAYOUT, conv_chain.CHAIN = LAYOUTS.get(layouts[0] if layouts else "", ("auto", "auto"))
     return before
 
 

@@ -30,34 +30,38 @@ def cudnn_policy():
         setattr(conv_cudnn, k, v)
 
 
-def test_off_by_default_sends_nothing_and_the_environment_sets_it():
+def test_auto_by_default_and_the_environment_sets_it(cudnn_policy):
     import os
     import subprocess
     import sys
 
     code = "from tunedb.runtime import conv_cudnn; print(conv_cudnn.CONV_CUDNN)"
     env = {k: v for k, v in os.environ.items() if k != "TUNEDB_CONV_CUDNN"}
-    for given, want in ((None, "off"), ("auto", "auto")):
+    for given, want in ((None, "auto"), ("off", "off")):
         e = env if given is None else {**env, "TUNEDB_CONV_CUDNN": given}
         got = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
         assert got.stdout.strip() == want
+    cudnn_policy("off")
     assert not cudnn_wanted((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 56, 56), _attrs(3), 2)
 
 
 @pytest.mark.parametrize("x,w,out,a,itemsize,want", [
-    # ResNet-50 bf16 b8: the 3x3 convs at 56x56, 28x28 and 14x14 outputs (through torch, cuDNN
-    # NCHW beat im2col + GEMM there), not the 7x7-output ones, the 7x7 stem or the 1x1s
+    # bf16 b8: every ungrouped conv of ResNet-50 and EfficientNet-B0 (in-plan, cuDNN NCHW with
+    # graph-timed algorithms beat im2col + GEMM and the per-sample 1x1 GEMMs overall) ...
     ((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 56, 56), _attrs(3), 2, True),
     ((8, 256, 28, 28), (256, 256, 3, 3), (8, 256, 14, 14), _attrs(3, 2), 2, True),
-    ((8, 512, 7, 7), (512, 512, 3, 3), (8, 512, 7, 7), _attrs(3), 2, False),
-    ((8, 512, 14, 14), (512, 512, 3, 3), (8, 512, 7, 7), _attrs(3, 2), 2, False),
+    ((8, 512, 7, 7), (512, 512, 3, 3), (8, 512, 7, 7), _attrs(3), 2, True),
+    ((8, 1024, 14, 14), (2048, 1024, 1, 1), (8, 2048, 7, 7), _attrs(1, 2), 2, True),
+    ((8, 1152, 7, 7), (320, 1152, 1, 1), (8, 320, 7, 7), _attrs(1), 2, True),
+    ((8, 3, 224, 224), (32, 3, 3, 3), (8, 32, 112, 112), _attrs(3, 2), 2, True),   # EfficientNet's stem
+    # ... but ResNet-50's 7x7 stem on 3 channels, the squeeze-excitation convs on [N, C, 1, 1]
     ((8, 3, 224, 224), (64, 3, 7, 7), (8, 64, 112, 112), _attrs(7, 2), 2, False),
-    ((8, 1024, 14, 14), (2048, 1024, 1, 1), (8, 2048, 7, 7), _attrs(1, 2), 2, False),
+    ((8, 672, 1, 1), (28, 672, 1, 1), (8, 28, 1, 1), _attrs(1), 2, False),
     # float32 stays on the SIMT GEMMs; asymmetric pads have no cuDNN descriptor
     ((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 56, 56), _attrs(3), 4, False),
     ((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 55, 55), _attrs(3, 1, (0, 0, 1, 1)), 2, False),
 ])
-def test_auto_takes_the_wide_windows_on_long_rows(cudnn_policy, x, w, out, a, itemsize, want):
+def test_auto_takes_every_16_bit_conv_but_the_stem_and_excitation(cudnn_policy, x, w, out, a, itemsize, want):
     cudnn_policy("auto")
     assert cudnn_wanted(x, w, out, a, itemsize) is want
 
@@ -195,19 +199,21 @@ def test_the_in_plan_bench_parses_policies_and_restores_the_switches(cudnn_polic
     bench = _bench("bench_conv_inplan")
     from tunedb.runtime import conv_chain
 
-    before = tuple(getattr(conv_cudnn, k) for k in SWITCHES)
-    assert bench.set_policy("auto:graph:own") == before + (conv_chain.CHAIN,)
-    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("auto", "graph", False, "nchw")
+    before = tuple(getattr(conv_cudnn, k) for k in SWITCHES) + (conv_chain.CHAIN,)
+    assert bench.set_policy("auto:graph:own") == before
+    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) + (conv_chain.CHAIN,) \
+        == ("auto", "graph", False, "auto", "auto")
     bench.set_policy("always:nhwc:own")  # the pick stays
-    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == ("always", "graph", False, "nhwc")
-    bench.set_policy("always:chain")
-    assert (conv_cudnn.LAYOUT, conv_chain.CHAIN) == ("nhwc", "on")
-    bench.restore(before + ("off",))
-    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) == before and conv_chain.CHAIN == "off"
-    for bad in ("sometimes", "auto:fastest", "auto:graph:find", "off:own:own", "auto:nchw"):
+    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) + (conv_chain.CHAIN,) \
+        == ("always", "graph", False, "nhwc", "off")
+    bench.set_policy("off:find:chain")
+    assert (conv_cudnn.ALGO_PICK, conv_cudnn.LAYOUT, conv_chain.CHAIN) == ("find", "auto", "on")
+    bench.restore(before)
+    assert tuple(getattr(conv_cudnn, k) for k in SWITCHES) + (conv_chain.CHAIN,) == before
+    for bad in ("sometimes", "auto:fastest", "auto:graph:find", "off:own:own", "auto:nchw:chain"):
         with pytest.raises(ValueError, match="bad policy"):
             bench.set_policy(bad)
-        bench.restore(before + ("off",))
+        bench.restore(before)
 
 
 def test_the_in_plan_bench_refuses_a_bad_policy_before_any_work(tmp_path, capsys):

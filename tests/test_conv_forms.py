@@ -26,6 +26,15 @@ def _attrs(k: int, stride: int = 1, groups: int = 1) -> dict:
     return {"strides": (stride, stride), "pads": (p,) * 4, "dilations": (1, 1), "groups": groups}
 
 
+@pytest.fixture(autouse=True)
+def im2col_not_cudnn(monkeypatch):
+    """These tests are about the im2col forms: no convolution goes to cuDNN unless a test says so."""
+    from tunedb.runtime import conv_chain, conv_cudnn
+
+    monkeypatch.setattr(conv_cudnn, "CONV_CUDNN", "off")
+    monkeypatch.setattr(conv_chain, "CHAIN", "off")
+
+
 @pytest.fixture
 def policy():
     """Set ``CONV_BATCH_MERGE`` for one test, and put "auto" back after it."""
@@ -103,7 +112,7 @@ def test_merged_form_counts_its_copy_kernel(policy, k, bias):
 
 @pytest.mark.parametrize("cudnn,layout,k,want", [
     ("auto", "nchw", 3, ("conv (cudnn nchw)", 1)), ("always", "nhwc", 1, ("conv (cudnn nhwc)", 3)),
-    ("auto", "nhwc", 1, ("conv 1x1 (cublas)", 1)), ("off", "nhwc", 3, ("conv (im2col + cublas)", 2))])
+    ("auto", "auto", 1, ("conv (cudnn nchw)", 1)), ("off", "nhwc", 3, ("conv (im2col + cublas)", 2))])
 def test_explain_names_and_counts_the_cudnn_convolutions(monkeypatch, cudnn, layout, k, want):
     from types import SimpleNamespace
 

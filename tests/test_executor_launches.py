@@ -15,6 +15,14 @@ from tunedb.graph.ops import check_node
 from tunedb.runtime.executor_ops import ComputeOps, KernelSet, compute_launches, storage_dtype
 
 
+@pytest.fixture(autouse=True)
+def no_cudnn(monkeypatch):
+    # builders without a device: no cuDNN here (its counts: tests/test_conv_forms.py)
+    from tunedb.runtime import conv_cudnn
+
+    monkeypatch.setattr(conv_cudnn, "CONV_CUDNN", "off")
+
+
 class _Module:
     def get_function(self, name: str):
         return lambda *args: None

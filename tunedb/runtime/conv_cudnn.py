@@ -1,4 +1,4 @@
-"""cuDNN convolutions (NCHW) that a CUDA graph can capture, where a cuDNN library loads.
+"""cuDNN convolutions (NCHW or NHWC) that a CUDA graph can capture, where a cuDNN library loads.
 
 CuPy 14 has no cuDNN, so this module calls cuDNN's C API through ``ctypes`` (the legacy
 convolution API, still in cuDNN 9), as ``tunedb.runtime.blas`` does for cuBLAS: a handle bound
@@ -10,9 +10,9 @@ The library is looked up in ``$TUNEDB_CUDNN``, the ``nvidia/cudnn/lib`` folder o
 wheels (which torch installs) on ``sys.path``, then the dynamic loader's search.
 
 Which convolutions go to cuDNN is ``CONV_CUDNN`` (``executor_conv`` decides the im2col forms):
-``off`` (the default until measured), ``auto`` (``cudnn_wanted``), ``always`` (every conv
-but the depthwise ones); ``$TUNEDB_CONV_CUDNN`` sets it for a process (a benchmark's peers
-in the same run). Nothing here imports CuPy; the caller hands it in.
+``off`` (im2col + cuBLAS everywhere), ``auto`` (the default, ``cudnn_wanted``), ``always``
+(every conv but the depthwise ones); ``$TUNEDB_CONV_CUDNN`` sets it for a process (a
+benchmark's peers in the same run). Nothing here imports CuPy; the caller hands it in.
 """
 
 from __future__ import annotations
@@ -29,20 +29,23 @@ from typing import Any
 
 from tunedb.runtime.copykernel import strided_copy
 
-CONV_CUDNN = os.environ.get("TUNEDB_CONV_CUDNN", "off")
+CONV_CUDNN = os.environ.get("TUNEDB_CONV_CUDNN", "auto")
 # How a convolution's algorithm is chosen among those Find can run: "find" (Find's own times:
-# one call each, host launch cost included), "graph" (each re-timed as a CUDA graph of
-# GRAPH_RUNS calls after a warm-up: GPU time alone, what a captured plan pays), "heuristic"
+# 95-370 µs for convs that run 17-20 in a graph, host cost included, so its ranking is noise:
+# it took WINOGRAD_NONFUSED (61 µs) or IMPLICIT_GEMM (128) for 5 of ResNet-50's 13 3x3s, the
+# in-plan loss of session 8), "graph" (each re-timed as a CUDA graph of GRAPH_RUNS calls after
+# a warm-up: GPU time alone, what a captured plan pays), "heuristic"
 # (cudnnGetConvolutionForwardAlgorithm_v7's first, untimed).
-ALGO_PICK = os.environ.get("TUNEDB_CUDNN_PICK", "find")
+ALGO_PICK = os.environ.get("TUNEDB_CUDNN_PICK", "graph")
 GRAPH_RUNS, GRAPH_REPLAYS = 10, 3
 # False: each convolution keeps a workspace of its own instead of the executor's shared scratch
 # (a benchmark's control; the shared one costs no memory per convolution).
 SHARED_WORKSPACE = True
 # "nhwc": a convolution runs channels-last (cuDNN NHWC, 1.5-2x NCHW on ResNet-50's bf16 3x3s
 # through torch), its input and output transposed around it by the tiled copy kernel, a
-# constant weight transposed once; "nchw": on the plan's layout; "auto": ``conv_layout``'s rule.
-LAYOUT = os.environ.get("TUNEDB_CUDNN_LAYOUT", "nchw")
+# constant weight transposed once; "nchw": on the plan's layout; "auto": NCHW unless
+# ``conv_chain`` keeps the plan's activations channels-last between convolutions.
+LAYOUT = os.environ.get("TUNEDB_CUDNN_LAYOUT", "auto")
 DATA_TYPES = {"float32": 0, "float16": 2, "bfloat16": 9}  # cudnnDataType_t
 NCHW, NHWC, CROSS_CORRELATION = 0, 1, 1
 # 16-bit data: tensor ops must be asked for (the default math gave bf16 ResNet-50 convs
@@ -82,26 +85,28 @@ def conv_params(x_shape: Sequence[int], w_shape: Sequence[int], a: dict) -> tupl
 def cudnn_wanted(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int], a: dict,
                  itemsize: int) -> bool:
     """Whether ``CONV_CUDNN`` sends a convolution that is not depthwise to cuDNN (``always``:
-    every one with symmetric pads, 1x1 ones included). ``auto``: 16-bit data, a
-    window wider than 1x1 on 16+ channels, 196+ output pixels a sample (H200, ResNet-50 bf16 b8,
-    through torch: cuDNN NCHW 18.6-19.9 µs against 27-33 for im2col + GEMM on those 3x3 convs;
-    slower on the 7x7 and 14->7 ones, the 7x7 stem and the strided 1x1s)."""
+    every one with symmetric pads, 1x1 ones included). ``auto``: 16-bit data, ungrouped, more
+    than one output pixel a sample (the squeeze-excitation convs stay one cuBLAS GEMV batch:
+    2.0 against 2.9-3.5 µs) and not a window wider than 3x3 on under 16 channels (ResNet-50's
+    7x7 stem: im2col 71.7 against 84.6). H200, bf16 b8, every conv in cuDNN NCHW, in-plan
+    (benchmarks/bench_conv_inplan.py, algorithms re-timed as graphs): EfficientNet-B0 732 ->
+    650 µs, ResNet-50 1063 -> 942 (-> 914 with the 3x3 convs alone, 635 channels-last:
+    ``conv_chain``)."""
     if CONV_CUDNN == "off" or conv_params(x_shape, w_shape, a) is None:
         return False
     if CONV_CUDNN == "always":
         return True
     _, c, _, _ = x_shape
     o, _, kh, kw = w_shape
-    return itemsize == 2 and kh * kw > 1 and c >= 16 and int(a["groups"]) == 1 \
-        and int(out_shape[2]) * int(out_shape[3]) >= 196
+    return itemsize == 2 and int(a["groups"]) == 1 and int(out_shape[2]) * int(out_shape[3]) > 1 \
+        and not (c < 16 and kh * kw > 9)
 
 
 def conv_layout(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int], a: dict,
                 itemsize: int) -> str:
-    """The layout a convolution sent to cuDNN runs in: ``LAYOUT``, or under "auto" the rule."""
-    if LAYOUT != "auto":
-        return LAYOUT
-    return "nchw"
+    """The layout a convolution sent to cuDNN runs in on its own: ``LAYOUT``, NCHW under
+    "auto" (channels-last pays only with its neighbours: ``conv_chain``)."""
+    return "nchw" if LAYOUT == "auto" else LAYOUT
 
 
 def _candidates() -> list[str]:

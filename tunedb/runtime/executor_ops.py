@@ -508,11 +508,12 @@ class ComputeOps:
             except CudnnError as e:
                 self.dnn_error = str(e)
                 return None
-        io = self.conv_io.get(int(w.data.ptr), (False, False))
+        chain = self.conv_io.get(int(w.data.ptr))  # channels-last with its neighbours
+        io = chain or (False, False)
+        layout = "nhwc" if chain else conv_layout(x.shape, w.shape, out.shape, a, out.dtype.itemsize)
         try:
             return self.dnn.conv(x, w, out, a, "bfloat16" if bf16 else str(out.dtype), self.scratch,
-                                 constant_w=w.data.ptr in self.constant_ptrs, io_nhwc=io,
-                                 layout=conv_layout(x.shape, w.shape, out.shape, a, out.dtype.itemsize))
+                                 constant_w=w.data.ptr in self.constant_ptrs, io_nhwc=io, layout=layout)
         except CudnnError as e:
             if io != (False, False):  # its neighbours read or write NHWC: im2col would not do
                 raise
