@@ -43,7 +43,7 @@ from tunedb.kernels.gen_window import (
     window_kernel,
 )
 from tunedb.kernels.schedule import Schedule, schedule_space
-from tunedb.plan.fallback import fallback_order
+from tunedb.plan.fallback import fallback_order, vocabulary_rows
 from tunedb.plan.subgraph import COMPUTE_KIND, GraphIndex
 from tunedb.runtime.executor_ops import compute_launches
 
@@ -354,9 +354,10 @@ def unseen_by_model(a: Analysis) -> bool:
     block of axes (the model priced a [64, 512, 256] middle mean at 41 us, the kernel ran 11 us,
     and it split x - mean over a middle block into 3 kernels), and reductions reading an
     operand through an index map (it gave an instance norm a re-read row cache: 0.57 of the
-    floor on the H200). Elementwise kernels with index maps keep the model (0.84-0.93 there)."""
+    floor on the H200). Elementwise kernels with index maps keep the model (0.84-0.93 there).
+    Also rows of vocabulary width with several values cached along them (``vocabulary_rows``)."""
     return bool(a.col_seg) or (bool(a.idx_maps) and a.pattern != "elementwise"
-                               and a.pattern != "transpose")
+                               and a.pattern != "transpose") or vocabulary_rows(a)
 
 
 def ranked_configs(us: Any, configs: list[dict], order: Sequence[int] | None = None

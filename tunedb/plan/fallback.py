@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tunedb.kernels.analysis import Analysis
+from tunedb.kernels.passes import cache_values
 from tunedb.kernels.schedule import Schedule, full_bytes
 
 # Rows of at most SHORT_ROW_BYTES: a warp per row; longer rows: a block per row.
@@ -48,10 +49,33 @@ ESTIMATE_BIN = 1.05  # estimates within 5 % count as equal, so the rules after t
 FEW_ROWS_PER_SM = 4
 FEW_ROWS_MIN_BYTES = 16 << 10
 FEW_ROWS_BLOCK = 512
+# Vocabulary-wide rows with two or more row-long values to keep (a cross-entropy gradient: the
+# logits and the one-hot target, 125-196 KB rows): none in the shipped data (its longest such rows
+# are 64 KB), and the model's pick, a row split over a cluster of 8 with the rows in registers
+# (159-192 registers: one block of 256 threads an SM), ran 357 and 520 µs on the H200. Timed over
+# the whole space (generalization_space_h200.json): 512 x 50257 ran 161 µs as two blocks of 1024
+# threads a row in shared memory (torch.compile 187, JAX 342); 2048 x 32000, where that is not in
+# the space, 464 µs as a block per row re-reading it (JAX 433).
+VOCAB_ROW_BYTES = 96 << 10
 # Fast math where the space offers it (kernels with exp/log/sigmoid/tanh: ``__expf``, ``__logf``,
 # ``__fdividef``): GroupNorm + SiLU row steps ran 10-30 % faster on the H200 and passed the float64
 # check (generalization_steps3_h200.json); within the intrinsics' documented error the plan's
 # tolerance holds (tests/test_gen_fast_math.py).
+
+
+def vocabulary_rows(a: Analysis) -> bool:
+    """Rows of ``VOCAB_ROW_BYTES`` or more with two or more values cached along them."""
+    return (a.pattern in ("row_reduce", "multi") and a.C * full_bytes(a) >= VOCAB_ROW_BYTES
+            and len(cache_values(a, "boundary")) >= 2)
+
+
+def _vocab_rank(s: Schedule) -> int:
+    """The two forms that ran fastest on vocabulary rows, as timed (a grid of one wave)."""
+    if s.grid != "wave":
+        return 2
+    if s.mapping == "split_row" and s.row_cache == "smem" and s.block == 1024:
+        return 0
+    return 1 if s.mapping == "block_per_row" and s.row_cache == "reread" and s.block == 128 else 2
 
 
 def _mapping_order(a: Analysis, elem_bytes: int, sm_count: int) -> tuple[str, ...]:
@@ -71,11 +95,13 @@ def fallback_order(a: Analysis, legal: Sequence[Schedule], roofline_us: np.ndarr
     order = _mapping_order(a, eb, sm_count)
     few = (a.pattern in ("row_reduce", "multi") and a.R <= FEW_ROWS_PER_SM * sm_count
            and a.C * eb >= FEW_ROWS_MIN_BYTES)
+    vocab = vocabulary_rows(a)
 
     def key(i: int) -> tuple:
         s, column = legal[i], legal[i].mapping in COLUMN_MAPPINGS
         hoisting = column or s.mapping == "transpose_tiled"  # loads issued together: more unroll
-        return (order.index(s.mapping) if s.mapping in order else len(order),
+        return (_vocab_rank(s) if vocab else 0,
+                order.index(s.mapping) if s.mapping in order else len(order),
                 column and waves[i] < MIN_COLUMN_WAVES,
                 s.mapping == "split_row" and a.R * s.split < SPLIT_ROW_BLOCKS_PER_SM * sm_count,
                 round(math.log(max(float(roofline_us[i]), 1e-9)) / math.log(ESTIMATE_BIN)),
