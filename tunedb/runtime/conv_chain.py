@@ -53,8 +53,9 @@ def channels_last_conv(step: Any, layout: bool = True) -> bool:
     types = [g.type_of(v) for v in node.inputs]
     a = check_node(node, types)[1]
     x, w, out = types[0].shape, types[1].shape, g.type_of(node.outputs[0]).shape
-    isz = 2 if types[0].dtype in ("bfloat16", "float16") else 4
-    return int(a["groups"]) != x[1] and cudnn_wanted(x, w, out, a, isz) \
+    # float16 convs run through the op-by-op evaluator (in float32), never on these arrays
+    isz = {"bfloat16": 2, "float32": 4}.get(types[0].dtype)
+    return isz is not None and int(a["groups"]) != x[1] and cudnn_wanted(x, w, out, a, isz) \
         and (not layout or conv_layout(x, w, out, a, isz) == "nhwc")
 
 
