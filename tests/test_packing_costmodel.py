@@ -190,7 +190,8 @@ def test_board_labels_judge_a_workload_on_one_board_basis():
     """Two boards 10 % apart: the one that measured part of a workload is scaled to the one that
     measured most of it (the reference) on the candidates both measured, so a candidate only the
     slower board measured keeps its place among the rest; a board's repeated runs count once; a
-    board sharing too few candidates with the reference is left out of that workload."""
+    board sharing too few candidates with the reference is scaled to the boards already joined
+    where it shares enough with them, else left out of that workload."""
     from tunedb.costmodel.packing import board_labels
 
     def band(us: float) -> tuple[float, float, float]:
@@ -214,6 +215,17 @@ def test_board_labels_judge_a_workload_on_one_board_basis():
     assert "e" not in labels and labels["f"][1] == pytest.approx(7.0)
     # one board alone: its own times
     assert board_labels({"x": {"b": [band(3.0), band(5.0), band(4.0)]}}, {"x": "w"})["x"][1] == 4.0
+    # chained: "late" shares only a with the reference ("full", 6 candidates) but a, x, y with
+    # "part", which joined: scaled to the joined labels (20 % slow), its own i keeps its place
+    chain = {c: {k: list(v) for k, v in b.items()} for c, b in times.items() if c in "abcd"}
+    chain |= {"h": {"full": [band(14.3)]}, "j": {"full": [band(15.4)]},
+              "x": {"part": [band(9.5)]}, "y": {"part": [band(10.5)]}}
+    for c, t in (("a", 10.0), ("x", 9.5), ("y", 10.5), ("i", 9.0)):
+        chain.setdefault(c, {})["late"] = [band(1.2 * t)]
+    got = board_labels(chain, dict.fromkeys(chain, "w0"))
+    assert got["i"][1] / got["x"][1] == pytest.approx(9.0 / 9.5, rel=0.01)
+    # needing 4 in common: part (a, b, c with full) is out, and late with it
+    assert set(board_labels(chain, dict.fromkeys(chain, "w0"), min_common=4)) == set(chain) - set("ixy")
 
 
 def test_splitk_and_chunks_features_carry_their_parameters():

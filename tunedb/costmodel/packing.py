@@ -64,9 +64,11 @@ def board_labels(times: dict[str, dict[str, list[Band]]], workload_of: dict[str,
     board -> the bands of its runs there. A board's runs of a candidate count once (their
     median); per workload the board that measured the most of its candidates is the reference,
     another board's times are divided by its median ratio to the reference over the candidates
-    both measured (a board sharing fewer than ``min_common`` is left out of that workload, so a
-    board that measured a few candidates cannot shift them against the rest); a candidate's
-    label is then the median over its boards."""
+    both measured; a board sharing fewer than ``min_common`` with the reference is then scaled,
+    the same way, to the labels of the boards already joined, where it shares ``min_common``
+    with them (boards that anchored on another board's rows), else left out of that workload,
+    so a board that measured a few candidates cannot shift them against the rest; a
+    candidate's label is then the median over its boards."""
     # workload -> board -> candidate -> log band
     by_w: dict[str, dict[str, dict[str, np.ndarray]]] = defaultdict(lambda: defaultdict(dict))
     for ch, boards in times.items():
@@ -76,12 +78,24 @@ def board_labels(times: dict[str, dict[str, list[Band]]], workload_of: dict[str,
     for _, boards in sorted(by_w.items()):
         ref = max(sorted(boards), key=lambda b: len(boards[b]))
         logs: dict[str, list[np.ndarray]] = defaultdict(list)
-        for b, cands in boards.items():
+        left = []
+        for b, cands in sorted(boards.items()):
             common = sorted(set(cands) & set(boards[ref]))
             if b != ref and len(common) < min_common:
+                left.append(b)
                 continue
             shift = 0.0 if b == ref else float(np.median([cands[c][1] - boards[ref][c][1] for c in common]))
             for c, band in cands.items():
+                logs[c].append(band - shift)
+        while left:  # chained: to the joined boards' labels, the board sharing most first
+            joined = {c: float(np.median([v[1] for v in bands])) for c, bands in logs.items()}
+            b = max(left, key=lambda x: (len(set(boards[x]) & set(joined)), x))
+            common = sorted(set(boards[b]) & set(joined))
+            if len(common) < min_common:
+                break
+            left.remove(b)
+            shift = float(np.median([boards[b][c][1] - joined[c] for c in common]))
+            for c, band in boards[b].items():
                 logs[c].append(band - shift)
         for c, bands in logs.items():
             q = np.exp(np.median(np.asarray(bands), axis=0))
