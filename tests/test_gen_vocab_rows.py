@@ -35,7 +35,7 @@ def test_vocabulary_rows_are_the_fallbacks_and_take_the_timed_forms():
     odd, even = _step(xent_grad(512, 50257)), _step(xent_grad(2048, 32000))
     assert odd.cost_source == even.cost_source == "roofline"
     assert odd.schedule_label == "split_row_b1024_v1_t1024_smem_boundary_s2_fast"
-    assert even.schedule_label == "block_per_row_b128_v4_t128_reread_boundary"
+    assert even.schedule_label == "split_row_b1024_v4_t1024_registers_boundary_s2_fast"
 
 
 def test_shorter_rows_and_one_cached_value_keep_the_model():

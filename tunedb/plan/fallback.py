@@ -53,9 +53,10 @@ FEW_ROWS_BLOCK = 512
 # logits and the one-hot target, 125-196 KB rows): none in the shipped data (its longest such rows
 # are 64 KB), and the model's pick, a row split over a cluster of 8 with the rows in registers
 # (159-192 registers: one block of 256 threads an SM), ran 357 and 520 µs on the H200. Timed over
-# the whole space (generalization_space_h200.json): 512 x 50257 ran 161 µs as two blocks of 1024
-# threads a row in shared memory (torch.compile 187, JAX 342); 2048 x 32000, where that is not in
-# the space, 464 µs as a block per row re-reading it (JAX 433).
+# the whole space (generalization_space_h200.json), a row split over two blocks of 1024 threads
+# was fastest on both: 512 x 50257 161 µs (in shared memory, fast math; torch.compile 187, JAX
+# 342), 2048 x 32000 331 µs (in registers, fast math; JAX 433); a block of 1024 re-reading the row
+# next (265, 371).
 VOCAB_ROW_BYTES = 96 << 10
 # Fast math where the space offers it (kernels with exp/log/sigmoid/tanh: ``__expf``, ``__logf``,
 # ``__fdividef``): GroupNorm + SiLU row steps ran 10-30 % faster on the H200 and passed the float64
@@ -70,12 +71,12 @@ def vocabulary_rows(a: Analysis) -> bool:
 
 
 def _vocab_rank(s: Schedule) -> int:
-    """The two forms that ran fastest on vocabulary rows, as timed (a grid of one wave)."""
-    if s.grid != "wave":
+    """The forms that ran fastest on vocabulary rows, as timed (a grid of one wave)."""
+    if s.grid != "wave" or s.block != 1024:
         return 2
-    if s.mapping == "split_row" and s.row_cache == "smem" and s.block == 1024:
+    if s.mapping == "split_row" and s.split == 2:
         return 0
-    return 1 if s.mapping == "block_per_row" and s.row_cache == "reread" and s.block == 128 else 2
+    return 1 if s.mapping == "block_per_row" and s.row_cache == "reread" else 2
 
 
 def _mapping_order(a: Analysis, elem_bytes: int, sm_count: int) -> tuple[str, ...]:
