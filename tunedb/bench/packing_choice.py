@@ -152,9 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {' '.join(str(e).split())[:300]}", file=sys.stderr)
         return 1
     table = []
-    print("| case | model's choice | µs | best candidate | µs | best peer | µs | x best peer | db pick | µs"
-          " | x best peer |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    db_head = " db pick | µs | x best peer |" if times else ""
+    print("| case | model's choice | µs | best candidate | µs | best peer | µs | x best peer |" + db_head)
+    print("|---|---|---|---|---|---|---|---|" + "---|---|---|" * bool(times))
     for res in results:
         w = PackingWorkload.from_json(res["workload"])
         pr = held_out_predictor(args.data, {w.hash}) if args.hold_out else predict
@@ -165,9 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         table.append({"case": res["case"], **ch, **({"db_choice": db} if db else {})})
         print(f"| {res['case']} | {ch['variant']} | {ch.get('median_us', math.nan):.1f} | "
               f"{tb.get('variant', '-')} | {tb.get('median_us', math.nan):.1f} | {pe.get('variant', '-')} | "
-              f"{pe.get('median_us', math.nan):.1f} | {ch.get('speedup_vs_best_peer', math.nan):.2f}x | "
-              f"{db.get('variant', '-')} ({db.get('source', '-')}) | {db.get('median_us', math.nan):.1f} | "
-              f"{db.get('speedup_vs_best_peer', math.nan):.2f}x |")
+              f"{pe.get('median_us', math.nan):.1f} | {ch.get('speedup_vs_best_peer', math.nan):.2f}x |"
+              + (f" {db.get('variant', '-')} ({db.get('source', '-')}) | {db.get('median_us', math.nan):.1f}"
+                 f" | {db.get('speedup_vs_best_peer', math.nan):.2f}x |" if db else ""))
     if args.out:
         args.out.write_text(json.dumps({**provenance(argv), "bench": str(args.bench.name),
                                         "hold_out": args.hold_out, "cases": table}, indent=1) + "\n")
