@@ -23,9 +23,16 @@ from tunedb.store.core import TuningStore
 ROWS = Path(__file__).resolve().parents[1] / "data" / "bench" / "stages_h200_v2_rows.json"
 DEVICE = DeviceInfo("NVIDIA H200", "r1", "9.0", 132, 60 << 20, 141 << 30, "test", "13.0", "14.0")
 
+@pytest.fixture
+def window_config_of_the_stored_runs(monkeypatch):
+    """The stage keys name each step's schedule; the stored runs and the seeded truths below were
+    made before window kernels took fast math, so their plans are built with that config."""
+    monkeypatch.setattr("tunedb.plan.cost.WINDOW_CONFIG", {"mapping": "elementwise", "block": 256})
+
+
 
 @pytest.mark.slow
-def test_measure_top_refines_stores_and_hits_next_time(tmp_path):
+def test_measure_top_refines_stores_and_hits_next_time(tmp_path, window_config_of_the_stored_runs):
     graph = randwire_graph(1, channels=4, size=6, nodes=10)
     replay, out = tmp_path / "replay.duckdb", tmp_path / "out.duckdb"
     kw = {"device": None, "cost_model": False, "horizontal": False}
